@@ -1,0 +1,1 @@
+"""The measurement harness behind `rgpu bench` and the pytest-benchmark suites."""

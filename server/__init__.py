@@ -1,0 +1,1 @@
+"""rgpu serve: the listener, one worker process per session, and the routes."""

@@ -1,0 +1,41 @@
+"""The contract every route's executor fills; one executor per session, in its worker process."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Session:
+    """What an executor knows of its session."""
+    id: str
+    route: str
+    settings: Any                          # rgpu.config.Settings of the server
+    options: dict = field(default_factory=dict)        # the client's HELLO options
+    peer_versions: dict = field(default_factory=dict)  # the client's software versions
+
+
+class OpFailed(Exception):
+    """An executor's failure naming the call that failed (sent to the client as RemoteError)."""
+
+    def __init__(self, op: str, message: str):
+        super().__init__(message)
+        self.op = op
+
+
+class Executor:
+    """One session's executor. ``handle`` runs each POST and REQUEST in order."""
+
+    def __init__(self, session: Session):
+        self.session = session
+
+    def welcome(self) -> dict:
+        """Sent to the client at the end of the handshake (device names, counts)."""
+        return {}
+
+    def handle(self, meta: Any, buffers: list[memoryview], reply: bool):
+        """Run one call. Buffers are valid only during the call. Returns (meta, buffers) for requests."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release everything the session held; called once, whatever ended the session."""

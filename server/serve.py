@@ -1,0 +1,185 @@
+"""``rgpu serve``: one port for both routes; each connection goes to its own worker process.
+
+The acceptor imports no torch and runs no client code: it accepts, hands the
+socket to a spare worker over a Unix socket (SCM_RIGHTS), and keeps the next
+spare started. The worker authenticates the client before anything else.
+"""
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+import msgpack
+
+from rgpu.errors import RgpuError
+from rgpu.transport import handshake, tcp, tokens
+from rgpu.transport.tcp import TcpTransport
+
+from . import routes
+
+log = logging.getLogger("rgpu.server")
+
+
+@dataclass
+class Worker:
+    proc: subprocess.Popen
+    control: socket.socket
+    started: float
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+class Server:
+    """The listener. ``overrides`` are settings passed on to every worker (device, driver, limits)."""
+
+    def __init__(self, settings, overrides: dict | None = None, preload: str = "torch",
+                 parent_pid: int | None = None, out=sys.stdout):
+        self.settings = settings
+        self.overrides = overrides or {}
+        self.preload = preload
+        self.parent_pid = parent_pid
+        self.out = out
+        self.token, self.token_path, created = tokens.ensure_token(settings)
+        self.token_created = created
+        self.listener = tcp.listen(settings.host, settings.port)
+        self.address = self.listener.getsockname()[:2]
+        self.sessions: list[Worker] = []
+        self.spares: list[Worker] = []
+        self._stop = threading.Event()
+
+    # ---- workers -------------------------------------------------------------------
+
+    def _start_worker(self) -> Worker:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        cmd = [sys.executable, "-m", "rgpu.server.worker", "--control-fd", str(theirs.fileno()),
+               "--preload", self.preload]
+        proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+        theirs.close()
+        return Worker(proc, mine, time.monotonic())
+
+    def _fill_spares(self) -> None:
+        while len(self.spares) < max(1, self.settings.spare_workers):
+            self.spares.append(self._start_worker())
+
+    def _reap(self) -> None:
+        for w in list(self.sessions):
+            code = w.proc.poll()
+            if code is not None:
+                self.sessions.remove(w)
+                if code not in (0, None):
+                    log.warning("a session's worker (pid %d) ended with status %d", w.proc.pid, code)
+        for w in list(self.spares):
+            if w.proc.poll() is not None:
+                self.spares.remove(w)
+
+    def _hand_over(self, sock: socket.socket, peer) -> None:
+        self._reap()
+        if len(self.sessions) >= self.settings.max_sessions:
+            handshake.refuse(TcpTransport(sock), "busy", f"the server runs its limit of {self.settings.max_sessions} sessions")
+            sock.close()
+            return
+        self._fill_spares()
+        worker = self.spares.pop(0)
+        details = {"token": self.token.decode(), "overrides": self.overrides, "peer": str(peer)}
+        try:
+            socket.send_fds(worker.control, [msgpack.packb(details)], [sock.fileno()])
+        except OSError as exc:
+            log.warning("could not hand a connection to worker %d: %s", worker.proc.pid, exc)
+            worker.proc.kill()
+        else:
+            self.sessions.append(worker)
+        finally:
+            worker.control.close()
+            sock.close()
+        self._fill_spares()
+
+    # ---- the loop ------------------------------------------------------------------
+
+    def announce(self) -> None:
+        host, port = self.address
+        where = f"token file {self.token_path}" if self.token_path else "token from RGPU_TOKEN"
+        if self.token_created:
+            where += " (created now: copy it to your clients, or use `rgpu run --ssh`)"
+        print(f"rgpu serve: listening on {host}:{port}; routes {', '.join(sorted(routes.available()))}; {where}",
+              file=self.out, flush=True)
+        if not is_loopback(host) and not self.settings.tls:
+            print(f"rgpu serve: WARNING: listening on {host}, not loopback, without TLS: anyone who can reach "
+                  "this port can try the token and read your traffic. Use --tls, or bind 127.0.0.1 and "
+                  "connect with `rgpu run --ssh`.", file=sys.stderr, flush=True)
+
+    def _parent_gone(self) -> bool:
+        if self.parent_pid is None:
+            return False
+        try:
+            os.kill(self.parent_pid, 0)
+            return False
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+
+    def serve_forever(self) -> None:
+        self._fill_spares()
+        self.announce()
+        try:
+            while not self._stop.is_set():
+                ready, _, _ = select.select([self.listener], [], [], 0.5)
+                if self._parent_gone():
+                    break
+                if not ready:
+                    self._reap()
+                    continue
+                try:
+                    sock, peer = self.listener.accept()
+                except OSError:
+                    continue
+                tcp.tune(sock)
+                try:
+                    self._hand_over(sock, peer)
+                except RgpuError as exc:
+                    log.warning("dropped a connection from %s: %s", peer, exc)
+        finally:
+            self.shutdown()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def shutdown(self) -> None:
+        self.listener.close()
+        for w in self.spares:
+            w.control.close()  # a spare reads EOF and exits
+        for w in self.sessions + self.spares:
+            try:
+                w.proc.terminate()
+            except OSError:
+                pass
+        deadline = time.monotonic() + 3
+        for w in self.sessions + self.spares:
+            try:
+                w.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                w.proc.kill()
+
+
+def run(settings, overrides=None, preload="torch", parent_pid=None) -> int:
+    server = Server(settings, overrides, preload, parent_pid)
+    signal.signal(signal.SIGTERM, lambda *_: server.stop())
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    return 0

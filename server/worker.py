@@ -1,0 +1,141 @@
+"""One session in its own process: receives the socket from the acceptor, runs the frame loop.
+
+A worker is started ahead of need (``spare``), waits on its control socket for a
+connection (passed with SCM_RIGHTS) and the session's details, then serves that
+one session and exits: everything the session held goes with the process, and a
+crash or a fatal device error ends this session and no other.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+import traceback
+
+import msgpack
+
+from rgpu import config
+from rgpu.errors import ConnectionLost, ProtocolError, RgpuError, VersionMismatch
+from rgpu.transport import handshake
+from rgpu.transport.buffers import BufferPool
+from rgpu.transport.tcp import TcpTransport
+from rgpu.transport.wire import Limits, MsgKind
+
+from . import routes
+from .routes.base import Session
+
+log = logging.getLogger("rgpu.server.worker")
+
+
+def error_meta(exc: BaseException, seq: int) -> dict:
+    op = getattr(exc, "op", None)
+    return {"seq": seq, "op": op, "type": type(exc).__name__, "message": str(exc) or type(exc).__name__}
+
+
+def serve_session(transport, session: Session, transports: list) -> None:
+    """Run one session to its end; never raises for what the client sent."""
+    limits = Limits.from_settings(session.settings)
+    pool = BufferPool()
+    try:
+        executor = routes.executor_class(session.route)(session)
+    except Exception as exc:
+        handshake.refuse(transport, "route", f"cannot start the {session.route!r} route: {exc}")
+        log.exception("route %s failed to start", session.route)
+        return
+    applied = 0
+    try:
+        handshake.welcome(transport, session.id, transports, executor.welcome())
+        while True:
+            frame = transport.recv_frame(limits, pool)
+            if frame.kind == MsgKind.BYE:
+                break
+            if frame.kind not in (MsgKind.POST, MsgKind.REQUEST):
+                raise ProtocolError(f"kind: a client may not send {frame.kind.name} in a session")
+            wants_reply = frame.kind == MsgKind.REQUEST
+            try:
+                result = executor.handle(frame.meta, frame.buffers, wants_reply)
+                applied = frame.seq
+                if wants_reply:
+                    meta, bufs = result if result is not None else (None, [])
+                    transport.send(transport.frame_parts(MsgKind.REPLY, frame.seq, applied, meta, list(bufs)))
+            except RgpuError as exc:
+                if isinstance(exc, (ConnectionLost, ProtocolError, VersionMismatch)):
+                    raise
+                transport.send(transport.frame_parts(MsgKind.ERROR, frame.seq, applied, error_meta(exc, frame.seq), []))
+            except Exception as exc:  # the op failed; the session goes on
+                if session.settings.debug:
+                    log.debug("op failed:\n%s", traceback.format_exc())
+                transport.send(transport.frame_parts(MsgKind.ERROR, frame.seq, applied, error_meta(exc, frame.seq), []))
+            finally:
+                frame.release()
+    except ProtocolError as exc:
+        log.warning("session %s: %s; closing it", session.id, exc)
+        _say_bye(transport, f"protocol error: {exc}")
+    except ConnectionLost:
+        pass
+    finally:
+        try:
+            executor.close()
+        finally:
+            transport.close()
+
+
+def _say_bye(transport, reason: str) -> None:
+    try:
+        transport.send(transport.frame_parts(MsgKind.BYE, 0, 0, {"reason": reason}, []))
+    except RgpuError:
+        pass
+
+
+def receive_session(control: socket.socket):
+    """Wait for the acceptor: (connected socket, session details) or None when it closes."""
+    msg, fds, _, _ = socket.recv_fds(control, 1 << 20, 1)
+    if not fds:
+        return None
+    details = msgpack.unpackb(msg, raw=False)
+    sock = socket.socket(fileno=fds[0])
+    return sock, details
+
+
+def run_session(sock: socket.socket, d: dict) -> None:
+    """Authenticate the connection handed over by the acceptor, then serve it."""
+    s = config.settings(**d.get("overrides", {}))
+    logging.basicConfig(level=logging.DEBUG if s.debug else logging.WARNING, format="rgpu worker: %(message)s")
+    sock.settimeout(s.connect_timeout)  # a client that stalls in the handshake is dropped
+    transport = TcpTransport(sock)
+    try:
+        hello = handshake.server_handshake(transport, d["token"].encode(), Limits.from_settings(s), routes.available())
+    except RgpuError as exc:
+        if isinstance(exc, ProtocolError):
+            handshake.refuse(transport, "protocol", str(exc))
+        log.warning("handshake from %s refused: %s", d.get("peer"), exc)
+        transport.close()
+        return
+    sock.settimeout(None)
+    session = Session(id=hello.session, route=hello.route, settings=s, options=hello.options,
+                      peer_versions=hello.versions)
+    serve_session(transport, session, ["tcp"])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="rgpu-worker")
+    parser.add_argument("--control-fd", type=int, required=True)
+    parser.add_argument("--preload", default="")
+    args = parser.parse_args(argv)
+    control = socket.socket(fileno=args.control_fd)
+    for name in filter(None, args.preload.split(",")):
+        try:
+            __import__(name)  # warm the spare before a session needs it (torch takes seconds)
+        except ImportError:
+            pass
+    got = receive_session(control)
+    control.close()
+    if got is not None:
+        run_session(*got)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

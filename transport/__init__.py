@@ -1,0 +1,1 @@
+"""Frames between client and server: wire format, handshake, transports, queues."""

@@ -1,0 +1,122 @@
+"""The transport contract: move whole frames between two ends; a few verbs, nothing more.
+
+A ``Transport`` sends a frame as a gather of parts and receives a frame into
+buffers the caller owns (``into``) or leases from a pool. Queues, batching,
+replies and handshakes live above it (``connection.py``, ``handshake.py``).
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Callable, ClassVar, Sequence
+
+from .buffers import BufferPool
+from .wire import HEADER, Frame, Limits, decode_header, decode_lengths, encode_prefix, pack_meta, unpack_meta
+
+
+# into(kind, seq, lengths) -> caller-owned views of exactly those lengths, or None for pool leases
+Into = Callable[[int, int, list], "Sequence[memoryview] | None"]
+
+
+class Transport(ABC):
+    """One connected end. ``send`` may be called from one thread while another receives."""
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def send(self, parts: Sequence[memoryview]) -> None:
+        """Write every part, in order; the caller may reuse the parts once this returns."""
+
+    @abstractmethod
+    def recv_frame(self, limits: Limits, pool: BufferPool, into: Into | None = None) -> Frame:
+        """Read one frame; buffers go where ``into(kind, seq, lengths)`` says, else into leases from ``pool``."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Orderly close; safe to call twice."""
+
+    def abort(self) -> None:
+        """Close at once, waking any thread blocked in send or receive."""
+        self.close()
+
+    def frame_parts(self, kind: int, seq: int, ack: int, meta, views: Sequence[memoryview], flags: int = 0) -> list:
+        """The parts of one frame, ready for ``send`` (several frames' parts may be joined)."""
+        prefix = encode_prefix(kind, seq, ack, pack_meta(meta), [v.nbytes for v in views], flags)
+        return [prefix, *views] if views else [prefix]
+
+
+class StreamReader:
+    """Frame decoding over a byte stream with a staging buffer.
+
+    Small frames arrive in one ``recv_into`` of the staging buffer; large buffers
+    are read straight into their destination once what is staged is used up.
+    """
+
+    STAGE = 256 << 10
+
+    def __init__(self, recv_into):
+        self._recv_into = recv_into          # fills up to len(view) bytes, returns count (0 = EOF)
+        self._stage = bytearray(self.STAGE)
+        self._view = memoryview(self._stage)
+        self._start = 0
+        self._end = 0
+
+    @property
+    def staged(self) -> int:
+        return self._end - self._start
+
+    def _fill(self, need: int) -> None:
+        """Ensure ``need`` bytes are staged (need <= STAGE)."""
+        if self._end - self._start >= need:
+            return
+        if self._start:
+            n = self._end - self._start
+            self._view[:n] = self._view[self._start:self._end]
+            self._start, self._end = 0, n
+        while self._end < need:
+            got = self._recv_into(self._view[self._end:])
+            if got == 0:
+                raise EOFError
+            self._end += got
+
+    def _take(self, n: int) -> memoryview:
+        self._fill(n)
+        out = self._view[self._start:self._start + n]
+        self._start += n
+        return out
+
+    def read_into(self, dest: memoryview) -> None:
+        n = dest.nbytes
+        staged = min(n, self._end - self._start)
+        if staged:
+            dest[:staged] = self._view[self._start:self._start + staged]
+            self._start += staged
+        pos = staged
+        while pos < n:
+            got = self._recv_into(dest[pos:])
+            if got == 0:
+                raise EOFError
+            pos += got
+
+    def read_frame(self, limits: Limits, pool: BufferPool, into: Into | None = None) -> Frame:
+        h = decode_header(self._take(HEADER.size), limits)
+        lengths = decode_lengths(self._take(8 * h.nbufs), h.nbufs, h.meta_len, limits) if h.nbufs else []
+        if h.meta_len <= self.STAGE:
+            meta = unpack_meta(self._take(h.meta_len), limits)
+        else:
+            big = bytearray(h.meta_len)
+            self.read_into(memoryview(big))
+            meta = unpack_meta(big, limits)
+        targets = into(h.kind, h.seq, lengths) if (into is not None and lengths) else None
+        if targets is not None and [v.nbytes for v in targets] != lengths:
+            targets = None  # not the reply the caller prepared for (an error, say): use the pool
+        bufs, leases = [], []
+        for i, n in enumerate(lengths):
+            if targets is not None:
+                dest = targets[i]
+            else:
+                dest, token = pool.lease(n)
+                leases.append(token)
+            self.read_into(dest)
+            bufs.append(dest)
+        releaser = (lambda: [pool.release(t) for t in leases]) if leases else None
+        return Frame(h.kind, h.seq, h.ack, meta, bufs, releaser)

@@ -1,0 +1,91 @@
+"""What may be sent without a copy, and the pool that received buffers come from.
+
+``as_bytes_view`` turns bytes, memoryviews, numpy arrays and CPU torch tensors
+(every dtype, bfloat16 and bool included) into a flat byte memoryview that
+shares their memory; only a non-contiguous source costs one copy.
+"""
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+
+import numpy as np
+
+
+def as_bytes_view(obj) -> memoryview:
+    """A 1-D unsigned-byte view of ``obj``'s memory (a copy only if it is not contiguous)."""
+    if isinstance(obj, memoryview):
+        if obj.c_contiguous:
+            return obj.cast("B") if (obj.format != "B" or obj.ndim != 1) else obj
+        return memoryview(obj.tobytes())
+    if isinstance(obj, (bytes, bytearray)):
+        return memoryview(obj)
+    if isinstance(obj, np.ndarray):
+        arr = obj if obj.flags.c_contiguous else np.ascontiguousarray(obj)
+        return memoryview(arr.reshape(-1).view(np.uint8))
+    if type(obj).__module__.startswith("torch"):
+        return _tensor_view(obj)
+    try:
+        return as_bytes_view(memoryview(obj))
+    except TypeError:
+        raise TypeError(f"cannot send a {type(obj).__name__}: expected bytes, memoryview, numpy array or CPU tensor") from None
+
+
+def _tensor_view(t) -> memoryview:
+    import torch  # only reached when a tensor is passed, so torch is already loaded
+
+    if t.device.type != "cpu":
+        raise TypeError(f"only CPU tensors can be sent as buffers, got one on {t.device}")
+    t = t.detach()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    flat = t.reshape(-1)
+    if flat.numel() == 0:
+        return memoryview(b"")
+    return memoryview(flat.view(torch.uint8).numpy())
+
+
+def nbytes(obj) -> int:
+    return as_bytes_view(obj).nbytes
+
+
+class BufferPool:
+    """Reusable receive buffers by power-of-two size class.
+
+    A buffer leased to a consumer is not handed out again until it is released;
+    at most ``keep_bytes`` of free buffers are kept (fresh pages cost a fault each,
+    so reuse matters for big transfers).
+    """
+
+    def __init__(self, keep_bytes: int = 512 << 20):
+        self.keep_bytes = keep_bytes
+        self._free: dict[int, list[np.ndarray]] = defaultdict(list)
+        self._kept = 0
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _size_class(n: int) -> int:
+        return max(4096, 1 << (max(n, 1) - 1).bit_length())
+
+    def lease(self, n: int) -> tuple[memoryview, np.ndarray]:
+        """A writable view of ``n`` bytes and the token to release it with."""
+        cls = self._size_class(n)
+        with self._lock:
+            free = self._free.get(cls)
+            block = free.pop() if free else None
+            if block is not None:
+                self._kept -= cls
+        if block is None:
+            block = np.empty(cls, dtype=np.uint8)
+        return memoryview(block)[:n], block
+
+    def release(self, block: np.ndarray) -> None:
+        cls = block.nbytes
+        with self._lock:
+            if self._kept + cls <= self.keep_bytes:
+                self._free[cls].append(block)
+                self._kept += cls

@@ -1,0 +1,41 @@
+"""``connect(route)``: a ready, authenticated connection to the server the settings name."""
+from __future__ import annotations
+
+import uuid
+
+from rgpu import config
+
+from . import handshake, local_server, tcp, tokens
+from .connection import Connection
+from .tcp import TcpTransport
+from .wire import Limits
+
+
+def resolve(settings) -> tuple[str, int, bytes]:
+    """(host, port, token): ``RGPU_SERVER`` and the token, or the shared local server."""
+    address = settings.server_address()
+    if address is None:
+        local = local_server.shared(settings)
+        return local.host, local.port, local.token.encode()
+    return address[0], address[1], tokens.read_token(settings)
+
+
+def connect(route: str, *, settings=None, server: str | None = None, token: str | None = None,
+            session: str | None = None, options: dict | None = None) -> Connection:
+    """Connect, authenticate and open a session on ``route`` ("ops", "cuda", "echo")."""
+    s = settings or config.settings()
+    if server is not None or token is not None:
+        s = s.with_(**{k: v for k, v in (("server", server), ("token", token)) if v is not None})
+    host, port, secret = resolve(s)
+    sock = tcp.connect(host, port, s.connect_timeout)
+    transport = TcpTransport(sock)
+    limits = Limits.from_settings(s)
+    hello = handshake.Hello(route=route, session=session or uuid.uuid4().hex, versions=handshake.software_versions(),
+                            transports=["tcp"], options=options or {})
+    try:
+        welcome = handshake.client_handshake(transport, secret, hello, limits)
+    except BaseException:
+        transport.close()
+        raise
+    sock.settimeout(None)
+    return Connection(transport, s, welcome, limits)

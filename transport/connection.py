@@ -1,0 +1,302 @@
+"""A client's connection: ordered posts written by an I/O thread, requests that return futures.
+
+- ``post()`` never waits on the socket: frames queue up and a background thread
+  writes whatever has gathered in one scatter/gather ``send`` (bounded by count and
+  bytes). Small buffers are copied at the call; big ones are written before
+  ``post()`` returns, so the caller may always reuse its memory afterwards.
+- ``request()`` writes on the caller's thread when nothing is queued (a thread
+  hand-off costs a cross-core wake-up each way), and whichever waiting thread
+  gets the receive lock reads frames and hands each reply to its future.
+- A post that fails on the server comes back as an ERROR frame with no request
+  waiting for it; the first is kept and raised once, at the next wait.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from typing import Any, Sequence
+
+from rgpu.errors import ConnectionLost, ProtocolError, RemoteError, RgpuError, SessionLost, Timeout
+
+from .base import Transport
+from .buffers import BufferPool, as_bytes_view
+from .wire import Frame, Limits, MsgKind
+
+
+class Reply:
+    """A request's answer: ``meta`` and ``buffers`` (pool memory until ``release()``)."""
+
+    __slots__ = ("meta", "buffers", "_frame")
+
+    def __init__(self, frame: Frame):
+        self.meta = frame.meta
+        self.buffers = frame.buffers
+        self._frame = frame
+
+    def release(self) -> None:
+        self._frame.release()
+
+
+class Future:
+    """The pending answer to one request; ``result()`` waits (and may do the reading)."""
+
+    __slots__ = ("_conn", "seq", "into", "_reply", "_error", "done")
+
+    def __init__(self, conn: "Connection", seq: int, into):
+        self._conn, self.seq, self.into = conn, seq, into
+        self._reply: Reply | None = None
+        self._error: BaseException | None = None
+        self.done = False
+
+    def result(self, timeout: float | None = None) -> Reply:
+        if not self.done:
+            self._conn._wait(self, timeout)
+        err = self._conn.take_async_error()   # a post before this request failed: it wins
+        if err is not None:
+            raise err
+        if self._error is not None:
+            raise self._error
+        return self._reply
+
+
+def _remote_error(meta) -> RemoteError:
+    meta = meta if isinstance(meta, dict) else {}
+    return RemoteError(str(meta.get("message", "remote call failed")), op=meta.get("op"),
+                       remote_type=meta.get("type"))
+
+
+class Connection:
+    def __init__(self, transport: Transport, settings, welcome: dict | None = None,
+                 limits: Limits | None = None, pool: BufferPool | None = None):
+        self.transport = transport
+        self.welcome = welcome or {}
+        self.settings = settings
+        self.limits = limits or Limits.from_settings(settings)
+        self.pool = pool or BufferPool()
+        self.stats = {"messages": 0, "round_trips": 0, "bytes_out": 0, "bytes_in": 0}
+        self._seq = itertools.count(1)
+        self._cv = threading.Condition()          # guards the queue, seq order and writer state
+        self._queue: deque = deque()              # (parts, nbytes, written-event or None)
+        self._queued_bytes = 0
+        self._send_lock = threading.Lock()        # held by whoever is writing to the transport
+        self._io_thread: threading.Thread | None = None
+        self._pending: dict[int, Future] = {}
+        self._rcv = threading.Condition()         # guards _reading and wakes waiters
+        self._reading = False
+        self._async_error: RemoteError | None = None
+        self._dead: RgpuError | None = None
+        self._closing = False
+
+    @property
+    def transport_name(self) -> str:
+        return self.transport.name
+
+    # ---- sending -------------------------------------------------------------------
+
+    def post(self, meta: Any, buffers: Sequence = ()) -> int:
+        """Send a call that needs no answer; returns its sequence number."""
+        return self._submit(MsgKind.POST, meta, buffers, None)
+
+    def request(self, meta: Any, buffers: Sequence = (), reply_into: Sequence[memoryview] | None = None) -> Future:
+        """Send a call and return the future of its answer (buffers land in ``reply_into`` if sizes match)."""
+        self._raise_async_error()
+        fut = Future(self, 0, reply_into)
+        self.stats["round_trips"] += 1
+        self._submit(MsgKind.REQUEST, meta, buffers, fut)
+        return fut
+
+    def call(self, meta: Any, buffers: Sequence = (), reply_into=None, timeout: float | None = None) -> Reply:
+        return self.request(meta, buffers, reply_into).result(timeout)
+
+    def _submit(self, kind: MsgKind, meta, buffers: Sequence, fut: Future | None) -> int:
+        views = [as_bytes_view(b) for b in buffers]
+        nbytes = sum(v.nbytes for v in views)
+        big = nbytes > self.settings.post_copy_bytes
+        if views and not big and kind == MsgKind.POST:
+            views = [memoryview(bytearray(v)) for v in views]  # the caller may change its memory once we return
+        written = threading.Event() if big else None
+        inline = False
+        with self._cv:
+            if self._dead:
+                raise self._dead
+            while self._queued_bytes > self.settings.queue_max_bytes and not self._dead:
+                self._cv.wait()                   # backpressure: the I/O thread is behind
+            seq = next(self._seq)
+            parts = self.transport.frame_parts(kind, seq, 0, meta, views)
+            if fut is not None:
+                fut.seq = seq
+                self._pending[seq] = fut
+            self.stats["messages"] += 1
+            self.stats["bytes_out"] += nbytes
+            if (kind == MsgKind.REQUEST or big) and not self._queue and self._send_lock.acquire(blocking=False):
+                inline = True                     # nothing ahead of us: write on this thread
+            else:
+                self._queue.append((parts, nbytes, written))
+                self._queued_bytes += nbytes
+                self._ensure_io_thread()
+                self._cv.notify_all()
+        if inline:
+            try:
+                self.transport.send(parts)
+            except RgpuError as exc:
+                self._fail(exc)
+                raise
+            finally:
+                self._send_lock.release()
+        elif written is not None:
+            while not written.wait(0.5):
+                if self._dead:
+                    raise self._dead
+        return seq
+
+    def _ensure_io_thread(self) -> None:
+        if self._io_thread is None:
+            self._io_thread = threading.Thread(target=self._io_loop, name="rgpu-io", daemon=True)
+            self._io_thread.start()
+
+    def _io_loop(self) -> None:
+        max_count, max_bytes = self.settings.post_batch_count, self.settings.post_batch_bytes
+        while True:
+            with self._cv:
+                while not self._queue and not self._dead and not self._closing:
+                    self._cv.wait()
+                if self._dead or (self._closing and not self._queue):
+                    return
+            with self._send_lock:
+                with self._cv:
+                    batch, size = [], 0
+                    while self._queue and len(batch) < max_count and (not batch or size < max_bytes):
+                        item = self._queue.popleft()
+                        batch.append(item)
+                        size += item[1]
+                    self._queued_bytes -= size
+                    self._cv.notify_all()
+                try:
+                    self.transport.send([p for parts, _, _ in batch for p in parts])
+                except RgpuError as exc:
+                    self._fail(exc)
+                    return
+            for _, _, written in batch:
+                if written is not None:
+                    written.set()
+
+    def flush(self) -> None:
+        """Wait until every queued frame has been written."""
+        with self._cv:
+            while self._queue and not self._dead:
+                self._cv.wait(0.5)
+        with self._send_lock:
+            pass
+        if self._dead:
+            raise self._dead
+
+    # ---- receiving -----------------------------------------------------------------
+
+    def _wait(self, fut: Future, timeout: float | None) -> None:
+        if timeout is None and self.settings.request_timeout > 0:
+            timeout = self.settings.request_timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not fut.done:
+            with self._rcv:
+                if fut.done:
+                    break
+                if self._reading:                 # another thread reads: it will hand us our reply
+                    self._rcv.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+                    if deadline is not None and time.monotonic() >= deadline and not fut.done:
+                        raise Timeout(f"no answer to request {fut.seq} within {timeout} s")
+                    continue
+                self._reading = True
+            try:
+                if deadline is not None and not self.transport_readable(deadline - time.monotonic()):
+                    raise Timeout(f"no answer to request {fut.seq} within {timeout} s")
+                self._dispatch(self.transport.recv_frame(self.limits, self.pool, self._into_for))
+            except Timeout:
+                raise
+            except RgpuError as exc:
+                self._fail(exc)
+            finally:
+                with self._rcv:
+                    self._reading = False
+                    self._rcv.notify_all()
+
+    def transport_readable(self, timeout: float) -> bool:
+        readable = getattr(self.transport, "readable", None)
+        return True if readable is None else readable(max(0.0, timeout))
+
+    def _into_for(self, kind: int, seq: int, lengths: list):
+        fut = self._pending.get(seq) if kind == MsgKind.REPLY else None
+        return fut.into if fut is not None else None
+
+    def _dispatch(self, frame: Frame) -> None:
+        self.stats["bytes_in"] += sum(b.nbytes for b in frame.buffers)
+        if frame.kind == MsgKind.REPLY or frame.kind == MsgKind.ERROR:
+            fut = self._pending.pop(frame.seq, None)
+            if fut is None:
+                frame.release()
+                if frame.kind == MsgKind.ERROR:   # a post failed: raise at the next wait
+                    if self._async_error is None:
+                        self._async_error = _remote_error(frame.meta)
+                    return
+                raise ProtocolError(f"seq: reply to unknown request {frame.seq}")
+            if frame.kind == MsgKind.ERROR:
+                frame.release()
+                fut._error = _remote_error(frame.meta)
+            else:
+                fut._reply = Reply(frame)
+            fut.done = True
+        elif frame.kind == MsgKind.BYE:
+            reason = frame.meta.get("reason") if isinstance(frame.meta, dict) else None
+            raise SessionLost(f"the server ended the session: {reason or 'no reason given'}")
+        else:
+            frame.release()
+            raise ProtocolError(f"kind: unexpected {frame.kind.name} from the server")
+
+    def _raise_async_error(self) -> None:
+        err, self._async_error = self._async_error, None
+        if err is not None:
+            raise err
+        if self._dead:
+            raise self._dead
+
+    def take_async_error(self) -> RemoteError | None:
+        err, self._async_error = self._async_error, None
+        return err
+
+    # ---- failure and close -------------------------------------------------------------
+
+    def _fail(self, exc: RgpuError) -> None:
+        """The connection is unusable: every waiter and later call gets ``exc``."""
+        with self._cv:
+            if self._dead is None:
+                self._dead = exc if isinstance(exc, ConnectionLost) else ConnectionLost(str(exc))
+                self._dead.__cause__ = exc
+            self._cv.notify_all()
+        for fut in list(self._pending.values()):
+            fut._error, fut.done = self._dead, True
+        self._pending.clear()
+        with self._rcv:
+            self._rcv.notify_all()
+        self.transport.abort()
+
+    @property
+    def alive(self) -> bool:
+        return self._dead is None
+
+    def close(self) -> None:
+        if self._closing:
+            return
+        try:
+            if self._dead is None:
+                self.flush()
+                self._closing = True
+                with self._send_lock:
+                    self.transport.send(self.transport.frame_parts(MsgKind.BYE, next(self._seq), 0, None, []))
+        except RgpuError:
+            pass
+        finally:
+            self._closing = True
+            with self._cv:
+                self._cv.notify_all()
+            self.transport.close()

@@ -1,0 +1,138 @@
+"""The handshake: versions, route and session, then mutual HMAC-SHA256 over the shared token.
+
+    client                                   server
+    HELLO {proto, versions, route, session,
+           transports, nonce=cn, options} ->
+                                          <- CHALLENGE {versions, nonce=sn, proof=H("server"|cn|sn|session)}
+    checks the server knows the token
+    PROOF {proof=H("client"|sn|cn|session)} ->
+                                             checks it (constant time); nothing runs before this
+                                          <- WELCOME {session, transports, info}  or REFUSED {code, message}
+
+Either side refuses a protocol version it does not speak (VersionMismatch on both).
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import platform
+import socket
+from dataclasses import dataclass, field
+
+from rgpu.errors import AuthenticationError, ProtocolError, RgpuError, VersionMismatch
+
+from .base import Transport
+from .buffers import BufferPool
+from .wire import PROTOCOL_VERSION, Limits, MsgKind
+
+NONCE_BYTES = 32
+_pool = BufferPool(keep_bytes=0)
+
+
+def software_versions() -> dict:
+    """What this end runs; torch only when it is already imported (the server's acceptor never imports it)."""
+    import sys
+
+    from rgpu import __version__
+    versions = {"rgpu": __version__, "python": platform.python_version()}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        versions["torch"] = torch.__version__
+    return versions
+
+
+def _proof(token: bytes, label: bytes, first: bytes, second: bytes, session: str) -> bytes:
+    return hmac.new(token, label + first + second + session.encode(), hashlib.sha256).digest()
+
+
+@dataclass
+class Hello:
+    route: str
+    session: str
+    versions: dict
+    transports: list
+    options: dict = field(default_factory=dict)
+    nonce: bytes = b""
+
+
+def _send(t: Transport, kind: MsgKind, meta) -> None:
+    t.send(t.frame_parts(kind, 0, 0, meta, []))
+
+
+def _recv(t: Transport, limits: Limits, expected: MsgKind):
+    frame = t.recv_frame(limits, _pool)
+    if frame.kind == MsgKind.REFUSED:
+        meta = frame.meta if isinstance(frame.meta, dict) else {}
+        code, message = meta.get("code"), str(meta.get("message", "refused"))
+        if code == "auth":
+            raise AuthenticationError(f"the server refused our token: {message}")
+        if code == "version":
+            raise VersionMismatch(message)
+        raise RgpuError(f"the server refused the session: {message}")
+    if frame.kind != expected or not isinstance(frame.meta, dict):
+        raise ProtocolError(f"handshake: expected {expected.name}, got {frame.kind.name}")
+    return frame.meta
+
+
+def _field(meta: dict, name: str, kind: type):
+    value = meta.get(name)
+    if not isinstance(value, kind):
+        raise ProtocolError(f"handshake: field {name!r} missing or not {kind.__name__}")
+    return value
+
+
+def client_handshake(t: Transport, token: bytes, hello: Hello, limits: Limits) -> dict:
+    """Run the client side; returns the WELCOME dict (plus the server's versions)."""
+    cn = os.urandom(NONCE_BYTES)
+    _send(t, MsgKind.HELLO, {"proto": PROTOCOL_VERSION, "versions": hello.versions, "route": hello.route,
+                             "session": hello.session, "transports": hello.transports, "nonce": cn,
+                             "options": hello.options})
+    challenge = _recv(t, limits, MsgKind.CHALLENGE)
+    sn = _field(challenge, "nonce", bytes)
+    if not hmac.compare_digest(_field(challenge, "proof", bytes), _proof(token, b"server", cn, sn, hello.session)):
+        raise AuthenticationError("the server does not know our token (wrong RGPU_TOKEN, or not the server you meant)")
+    _send(t, MsgKind.PROOF, {"proof": _proof(token, b"client", sn, cn, hello.session)})
+    welcome = _recv(t, limits, MsgKind.WELCOME)
+    welcome["server_versions"] = challenge.get("versions", {})
+    return welcome
+
+
+def refuse(t: Transport, code: str, message: str) -> None:
+    try:
+        _send(t, MsgKind.REFUSED, {"code": code, "message": message})
+    except RgpuError:
+        pass
+
+
+def server_handshake(t: Transport, token: bytes, limits: Limits, routes: set[str]) -> Hello:
+    """Run the server side up to the client's proof; the caller sends WELCOME once the session exists."""
+    try:
+        meta = _recv(t, limits, MsgKind.HELLO)
+    except VersionMismatch as exc:
+        refuse(t, "version", f"this server speaks rgpu protocol {PROTOCOL_VERSION}: {exc}")
+        raise
+    if meta.get("proto") != PROTOCOL_VERSION:
+        refuse(t, "version", f"this server speaks rgpu protocol {PROTOCOL_VERSION}, the client {meta.get('proto')}")
+        raise VersionMismatch(f"client speaks rgpu protocol {meta.get('proto')}")
+    hello = Hello(route=_field(meta, "route", str), session=_field(meta, "session", str),
+                  versions=_field(meta, "versions", dict), transports=list(meta.get("transports") or []),
+                  options=meta.get("options") or {}, nonce=_field(meta, "nonce", bytes))
+    if len(hello.nonce) != NONCE_BYTES or len(hello.session) > 128:
+        raise ProtocolError("handshake: bad nonce or session id length")
+    sn = os.urandom(NONCE_BYTES)
+    _send(t, MsgKind.CHALLENGE, {"versions": software_versions(), "nonce": sn,
+                                 "proof": _proof(token, b"server", hello.nonce, sn, hello.session)})
+    proof = _recv(t, limits, MsgKind.PROOF)
+    if not hmac.compare_digest(_field(proof, "proof", bytes), _proof(token, b"client", sn, hello.nonce, hello.session)):
+        refuse(t, "auth", "wrong token")
+        raise AuthenticationError(f"client {hello.session!r} sent a wrong token proof")
+    if hello.route not in routes:
+        refuse(t, "route", f"unknown route {hello.route!r}; this server has {sorted(routes)}")
+        raise ProtocolError(f"handshake: unknown route {hello.route!r}")
+    return hello
+
+
+def welcome(t: Transport, session: str, transports: list, info: dict) -> None:
+    _send(t, MsgKind.WELCOME, {"session": session, "transports": transports, "info": info,
+                               "host": socket.gethostname()})

@@ -1,0 +1,112 @@
+"""The tcp transport: always there, scatter/gather ``sendmsg`` out, ``recv_into`` in."""
+from __future__ import annotations
+
+import select
+import socket
+import ssl
+from typing import Sequence
+
+from rgpu.errors import ConnectionLost, translate_os_error
+
+from .base import Into, StreamReader, Transport
+from .buffers import BufferPool
+from .wire import Frame, Limits
+
+IOV_MAX = 1024  # sendmsg's limit on parts per call on Linux
+
+
+def tune(sock: socket.socket) -> None:
+    """Low latency (no Nagle) and a dead peer noticed by keepalive within about a minute."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for opt, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, opt):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
+
+
+class TcpTransport(Transport):
+    name = "tcp"
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self._tls = isinstance(sock, ssl.SSLSocket)
+        self._reader = StreamReader(sock.recv_into)
+        self._closed = False
+
+    @property
+    def tls(self) -> bool:
+        return self._tls
+
+    def send(self, parts: Sequence[memoryview]) -> None:
+        try:
+            if self._tls:  # SSLSocket has no sendmsg: each part is copied into the TLS record
+                for p in parts:
+                    self.sock.sendall(p)
+                return
+            self._sendmsg_all(parts)
+        except OSError as exc:
+            raise translate_os_error(exc, where="sending") from None
+
+    def _sendmsg_all(self, parts: Sequence) -> None:
+        pending = [memoryview(p).cast("B") for p in parts if len(p)]
+        while pending:
+            sent = self.sock.sendmsg(pending[:IOV_MAX])
+            while sent:  # drop what went out, keep the tail of a part sent in half
+                head = pending[0]
+                if sent >= head.nbytes:
+                    sent -= head.nbytes
+                    pending.pop(0)
+                else:
+                    pending[0] = head[sent:]
+                    sent = 0
+
+    def readable(self, timeout: float) -> bool:
+        """Whether a frame has started to arrive within ``timeout`` seconds."""
+        if self._reader.staged or (self._tls and self.sock.pending()):
+            return True
+        return bool(select.select([self.sock], [], [], timeout)[0])
+
+    def recv_frame(self, limits: Limits, pool: BufferPool, into: Into | None = None) -> Frame:
+        try:
+            return self._reader.read_frame(limits, pool, into)
+        except EOFError:
+            raise ConnectionLost("the peer closed the connection") from None
+        except OSError as exc:
+            if self._closed:
+                raise ConnectionLost("connection closed") from None
+            raise translate_os_error(exc, where="receiving") from None
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def abort(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in recv on this socket
+        except OSError:
+            pass
+        self.close()
+
+
+def connect(host: str, port: int, timeout: float) -> socket.socket:
+    """A connected, tuned socket (blocking once connected)."""
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except OSError as exc:
+        raise translate_os_error(exc, connecting=True, where=f"{host}:{port}") from None
+    tune(sock)
+    return sock
+
+
+def listen(host: str, port: int, backlog: int = 128) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(backlog)
+    return sock

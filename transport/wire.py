@@ -1,0 +1,184 @@
+"""The rgpu frame: a fixed binary header, msgpack metadata, then raw buffers.
+
+    offset size  field
+    0      4     magic        b"RGPU"
+    4      2     version      PROTOCOL_VERSION; a mismatch is VersionMismatch, not ProtocolError
+    6      2     kind         MsgKind
+    8      4     flags        reserved bits, must be 0 except those in Flags
+    12     8     seq          sender's sequence number (posts too)
+    20     8     ack          replies: highest sequence number applied by the sender
+    28     4     meta_len     bytes of msgpack metadata
+    32     4     nbufs        raw buffers that follow
+    36     8*n   buffer lengths (u64 each)
+    ...          metadata, then each buffer, back to back
+
+Metadata decodes to a closed set of types (None, bool, int, float, str, bytes,
+list, dict); extension types are refused. Nothing is ever unpickled or evaluated.
+"""
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import msgpack
+
+from rgpu.errors import ProtocolError, VersionMismatch
+
+MAGIC = b"RGPU"
+PROTOCOL_VERSION = 1
+HEADER = struct.Struct("<4sHHIQQII")
+LENGTH = struct.Struct("<Q")
+
+
+class MsgKind(enum.IntEnum):
+    HELLO = 1       # client -> server: {proto, versions, route, session, transports, nonce, options}
+    CHALLENGE = 2   # server -> client: {versions, nonce, proof}; proof = HMAC(token, server|cn|sn|session)
+    PROOF = 3       # client -> server: {proof}; proof = HMAC(token, client|sn|cn|session)
+    WELCOME = 4     # server -> client: {transport, session, info (the route's welcome dict)}
+    REFUSED = 5     # either way: {code: "auth"|"version"|"route"|"busy"|"protocol", message}
+    POST = 10       # call with no reply: route-defined meta + buffers
+    REQUEST = 11    # call answered by REPLY or ERROR carrying the same seq
+    REPLY = 12      # answer: route-defined meta + buffers; seq = the request's
+    ERROR = 13      # {seq, op, type, message}: a request or an earlier post failed
+    BYE = 14        # orderly close, no payload
+    UPGRADE = 15    # transport negotiation after WELCOME: {transport, ...} (shm, ucx)
+
+
+class Flags(enum.IntFlag):
+    NONE = 0
+    LAST_IN_BATCH = 1  # informational: the writer flushed after this frame
+
+
+KNOWN_FLAGS = int(Flags.LAST_IN_BATCH)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on what a decoder accepts; every length from the wire is checked."""
+    max_frame_bytes: int = 2 << 30
+    max_meta_bytes: int = 64 << 20
+    max_buffers: int = 65536
+
+    @classmethod
+    def from_settings(cls, s) -> "Limits":
+        return cls(s.max_frame_bytes, s.max_meta_bytes, s.max_buffers)
+
+
+@dataclass
+class Header:
+    kind: MsgKind
+    seq: int
+    ack: int
+    flags: int
+    meta_len: int
+    nbufs: int
+
+
+@dataclass
+class Frame:
+    """A received frame. ``buffers`` may belong to a pool: call ``release()`` when done."""
+    kind: MsgKind
+    seq: int
+    ack: int
+    meta: Any
+    buffers: list[memoryview] = field(default_factory=list)
+    releaser: Callable[[], None] | None = None
+
+    def release(self) -> None:
+        if self.releaser is not None:
+            self.releaser()
+            self.releaser = None
+
+
+def _refuse_ext(code: int, data: bytes) -> Any:
+    raise ProtocolError(f"metadata: extension type {code} is not allowed")
+
+
+def pack_meta(meta: Any) -> bytes:
+    try:
+        return msgpack.packb(meta, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ProtocolError(f"metadata: cannot encode {type(meta).__name__}: {exc}") from None
+
+
+def unpack_meta(data, limits: Limits) -> Any:
+    if len(data) == 0:
+        return None
+    try:
+        return msgpack.unpackb(
+            data, raw=False, use_list=True, strict_map_key=False, ext_hook=_refuse_ext)
+    except ProtocolError:
+        raise
+    except Exception as exc:  # msgpack raises several unrelated types for bad input
+        raise ProtocolError(f"metadata: undecodable msgpack ({type(exc).__name__}: {exc})") from None
+
+
+def encode_prefix(kind: int, seq: int, ack: int, meta: bytes, lengths: Sequence[int], flags: int = 0) -> bytes:
+    """Header + buffer lengths + metadata: everything before the raw buffers."""
+    head = HEADER.pack(MAGIC, PROTOCOL_VERSION, int(kind), flags, seq, ack, len(meta), len(lengths))
+    if not lengths:
+        return head + meta
+    return b"".join((head, struct.pack(f"<{len(lengths)}Q", *lengths), meta))
+
+
+def decode_header(raw, limits: Limits) -> Header:
+    """Check the fixed header; raises ProtocolError naming the field at fault."""
+    if len(raw) < HEADER.size:
+        raise ProtocolError(f"header: truncated ({len(raw)} of {HEADER.size} bytes)")
+    magic, version, kind, flags, seq, ack, meta_len, nbufs = HEADER.unpack_from(raw)
+    if magic != MAGIC:
+        raise ProtocolError(f"magic: expected {MAGIC!r}, got {bytes(magic)!r}")
+    if version != PROTOCOL_VERSION:
+        raise VersionMismatch(f"peer speaks rgpu protocol {version}, this side speaks {PROTOCOL_VERSION}")
+    try:
+        kind = MsgKind(kind)
+    except ValueError:
+        raise ProtocolError(f"kind: unknown message kind {kind}") from None
+    if flags & ~KNOWN_FLAGS:
+        raise ProtocolError(f"flags: unknown bits {flags & ~KNOWN_FLAGS:#x}")
+    if meta_len > limits.max_meta_bytes:
+        raise ProtocolError(f"meta_len: {meta_len} bytes exceeds the limit of {limits.max_meta_bytes}")
+    if nbufs > limits.max_buffers:
+        raise ProtocolError(f"nbufs: {nbufs} buffers exceeds the limit of {limits.max_buffers}")
+    return Header(kind, seq, ack, flags, meta_len, nbufs)
+
+
+def decode_lengths(raw, nbufs: int, meta_len: int, limits: Limits) -> list[int]:
+    lengths = list(struct.unpack_from(f"<{nbufs}Q", raw)) if nbufs else []
+    total = meta_len + sum(lengths)
+    if total > limits.max_frame_bytes:
+        raise ProtocolError(f"buffer lengths: frame of {total} bytes exceeds the limit of {limits.max_frame_bytes}")
+    return lengths
+
+
+def decode_frame(data: bytes, limits: Limits = Limits()) -> Frame:
+    """Decode one whole frame held in memory (tests, fuzzing); stream transports read piecewise."""
+    mv = memoryview(data)
+    h = decode_header(mv, limits)
+    pos = HEADER.size
+    if len(mv) < pos + 8 * h.nbufs:
+        raise ProtocolError("buffer lengths: truncated")
+    lengths = decode_lengths(mv[pos:], h.nbufs, h.meta_len, limits)
+    pos += 8 * h.nbufs
+    end = pos + h.meta_len + sum(lengths)
+    if len(mv) < end:
+        raise ProtocolError(f"body: truncated ({len(mv) - pos} of {end - pos} bytes)")
+    if len(mv) > end:
+        raise ProtocolError(f"body: {len(mv) - end} trailing bytes")
+    meta = unpack_meta(mv[pos:pos + h.meta_len], limits)
+    pos += h.meta_len
+    bufs = []
+    for n in lengths:
+        bufs.append(mv[pos:pos + n])
+        pos += n
+    return Frame(h.kind, h.seq, h.ack, meta, bufs)
+
+
+def encode_frame(kind: int, seq: int, meta: Any = None, buffers: Sequence = (), ack: int = 0) -> bytes:
+    """Encode one whole frame into bytes (tests, fuzzing); transports send the parts without joining."""
+    from .buffers import as_bytes_view
+    views = [as_bytes_view(b) for b in buffers]
+    prefix = encode_prefix(kind, seq, ack, pack_meta(meta), [v.nbytes for v in views])
+    return b"".join([prefix, *[bytes(v) for v in views]])
