@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import msgpack
 
 from rgpu.errors import RgpuError
-from rgpu.transport import handshake, tcp, tokens
+from rgpu.transport import handshake, tcp, tls, tokens
 from rgpu.transport.tcp import TcpTransport
 
 from . import routes
@@ -55,6 +55,7 @@ class Server:
         self.out = out
         self.token, self.token_path, created = tokens.ensure_token(settings)
         self.token_created = created
+        self.tls = tls.ServerCertificate.prepare(settings) if settings.tls else None
         self.listener = tcp.listen(settings.host, settings.port)
         self.address = self.listener.getsockname()[:2]
         self.sessions: list[Worker] = []
@@ -94,7 +95,8 @@ class Server:
             return
         self._fill_spares()
         worker = self.spares.pop(0)
-        details = {"token": self.token.decode(), "overrides": self.overrides, "peer": str(peer)}
+        details = {"token": self.token.decode(), "overrides": self.overrides, "peer": str(peer),
+                   "tls": {"cert": self.tls.cert, "key": self.tls.key} if self.tls else None}
         try:
             socket.send_fds(worker.control, [msgpack.packb(details)], [sock.fileno()])
         except OSError as exc:
@@ -116,10 +118,24 @@ class Server:
             where += " (created now: copy it to your clients, or use `rgpu run --ssh`)"
         print(f"rgpu serve: listening on {host}:{port}; routes {', '.join(sorted(routes.available()))}; {where}",
               file=self.out, flush=True)
+        if self.tls:
+            self.announce_tls()
         if not is_loopback(host) and not self.settings.tls:
             print(f"rgpu serve: WARNING: listening on {host}, not loopback, without TLS: anyone who can reach "
                   "this port can try the token and read your traffic. Use --tls, or bind 127.0.0.1 and "
                   "connect with `rgpu run --ssh`.", file=sys.stderr, flush=True)
+
+    def announce_tls(self) -> None:
+        c = self.tls
+        made = f"; self-signed, made now with {c.generated_by}" if c.generated_by else ""
+        expires = f"; expires {c.expires:%Y-%m-%d}" if c.expires else ""
+        print(f"rgpu serve: TLS on; certificate {c.cert}{made}{expires}", file=self.out, flush=True)
+        print(f"rgpu serve: TLS fingerprint (SHA-256), for clients to pin: RGPU_TLS_FINGERPRINT={c.fingerprint}",
+              file=self.out, flush=True)
+        if c.expired:
+            print(f"rgpu serve: WARNING: the certificate {c.cert} expired on {c.expires:%Y-%m-%d}; clients will "
+                  "refuse it. Renew it (for the self-signed one: delete it and its key, restart).",
+                  file=sys.stderr, flush=True)
 
     def _parent_gone(self) -> bool:
         if self.parent_pid is None:

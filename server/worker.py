@@ -18,7 +18,7 @@ import msgpack
 
 from rgpu import config
 from rgpu.errors import ConnectionLost, ProtocolError, RgpuError, VersionMismatch
-from rgpu.transport import handshake
+from rgpu.transport import handshake, tls
 from rgpu.transport.buffers import BufferPool
 from rgpu.transport.tcp import TcpTransport
 from rgpu.transport.wire import Limits, MsgKind
@@ -104,6 +104,12 @@ def run_session(sock: socket.socket, d: dict) -> None:
     s = config.settings(**d.get("overrides", {}))
     logging.basicConfig(level=logging.DEBUG if s.debug else logging.WARNING, format="rgpu worker: %(message)s")
     sock.settimeout(s.connect_timeout)  # a client that stalls in the handshake is dropped
+    try:
+        sock = tls.accept(sock, d.get("tls"))  # TLS state cannot cross processes: the worker does the TLS handshake
+    except RgpuError as exc:
+        log.warning("connection from %s refused: %s", d.get("peer"), exc)
+        sock.close()
+        return
     transport = TcpTransport(sock)
     try:
         hello = handshake.server_handshake(transport, d["token"].encode(), Limits.from_settings(s), routes.available())

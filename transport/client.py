@@ -5,7 +5,7 @@ import uuid
 
 from rgpu import config
 
-from . import handshake, local_server, tcp, tokens
+from . import handshake, local_server, tcp, tls, tokens
 from .connection import Connection
 from .tcp import TcpTransport
 from .wire import Limits
@@ -28,6 +28,8 @@ def connect(route: str, *, settings=None, server: str | None = None, token: str 
         s = s.with_(**{k: v for k, v in (("server", server), ("token", token)) if v is not None})
     host, port, secret = resolve(s)
     sock = tcp.connect(host, port, s.connect_timeout)
+    if tls.wanted(s) and s.server_address() is not None:  # the embedded local server is loopback, never TLS
+        sock = tls.wrap_client(sock, s, host, port)
     transport = TcpTransport(sock)
     limits = Limits.from_settings(s)
     hello = handshake.Hello(route=route, session=session or uuid.uuid4().hex, versions=handshake.software_versions(),

@@ -20,7 +20,7 @@ import platform
 import socket
 from dataclasses import dataclass, field
 
-from rgpu.errors import AuthenticationError, ProtocolError, RgpuError, VersionMismatch
+from rgpu.errors import AuthenticationError, ConfigError, ProtocolError, RgpuError, VersionMismatch
 
 from .base import Transport
 from .buffers import BufferPool
@@ -69,6 +69,8 @@ def _recv(t: Transport, limits: Limits, expected: MsgKind):
             raise AuthenticationError(f"the server refused our token: {message}")
         if code == "version":
             raise VersionMismatch(message)
+        if code == "tls":
+            raise ConfigError(f"the server refused the session: {message}")
         raise RgpuError(f"the server refused the session: {message}")
     if frame.kind != expected or not isinstance(frame.meta, dict):
         raise ProtocolError(f"handshake: expected {expected.name}, got {frame.kind.name}")

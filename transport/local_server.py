@@ -21,7 +21,8 @@ class LocalServer:
         self.token = token
         child_env = dict(os.environ if env is None else env)
         child_env["RGPU_TOKEN"] = token
-        child_env.pop("RGPU_SERVER", None)
+        for name in ("RGPU_SERVER", "RGPU_TLS", "RGPU_TLS_CERT", "RGPU_TLS_KEY"):  # loopback, plain
+            child_env.pop(name, None)
         cmd = [sys.executable, "-m", "rgpu", "serve", "--host", "127.0.0.1", "--port", "0",
                "--exit-with-parent", str(os.getpid()), *(extra_args or [])]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=None, stdin=subprocess.DEVNULL,
