@@ -1,0 +1,118 @@
+"""Builds rgpu's libcuda.so.1 with cffi: the generated header text, shim*.c, and the exported wrappers.
+
+    python -m rgpu.cuda_intercept.build [OUT_DIR]     (or: rgpu intercept build)
+
+The result is cached under ``~/.cache/rgpu/intercept/<key>/`` (key: header,
+sources, Python and cffi versions), beside a ``libcuda.so`` link for linkers.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import site
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+from rgpu.errors import ConfigError
+
+from . import cgen, header, model
+from .annotations import C_ONLY
+
+HERE = Path(__file__).resolve().parent
+C_SOURCES = ("shim.c", "shim_ctx.c", "shim_launch.c")
+MODULE = "_rgpu_libcuda"
+
+# What Python may call in the C half (shim*.c); the rest of the cdef is the header's types.
+C_API = """
+void rgpu_set_ready(void);
+void rgpu_set_finalized(void);
+void rgpu_set_devices(int ndev, int nattr, const int *attrs);
+int rgpu_ctx_note(uint64_t h, int device);
+void rgpu_ctx_forget(uint64_t h);
+uint64_t rgpu_ctx_current(void);
+int rgpu_ctx_push(uint64_t h);
+void rgpu_func_note(uint64_t func, uint32_t nparams, const uint32_t *offsets, const uint32_t *sizes, uint32_t argbytes);
+char *rgpu_queue_take(size_t *len, size_t *count);
+void rgpu_queue_free(char *q);
+void rgpu_queue_limit(size_t bytes);
+extern "Python" CUresult _py_rgpu_flush(void);
+"""
+
+# Runs once, in whichever interpreter first calls us: the host's when the
+# program is Python, a fresh embedded one otherwise.
+INIT_CODE = """
+import sys, site
+for _d in {site_dirs!r}:
+    if _d not in sys.path:
+        site.addsitedir(_d)
+from {module} import ffi, lib
+from rgpu.cuda_intercept import embed
+embed.attach(ffi, lib, {names!r})
+"""
+
+
+def default_cache_dir() -> Path:
+    return Path(os.path.expanduser("~/.cache/rgpu/intercept"))
+
+
+def _libpython() -> tuple[str, str]:
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    soname = sysconfig.get_config_var("INSTSONAME") or sysconfig.get_config_var("LDLIBRARY") or ""
+    if not sysconfig.get_config_var("Py_ENABLE_SHARED"):
+        raise ConfigError(f"{sys.executable} is not a shared-library build of Python (Py_ENABLE_SHARED=0): "
+                          "the embedded interpreter of libcuda.so.1 needs libpython")
+    return libdir, os.path.join(libdir, soname)
+
+
+def build_key(api: model.Api) -> str:
+    h = hashlib.sha256()
+    for part in (api.header.text, sys.version, __import__("cffi").__version__):
+        h.update(part.encode())
+    for f in C_SOURCES + ("cgen.py", "build.py", "annotations.py", "model.py"):
+        h.update((HERE / f).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def build(out_dir: str | os.PathLike | None = None, *, cuda_home: str | None = None, force: bool = False) -> Path:
+    """Build (or find cached) libcuda.so.1 and return its path."""
+    import cffi
+
+    api = model.parse(header.load(cuda_home))
+    out = Path(out_dir) if out_dir else default_cache_dir() / build_key(api)
+    target = out / "libcuda.so.1"
+    if target.exists() and not force:
+        return target
+    libdir, libpython = _libpython()
+    names = tuple(n for n in api.functions if n not in C_ONLY)
+    ffi = cffi.FFI()
+    ffi.cdef(api.types_text + C_API + cgen.extern_python(api))
+    ffi.embedding_api("")
+    site_dirs = [d for d in site.getsitepackages() + [site.getusersitepackages()] if os.path.isdir(d)]
+    ffi.embedding_init_code(INIT_CODE.format(site_dirs=site_dirs, module=MODULE, names=names))
+    source = "\n".join([
+        "#include <stdint.h>\n#include <stddef.h>",
+        f'#define RGPU_LIBPYTHON "{libpython}"',
+        api.header.text, cgen.tables(api),
+        *((HERE / f).read_text() for f in C_SOURCES),
+        cgen.wrappers(api),
+    ])
+    ffi.set_source(MODULE, source, libraries=["pthread", "dl"], library_dirs=[libdir],
+                   extra_compile_args=["-O2", "-Wno-unused-function", "-Wno-unused-variable"],
+                   extra_link_args=[f"-Wl,-rpath,{libdir}", "-Wl,-soname,libcuda.so.1"])
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="rgpu-intercept-build-") as tmp:
+        built = ffi.compile(tmpdir=tmp, target="libcuda.so.1")
+        partial = out / f".libcuda.so.1.{os.getpid()}"
+        shutil.copy2(built, partial)
+        os.replace(partial, target)   # atomic: a concurrent build or run never sees half a file
+    link = out / "libcuda.so"
+    if not link.exists():
+        link.symlink_to("libcuda.so.1")
+    return target
+
+
+if __name__ == "__main__":
+    print(build(sys.argv[1] if len(sys.argv) > 1 else None, force=True))
