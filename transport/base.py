@@ -79,6 +79,11 @@ class StreamReader:
             self._end += got
 
     def _take(self, n: int) -> memoryview:
+        """The next ``n`` bytes, valid until the next read (copied out when bigger than the stage)."""
+        if n > self.STAGE:
+            big = memoryview(bytearray(n))
+            self.read_into(big)
+            return big
         self._fill(n)
         out = self._view[self._start:self._start + n]
         self._start += n
@@ -100,12 +105,7 @@ class StreamReader:
     def read_frame(self, limits: Limits, pool: BufferPool, into: Into | None = None) -> Frame:
         h = decode_header(self._take(HEADER.size), limits)
         lengths = decode_lengths(self._take(8 * h.nbufs), h.nbufs, h.meta_len, limits) if h.nbufs else []
-        if h.meta_len <= self.STAGE:
-            meta = unpack_meta(self._take(h.meta_len), limits)
-        else:
-            big = bytearray(h.meta_len)
-            self.read_into(memoryview(big))
-            meta = unpack_meta(big, limits)
+        meta = unpack_meta(self._take(h.meta_len), limits)
         targets = into(h.kind, h.seq, lengths) if (into is not None and lengths) else None
         if targets is not None and [v.nbytes for v in targets] != lengths:
             targets = None  # not the reply the caller prepared for (an error, say): use the pool

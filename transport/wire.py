@@ -97,22 +97,47 @@ def _refuse_ext(code: int, data: bytes) -> Any:
 
 
 def pack_meta(meta: Any) -> bytes:
+    if meta is None:
+        return b""  # no metadata block at all: decodes back to None
     try:
         return msgpack.packb(meta, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
         raise ProtocolError(f"metadata: cannot encode {type(meta).__name__}: {exc}") from None
 
 
+# msgpack decodes extension type -1 (timestamp) itself, without calling ext_hook; these are
+# its three encodings. Seeing one of these byte pairs (maybe inside a string) costs one walk.
+_TIMESTAMP_MARKS = (b"\xd6\xff", b"\xd7\xff", b"\xc7\x0c\xff")
+
+
+def _has_foreign(value) -> bool:
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, list):
+            stack.extend(v)
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, msgpack.Timestamp):
+            return True
+    return False
+
+
 def unpack_meta(data, limits: Limits) -> Any:
     if len(data) == 0:
         return None
     try:
-        return msgpack.unpackb(
+        meta = msgpack.unpackb(
             data, raw=False, use_list=True, strict_map_key=False, ext_hook=_refuse_ext)
     except ProtocolError:
         raise
     except Exception as exc:  # msgpack raises several unrelated types for bad input
         raise ProtocolError(f"metadata: undecodable msgpack ({type(exc).__name__}: {exc})") from None
+    raw = bytes(data) if isinstance(data, memoryview) else data
+    if any(mark in raw for mark in _TIMESTAMP_MARKS) and _has_foreign(meta):
+        raise ProtocolError("metadata: extension type -1 (timestamp) is not allowed")
+    return meta
 
 
 def encode_prefix(kind: int, seq: int, ack: int, meta: bytes, lengths: Sequence[int], flags: int = 0) -> bytes:

@@ -1,0 +1,158 @@
+"""Shared fixtures: a real ``rgpu serve`` on a free port, client settings for it, hypothesis profiles.
+
+    rgpu_server            one server for the whole test session (echo route, no preload)
+    start_server(*flags)   a fresh server with extra ``rgpu serve`` flags or environment, stopped after the test
+    server.settings(**kw)  client Settings pointing at that server, read from no environment
+    server.connect(route)  a Connection to it (closed after the test when made through the fixture)
+
+The hypothesis profile ``rgpu-fuzz`` (10^4 cases) is what the wire fuzz tests run;
+``RGPU_FUZZ_EXAMPLES`` changes the count without touching other tests' settings.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck
+from hypothesis import settings as hsettings
+
+from rgpu import config
+
+hsettings.register_profile(
+    "rgpu-fuzz", max_examples=int(os.environ.get("RGPU_FUZZ_EXAMPLES", "10000")), deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+TOKEN = "test-token-0123456789abcdef"
+_LISTENING = re.compile(r"listening on (\S+):(\d+)")
+
+
+def clean_env(**extra: str) -> dict:
+    """The environment minus every RGPU_* variable of the caller, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RGPU_")}
+    env.update(extra)
+    return env
+
+
+class RunningServer:
+    """An ``rgpu serve`` child process; its stdout and stderr go to files in ``workdir``."""
+
+    def __init__(self, workdir: Path, flags=(), env: dict | None = None, token: str | None = TOKEN,
+                 start_timeout: float = 30.0):
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.workdir = workdir
+        self.token_file = workdir / "token"
+        self.token = token
+        extra = {"RGPU_TOKEN_FILE": str(self.token_file)}
+        if token is not None:
+            extra["RGPU_TOKEN"] = token
+        extra.update(env or {})
+        self.stdout_path, self.stderr_path = workdir / "stdout", workdir / "stderr"
+        cmd = [sys.executable, "-m", "rgpu", "serve", "--port", "0", "--preload", "", *flags]
+        with open(self.stdout_path, "w") as out, open(self.stderr_path, "w") as err:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                         env=clean_env(**extra), start_new_session=True)
+        deadline = time.monotonic() + start_timeout
+        while True:
+            m = _LISTENING.search(self.stdout_path.read_text())
+            if m:
+                self.host, self.port = m.group(1), int(m.group(2))
+                break
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"rgpu serve did not start:\n{self.stdout}\n{self.stderr}")
+            time.sleep(0.02)
+        if token is None:
+            self.token = self.token_file.read_text().strip()
+        self._conns: list = []
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def stdout(self) -> str:
+        return self.stdout_path.read_text()
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_text()
+
+    def settings(self, **overrides) -> config.Settings:
+        """Client settings for this server, independent of the environment the tests run in."""
+        return config.settings(environ={}, server=self.address, token=self.token, **overrides)
+
+    def connect(self, route: str = "echo", **overrides):
+        from rgpu.transport.client import connect
+
+        conn = connect(route, settings=self.settings(**overrides))
+        self._conns.append(conn)
+        return conn
+
+    def stop(self) -> None:
+        for conn in self._conns:
+            conn.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def rgpu_server(tmp_path_factory):
+    """One ``rgpu serve --port 0 --preload ""`` for the session; tests must not crash or stop it."""
+    server = RunningServer(tmp_path_factory.mktemp("rgpu-server"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def start_server(tmp_path):
+    """Factory: ``start_server(*flags, env={...}, token=...)`` starts a server just for this test."""
+    started: list[RunningServer] = []
+
+    def start(*flags: str, env: dict | None = None, token: str | None = TOKEN) -> RunningServer:
+        server = RunningServer(tmp_path / f"server{len(started)}", flags, env, token)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def echo_conn(rgpu_server):
+    """A fresh echo-route connection to the session's server, closed after the test."""
+    c = rgpu_server.connect("echo")
+    yield c
+    c.close()
+
+
+def wait_until(predicate, timeout: float = 10.0, what: str = "condition") -> None:
+    """Poll ``predicate`` until true; fails the test (never hangs) after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def pid_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # a zombie (exited, not yet reaped by the acceptor) counts as gone
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+    except OSError:
+        return True
