@@ -1,0 +1,282 @@
+"""``rgpu doctor``: check, in order, everything between this process and the server's GPU; say the fix for each failure.
+
+Each check returns a ``Check`` (ok, warn, fail or skip, what it found, the fix).
+A check that needs a connection is skipped when none could be made. The exit
+status is 0 only when no check failed; ``--json`` prints the same as one object.
+"""
+from __future__ import annotations
+
+import importlib.util
+import ipaddress
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from . import config
+from .errors import AuthenticationError, ConfigError, RemoteError, RgpuError, VersionMismatch
+
+MiB = 1 << 20
+
+
+@dataclass
+class Check:
+    name: str
+    status: str            # ok | warn | fail | skip
+    detail: str
+    fix: str = ""
+    data: dict = field(default_factory=dict)
+
+
+class Context:
+    """What the checks share: the settings, the address, the echo connection once made."""
+
+    def __init__(self, settings):
+        self.s = settings
+        self.address = settings.server_address()
+        self.conn = None
+
+
+# ---- the checks, in order -----------------------------------------------------------------
+
+
+def check_server(ctx: Context) -> Check:
+    from rgpu.transport import local_server, tcp
+
+    if ctx.address is None:
+        local = local_server.shared(ctx.s)
+        ctx.s = ctx.s.with_(server=local.address, token=local.token)
+        ctx.address = (local.host, local.port)
+        return Check("server", "ok", f"RGPU_SERVER is not set: checked a local server on {local.address} "
+                     "(this machine's CPU; point RGPU_SERVER at a GPU host or use `rgpu run --ssh`)",
+                     data={"address": local.address, "local": True})
+    host, port = ctx.address
+    t0 = time.perf_counter()
+    try:
+        tcp.connect(host, port, ctx.s.connect_timeout).close()
+    except RgpuError as exc:
+        return Check("server", "fail", str(exc),
+                     "start `rgpu serve` on the GPU host; it binds 127.0.0.1:9713, so from elsewhere use "
+                     "`rgpu run --ssh USER@HOST -- rgpu doctor`, or fix RGPU_SERVER")
+    ms = (time.perf_counter() - t0) * 1e3
+    return Check("server", "ok", f"{host}:{port} accepts connections ({ms:.1f} ms to connect)",
+                 data={"address": f"{host}:{port}", "connect_ms": ms})
+
+
+def check_auth(ctx: Context) -> Check:
+    from rgpu.transport.client import connect
+
+    try:
+        ctx.conn = connect("echo", settings=ctx.s)
+    except AuthenticationError as exc:
+        if "TLS" in str(exc):
+            fix = ("pin the fingerprint the server printed at start (RGPU_TLS_FINGERPRINT) or trust its CA "
+                   "(RGPU_TLS_CA); if its certificate changed on purpose, re-pin it")
+        else:
+            fix = ("use the server's token: copy its token file (`rgpu serve` prints where it is) to "
+                   f"{ctx.s.token_path} or set RGPU_TOKEN; `rgpu run --ssh` reads it for you")
+        return Check("auth", "fail", str(exc), fix)
+    except VersionMismatch as exc:
+        return Check("auth", "fail", f"protocol versions differ: {exc}", "install the same rgpu version on both ends")
+    except ConfigError as exc:
+        return Check("auth", "fail", str(exc), "make the client's RGPU_TLS settings match the server's --tls")
+    except RgpuError as exc:
+        return Check("auth", "fail", f"{type(exc).__name__}: {exc}", "see the server's log for why it refused")
+    return Check("auth", "ok", "both ends proved they hold the same token (mutual HMAC); the token never crossed")
+
+
+def _torch_version() -> str | None:
+    if "torch" in sys.modules:
+        return sys.modules["torch"].__version__
+    if importlib.util.find_spec("torch") is None:
+        return None
+    import torch
+    return torch.__version__
+
+
+def check_versions(ctx: Context) -> Check:
+    from rgpu.transport.handshake import software_versions
+    from rgpu.transport.wire import PROTOCOL_VERSION
+
+    mine = software_versions()
+    mine["torch"] = _torch_version()
+    theirs = ctx.conn.welcome.get("server_versions", {})
+    data = {"protocol": PROTOCOL_VERSION, "client": mine, "server": theirs}
+    detail = (f"protocol {PROTOCOL_VERSION}; rgpu {mine['rgpu']} here, {theirs.get('rgpu', '?')} there; "
+              f"torch {mine['torch'] or 'absent'} here, {theirs.get('torch') or 'not loaded'} there; "
+              f"python {mine['python']} here, {theirs.get('python', '?')} there")
+    if theirs.get("rgpu") != mine["rgpu"]:
+        return Check("versions", "fail", detail, f"install rgpu {mine['rgpu']} on the server (or this version here)", data)
+    a, b = mine["torch"], theirs.get("torch")
+    if a and b and a.split("+")[0].split(".")[:2] != b.split("+")[0].split(".")[:2]:
+        return Check("versions", "warn", detail, f"the device route expects one torch: install torch {b.split('+')[0]} "
+                     "here (or match the server's to this one)", data)
+    if not a:
+        return Check("versions", "warn", detail, "the device route needs torch here: pip install torch", data)
+    return Check("versions", "ok", detail, data=data)
+
+
+def check_transport(ctx: Context) -> Check:
+    conn, s = ctx.conn, ctx.s
+    chosen = conn.transport_name
+    offered = conn.welcome.get("transports") or []
+    why = getattr(conn, "transport_reason", None)   # the negotiation may say why it picked what it did
+    if why is None:
+        why = ("the only one this client offers" if chosen == "tcp" and s.transport in ("auto", "tcp")
+               else f"RGPU_TRANSPORT={s.transport}")
+    detail = f"{chosen}: {why}; RGPU_TRANSPORT={s.transport}; the server offers {', '.join(offered) or 'tcp'}"
+    data = {"chosen": chosen, "requested": s.transport, "offered": offered, "why": why}
+    if s.transport not in ("auto", chosen):
+        return Check("transport", "warn", detail, f"RGPU_TRANSPORT={s.transport} was asked for but {chosen} is in "
+                     "use: see the server's log for why it was not available", data)
+    return Check("transport", "ok", detail, data=data)
+
+
+def check_speed(ctx: Context) -> Check:
+    conn = ctx.conn
+    for _ in range(3):
+        conn.call({"op": "sizes"})
+    rtts = []
+    for _ in range(30):
+        t0 = time.perf_counter()
+        conn.call({"op": "sizes"})
+        rtts.append(time.perf_counter() - t0)
+    rtt_us = statistics.median(rtts) * 1e6
+    size = 1 * MiB  # a first probe sizes the real one to about a quarter second, 1-64 MiB
+    first = _upload_seconds(conn, size)
+    size = int(min(64, max(1, size / max(first, 1e-6) * 0.25 // MiB))) * MiB
+    up = statistics.median(_upload_seconds(conn, size) for _ in range(3))
+    both = statistics.median(_echo_seconds(conn, size) for _ in range(3))
+    data = {"rtt_us": rtt_us, "size": size, "upload_GBps": size / up / 1e9, "echo_GBps": 2 * size / both / 1e9}
+    detail = (f"round trip {rtt_us:.0f} µs (median of 30); {size // MiB} MiB: upload {data['upload_GBps']:.2f} GB/s, "
+              f"echo {data['echo_GBps']:.2f} GB/s counting both ways")
+    return Check("speed", "ok", detail, data=data)
+
+
+def _upload_seconds(conn, size: int) -> float:
+    buf = np.ones(size, np.uint8)
+    t0 = time.perf_counter()
+    reply = conn.call({"op": "checksum", "stride": 1 << 20}, [buf])
+    if reply.meta["sums"] != [len(range(0, size, 1 << 20))]:
+        raise RemoteError("the checksum of what arrived differs from what was sent", op="doctor.upload")
+    return time.perf_counter() - t0
+
+
+def _echo_seconds(conn, size: int) -> float:
+    buf, back = np.ones(size, np.uint8), np.empty(size, np.uint8)
+    t0 = time.perf_counter()
+    conn.call({"op": "echo"}, [buf], reply_into=[memoryview(back)]).release()
+    return time.perf_counter() - t0
+
+
+def check_devices(ctx: Context) -> Check:
+    from rgpu.transport.client import connect
+
+    try:
+        conn = connect("ops", settings=ctx.s)
+    except RgpuError as exc:
+        if "unknown route" in str(exc):
+            return Check("devices", "skip", "the server has no ops route (an older rgpu): no device list")
+        return Check("devices", "fail", f"the ops route did not start: {exc}",
+                     "see the server's log; on a GPU host check `nvidia-smi` and the CUDA driver")
+    try:
+        info = conn.welcome.get("info") or {}
+    finally:
+        conn.close()
+    devices = info.get("devices")
+    if devices is None and info.get("names"):  # the ops route's welcome: device kind, names, memory where given
+        memory = info.get("total_memory") or info.get("memory") or []
+        devices = [{"name": n, "total_memory": memory[i] if i < len(memory) else None}
+                   for i, n in enumerate(info["names"])]
+    if not devices:
+        return Check("devices", "fail", "the ops route answers but lists no devices",
+                     "see the server's log; on a GPU host check `nvidia-smi`", data={"welcome": info})
+    kind = info.get("device", "?")
+    detail = f"{kind}: " + "; ".join(_describe(i, d) for i, d in enumerate(devices))
+    return Check("devices", "ok", detail, data={"device": kind, "devices": devices})
+
+
+def _describe(i: int, d) -> str:
+    if not isinstance(d, dict):
+        return f"rgpu:{i} {d}"
+    memory = d.get("total_memory") or d.get("memory")
+    mem = f", {memory / (1 << 30):.1f} GiB" if isinstance(memory, (int, float)) else ", memory not reported"
+    return f"rgpu:{d.get('index', i)} {d.get('name', '?')}{mem}"
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def check_tls(ctx: Context) -> Check:
+    transport = ctx.conn.transport
+    if getattr(transport, "tls", False):
+        sock = transport.sock
+        from rgpu.transport.tls import fingerprint
+        fp = fingerprint(sock.getpeercert(binary_form=True))
+        how = "pinned" if ctx.s.tls_fingerprint else f"trusted through {ctx.s.tls_ca or 'the system CAs'}"
+        return Check("tls", "ok", f"{sock.version()} {sock.cipher()[0]}; certificate {how}: {fp}",
+                     data={"version": sock.version(), "cipher": sock.cipher()[0], "fingerprint": fp})
+    host = ctx.address[0]
+    if _loopback(host):
+        return Check("tls", "ok", f"off: {host} is loopback (this machine, or an ssh tunnel that encrypts)",
+                     data={"tls": False})
+    return Check("tls", "warn", f"off over the network to {host}: the token is never sent, but tensors travel "
+                 "in the clear and an attacker on the path could take over a session",
+                 "`rgpu serve --tls` there and pin RGPU_TLS_FINGERPRINT here, or use `rgpu run --ssh`",
+                 data={"tls": False})
+
+
+CHECKS = (  # name, what it needs, the check
+    ("server", None, check_server),
+    ("auth", None, check_auth),
+    ("versions", "conn", check_versions),
+    ("transport", "conn", check_transport),
+    ("speed", "conn", check_speed),
+    ("devices", "conn", check_devices),
+    ("tls", "conn", check_tls),
+)
+
+
+def run_checks(settings) -> list[Check]:
+    ctx = Context(settings)
+    results: list[Check] = []
+    try:
+        for name, needs, check in CHECKS:
+            if results and results[0].status == "fail":
+                results.append(Check(name, "skip", "no server answers"))
+                continue
+            if needs == "conn" and ctx.conn is None:
+                results.append(Check(name, "skip", "needs an authenticated connection"))
+                continue
+            try:
+                results.append(check(ctx))
+            except RgpuError as exc:
+                results.append(Check(name, "fail", f"{type(exc).__name__}: {exc}", "see the server's log"))
+    finally:
+        if ctx.conn is not None:
+            ctx.conn.close()
+    return results
+
+
+def main(args) -> int:
+    s = config.settings()
+    if args.server:
+        s = s.with_(server=args.server)
+    results = run_checks(s)
+    ok = not any(c.status == "fail" for c in results)
+    if args.json:
+        print(json.dumps({"ok": ok, "checks": [asdict(c) for c in results]}, indent=1, default=str))
+    else:
+        for c in results:
+            print(f"  {c.status.upper() if c.status in ('fail', 'warn') else c.status:5} {c.name:10} {c.detail}")
+            if c.fix:
+                print(f"  {'':5} {'':10} fix: {c.fix}")
+        print("rgpu doctor: all checks pass" if ok else "rgpu doctor: some checks failed", file=sys.stderr)
+    return 0 if ok else 1
