@@ -1,0 +1,71 @@
+"""``rgpu doctor``: every check in order, a fix for each failure, exit 0 only when everything works."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+from conftest import clean_env, wait_until
+
+from rgpu import doctor
+
+ORDER = ["server", "auth", "versions", "transport", "speed", "devices", "tls"]
+
+
+def by_name(results):
+    assert [c.name for c in results] == ORDER
+    return {c.name: c for c in results}
+
+
+def test_a_healthy_server_passes_every_check_and_json_says_so(rgpu_server):
+    done = subprocess.run([sys.executable, "-m", "rgpu", "doctor", "--json", "--server", rgpu_server.address],
+                          capture_output=True, text=True, timeout=300, env=clean_env(RGPU_TOKEN=rgpu_server.token))
+    report = json.loads(done.stdout)
+    assert done.returncode == 0 and report["ok"], done.stdout + done.stderr
+    checks = {c["name"]: c for c in report["checks"]}
+    assert [c["name"] for c in report["checks"]] == ORDER
+    assert all(c["status"] == "ok" for c in checks.values()), checks
+    assert checks["versions"]["data"]["server"]["rgpu"] == checks["versions"]["data"]["client"]["rgpu"]
+    assert checks["speed"]["data"]["rtt_us"] > 0 and checks["speed"]["data"]["upload_GBps"] > 0
+    assert checks["transport"]["data"]["chosen"] in ("tcp", "shm", "ucx")
+    assert checks["devices"]["data"]["devices"]
+    assert "loopback" in checks["tls"]["detail"]
+
+
+def test_no_server_fails_the_first_check_skips_the_rest_and_says_how_to_start_one():
+    results = by_name(doctor.run_checks(doctor.config.settings(environ={}, server="127.0.0.1:1", token="t")))
+    assert results["server"].status == "fail" and "rgpu serve" in results["server"].fix
+    assert all(results[n].status == "skip" for n in ORDER[1:])
+
+
+def test_a_wrong_token_fails_authentication_with_the_fix_and_exit_status_1(rgpu_server):
+    results = by_name(doctor.run_checks(rgpu_server.settings().with_(token="not-the-token")))
+    assert results["server"].status == "ok"
+    assert results["auth"].status == "fail" and "token" in results["auth"].fix
+    assert all(results[n].status == "skip" for n in ORDER[2:])
+    done = subprocess.run([sys.executable, "-m", "rgpu", "doctor", "--server", rgpu_server.address],
+                          capture_output=True, text=True, timeout=120, env=clean_env(RGPU_TOKEN="wrong"))
+    assert done.returncode == 1
+    assert re.search(r"FAIL\s+auth", done.stdout) and "fix:" in done.stdout
+
+
+def test_tls_state_is_reported_pinned_and_a_plain_client_of_a_tls_server_is_told_to_pin(start_server):
+    server = start_server("--tls")
+    wait_until(lambda: "RGPU_TLS_FINGERPRINT=" in server.stdout, what="the fingerprint line")
+    fp = re.search(r"RGPU_TLS_FINGERPRINT=(\S+)", server.stdout).group(1)
+    results = by_name(doctor.run_checks(server.settings(tls_fingerprint=fp)))
+    assert results["tls"].status == "ok" and "pinned" in results["tls"].detail and fp in results["tls"].detail
+    plain = by_name(doctor.run_checks(server.settings()))
+    assert plain["auth"].status == "fail" and "requires TLS" in plain["auth"].detail
+
+
+def test_plain_tcp_to_another_host_is_a_warning_not_a_failure():
+    class Conn:
+        class transport:
+            tls = False
+
+    ctx = doctor.Context(doctor.config.settings(environ={}, server="10.1.2.3:9713"))
+    ctx.conn = Conn()
+    check = doctor.check_tls(ctx)
+    assert check.status == "warn" and "--tls" in check.fix
