@@ -1,0 +1,71 @@
+// bindings.cpp: the few C++ helpers the Python side of the device calls (pybind11).
+//
+// describe() reads a tensor's storage id and geometry in one call, the
+// operation the op stream does for every tensor argument; the rest mint ids,
+// drain allocator events and build tensors the fallback cannot build in Python.
+#include "rgpu_device.h"
+
+#include <torch/extension.h>
+
+namespace rgpu {
+namespace {
+
+constexpr c10::DispatchKeySet kKeys(c10::DispatchKey::PrivateUse1);
+
+py::tuple as_tuple(at::IntArrayRef values) {
+  py::tuple out(values.size());
+  for (size_t i = 0; i < values.size(); ++i) out[i] = py::int_(values[i]);
+  return out;
+}
+
+// (storage id, storage nbytes, dtype code, sizes, strides, storage offset, device index):
+// tuples all the way down, so a descriptor is both the wire form and a cache key.
+py::tuple describe(const at::Tensor& t) {
+  const auto& storage = t.storage();
+  return py::make_tuple(id_of(storage.data()), storage.nbytes(), static_cast<int>(t.scalar_type()),
+                        as_tuple(t.sizes()), as_tuple(t.strides()), t.storage_offset(), t.device().index());
+}
+
+int dtype_code(const at::Tensor& t) { return static_cast<int>(t.scalar_type()); }
+
+at::Tensor with_storage(at::Storage storage, int dtype, at::IntArrayRef size, at::IntArrayRef stride,
+                        int64_t offset) {
+  auto t = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), kKeys, c10::scalarTypeToTypeMeta(static_cast<at::ScalarType>(dtype)));
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(size, stride, offset);
+  return t;
+}
+
+// A new tensor on src's storage: views whose kernels the fallback works out itself.
+at::Tensor alias(const at::Tensor& src, int dtype, std::vector<int64_t> size, std::vector<int64_t> stride,
+                 int64_t offset) {
+  return with_storage(src.storage(), dtype, size, stride, offset);
+}
+
+// A tensor on a storage whose id was reserved before the server made it (data-dependent outputs).
+at::Tensor adopt(uint64_t id, size_t nbytes, int device, int dtype, std::vector<int64_t> size,
+                 std::vector<int64_t> stride, int64_t offset) {
+  auto data = nbytes ? data_ptr_for(id, device)
+                     : c10::DataPtr(nullptr, c10::Device(c10::DeviceType::PrivateUse1, device));
+  auto storage = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes,
+                                                       std::move(data), allocator(), true);
+  return with_storage(at::Storage(std::move(storage)), dtype, size, stride, offset);
+}
+
+}  // namespace
+}  // namespace rgpu
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "rgpu PrivateUse1 device: C++ helpers";
+  m.def("describe", &rgpu::describe);
+  m.def("dtype_code", &rgpu::dtype_code);
+  m.def("alias", &rgpu::alias);
+  m.def("adopt", &rgpu::adopt);
+  m.def("mint_ids", &rgpu::mint_ids);
+  m.def("drain_events", &rgpu::drain_events);
+  m.def("device_count", []() { return static_cast<int>(rgpu::device_count()); });
+  m.def("set_device_count", [](int n) { rgpu::set_device_count(static_cast<c10::DeviceIndex>(n)); });
+  m.def("current_device", []() { return static_cast<int>(rgpu::current_device()); });
+  m.def("set_device", [](int d) { rgpu::set_current_device(static_cast<c10::DeviceIndex>(d)); });
+  m.def("id_shift", []() { return rgpu::kIdShift; });
+}

@@ -1,0 +1,54 @@
+"""Bytes between this machine and the server: uploads, downloads, and copies on the device.
+
+``_copy_from`` is where every ``.to("rgpu")``, ``.cpu()`` and cross-device
+``copy_`` arrives. An upload is sent before the call returns, or copied first
+(the transport copies small buffers at ``post``; a non-contiguous or converted
+source is a fresh tensor already), so later changes to the CPU source never
+reach the server. A download is one round trip straight into the destination's memory.
+"""
+from __future__ import annotations
+
+import torch
+
+from rgpu.transport.buffers import as_bytes_view
+
+aten = torch.ops.aten
+
+
+def upload(s, src: torch.Tensor, dst: torch.Tensor) -> None:
+    data = src
+    if data.dtype != dst.dtype:
+        data = data.to(dst.dtype)
+    if data.shape != dst.shape:
+        data = data.expand(dst.shape)
+    if dst.numel():
+        s.upload(s.C.describe(dst), data.contiguous())
+
+
+def download(s, src: torch.Tensor, dst: torch.Tensor) -> None:
+    if src.numel() == 0:
+        return
+    direct = (dst.is_contiguous() and dst.dtype == src.dtype and dst.shape == src.shape
+              and not dst.is_conj() and not dst.is_neg())
+    target = dst if direct else torch.empty(src.shape, dtype=src.dtype)
+    s.download(s.C.describe(src), as_bytes_view(target))
+    if not direct:
+        dst.copy_(target)
+
+
+def copy_from(s, stream, src, dst, non_blocking=False):
+    """aten::_copy_from(src, dst): src's values into dst, one side or both on the device."""
+    on_src, on_dst = src.device.type == s.devtype, dst.device.type == s.devtype
+    if on_src and on_dst:
+        stream(aten.copy_.default, (dst, src), {}, mixed_ok=True)
+    elif on_dst:
+        upload(s, src, dst)
+    else:
+        download(s, src, dst)
+    return dst
+
+
+def copy_from_and_resize(s, stream, src, dst):
+    if dst.shape != src.shape:
+        dst.resize_(src.shape)
+    return copy_from(s, stream, src, dst)

@@ -1,0 +1,94 @@
+"""The Python boxed fallback for PrivateUse1: every aten op without a C++ kernel arrives here.
+
+It decides, per op (``optable``), whether to post the op as it is, work out
+its outputs from the meta cache and post it, answer it locally, or ask the
+server and wait. Shape and dtype errors come out of the meta kernel, here,
+at the user's line; failures on the server come back at the next wait.
+"""
+from __future__ import annotations
+
+import torch
+
+from rgpu.server.ops.protocol import CALL_RESERVED_IDS
+
+from . import copies, meta, optable, session
+from .encode import Encoder
+from .optable import locate
+
+
+def fallback(op, *args, **kwargs):
+    s = session.current()
+    if s is None:
+        session.get()  # first use of the device: load the C++ part, connect
+        return op(*args, **kwargs)  # again: the op may have a C++ kernel now
+    i = optable.info(op)
+    kind = i.kind
+    if kind == "stream":
+        return stream(s, op, i, args, kwargs)
+    if kind == "out":
+        return post_out(s, op, i, args, kwargs)
+    if kind == "call":
+        return call(s, op, i, args, kwargs)
+    return getattr(copies, optable.LOCAL[(op._schema.name[6:], op._overloadname)])(
+        s, lambda o, a, k, mixed_ok=False: stream(s, o, optable.info(o), a, k, mixed_ok), *args, **kwargs)
+
+
+def _returns(i: optable.OpInfo, args, kwargs):
+    outs = [locate(r[1], args, kwargs) for r in i.returns]
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def post_out(s, op, i, args, kwargs):
+    """An out= op: trust the sizes the structured kernel gave its outputs, unless they are empty."""
+    for loc in i.outs:
+        o = locate(loc, args, kwargs)
+        if isinstance(o, torch.Tensor) and o.numel() == 0:
+            return stream(s, op, i, args, kwargs)
+    enc = Encoder(s.C.describe, s.devtype)
+    s.post_op(op, enc.value(args), enc.kwargs(kwargs), None)
+    return _returns(i, args, kwargs)
+
+
+def stream(s, op, i, args, kwargs, mixed_ok: bool = False):
+    enc = Encoder(s.C.describe, s.devtype, i.by_type, mixed_ok)
+    wargs, wkwargs = enc.value(args), enc.kwargs(kwargs)
+    try:
+        plan = meta.plan_for(op, i, (op, tuple(enc.key)), args, kwargs, s.devtype)
+    except NotImplementedError:  # no meta kernel, or a data-dependent shape: the server sizes it
+        i.kind = "call"
+        return call(s, op, i, args, kwargs)
+    if plan.resize:  # out= tensors that must grow first (their storage ids may change)
+        for loc, size in plan.resize:
+            locate(loc, args, kwargs).resize_(size)
+        enc = Encoder(s.C.describe, s.devtype, i.by_type, mixed_ok)
+        wargs, wkwargs = enc.value(args), enc.kwargs(kwargs)
+    device = torch.device(s.devtype, s.C.current_device() if enc.device is None else enc.device)
+    outs: list = []
+    result = meta.build(plan.specs, args, kwargs, device, s.C.describe, s.C.alias, outs)
+    if plan.post:
+        s.post_op(op, wargs, wkwargs, outs if any(o is not None for o in outs) else None)
+    return result
+
+
+def call(s, op, i, args, kwargs):
+    """One round trip: the server runs the op and says what came out (ids reserved here)."""
+    enc = Encoder(s.C.describe, s.devtype, mixed_ok=True)
+    wargs, wkwargs = enc.value(args), enc.kwargs(kwargs)
+    first = s.C.mint_ids(CALL_RESERVED_IDS)
+    result = _decode(s.call_op(op, wargs, wkwargs, first), s.C)
+    return tuple(result) if len(op._schema.returns) > 1 else result
+
+
+def _decode(v, C):
+    if type(v) is list:
+        return [_decode(x, C) for x in v]
+    if type(v) is dict:
+        ((tag, x),) = v.items()
+        if tag == "t":
+            sid, nbytes, code, size, stride, offset, dev = x
+            return C.adopt(sid, nbytes, dev, code, list(size), list(stride), offset)
+        if tag == "c":
+            return complex(*x)
+        if tag == "d":
+            return meta.DTYPE[x]
+    return v

@@ -1,0 +1,101 @@
+"""Output metadata worked out on the client: the meta kernel, run once per op signature and cached.
+
+A ``Plan`` says, for each output of an op, whether it is a fresh tensor (made
+here with ``empty_strided``, so its id is minted here), one of the op's inputs
+(in-place and ``out=``), a view of an input (made here: the server is not told),
+or a plain value. Running a meta kernel costs 10-240 us; a cached plan a few.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import optable
+from .encode import CODE
+
+DTYPE = {i: d for d, i in CODE.items()}
+MAX_PLANS = 50_000  # why a bound: scalar values are part of some signatures
+
+
+class Plan:
+    __slots__ = ("specs", "resize", "post")
+
+    def __init__(self, specs, resize, post):
+        self.specs = specs    # nested like the op's result; leaves are tuples, see build()
+        self.resize = resize  # [(locator, sizes)]: out= tensors to resize before the op is sent
+        self.post = post      # False when the op only makes views: nothing to tell the server
+
+
+_plans: dict = {}
+
+
+def plan_for(op, info: optable.OpInfo, key, args, kwargs, devtype: str) -> Plan:
+    plan = _plans.get(key)
+    if plan is None:
+        if len(_plans) >= MAX_PLANS:
+            _plans.clear()
+        plan = _plans[key] = make_plan(op, info, args, kwargs, devtype)
+    return plan
+
+
+def _to_meta(v, devtype):
+    if isinstance(v, torch.Tensor):
+        if v.device.type != devtype:
+            return v  # CPU scalars stay as they are
+        storage = v.untyped_storage()
+        base = torch.empty(-(-storage.nbytes() // v.element_size()), dtype=v.dtype, device="meta")
+        return base.as_strided(v.shape, v.stride(), v.storage_offset())
+    if type(v) in (list, tuple):
+        return type(v)(_to_meta(x, devtype) for x in v)
+    if type(v) is torch.device and v.type == devtype:
+        return torch.device("meta")
+    return v
+
+
+def make_plan(op, info: optable.OpInfo, args, kwargs, devtype: str) -> Plan:
+    """Run the meta kernel on stand-ins of the inputs (raises what the op would raise on shapes/dtypes)."""
+    margs = _to_meta(args, devtype)
+    mkwargs = {k: _to_meta(v, devtype) for k, v in kwargs.items()}
+    result = op(*margs, **mkwargs)
+    resize = []
+    for loc in info.outs:
+        real, fake = optable.locate(loc, args, kwargs), optable.locate(loc, margs, mkwargs)
+        if isinstance(real, torch.Tensor) and real.shape != fake.shape:
+            resize.append((loc, tuple(fake.shape)))
+
+    def spec(value, ret):
+        if isinstance(value, (tuple, list)):
+            return type(value)(spec(v, ret) for v in value)
+        if not isinstance(value, torch.Tensor):
+            return ("value", value)
+        if ret is not None and ret[0] == "write":
+            return ("arg", ret[1])
+        if ret is not None and ret[0] == "view":
+            return ("alias", ret[1], CODE[value.dtype], tuple(value.shape), tuple(value.stride()),
+                    value.storage_offset())
+        return ("new", CODE[value.dtype], tuple(value.shape), tuple(value.stride()))
+
+    if len(info.returns) == 1:
+        specs = spec(result, info.returns[0])
+    elif len(info.returns) == 0:
+        specs = ()
+    else:
+        specs = tuple(spec(v, r) for v, r in zip(result, info.returns))
+    post = bool(info.writes) or not info.views
+    return Plan(specs, resize, post)
+
+
+def build(spec, args, kwargs, device, describe, alias, outs: list):
+    """The op's outputs from its plan; ``outs`` collects the wire form of each leaf, in order."""
+    if type(spec) is list or (type(spec) is tuple and (not spec or type(spec[0]) is not str)):
+        return type(spec)(build(s, args, kwargs, device, describe, alias, outs) for s in spec)
+    kind = spec[0]
+    if kind == "new":
+        t = torch.empty_strided(spec[2], spec[3], dtype=DTYPE[spec[1]], device=device)
+        outs.append(describe(t))
+        return t
+    outs.append(None)
+    if kind == "arg":
+        return optable.locate(spec[1], args, kwargs)
+    if kind == "alias":
+        return alias(optable.locate(spec[1], args, kwargs), *spec[2:])
+    return spec[1]

@@ -1,0 +1,121 @@
+"""Registers the rgpu device with torch, cheaply: no C++ build, no server, until first use.
+
+``register()`` renames PrivateUse1 to "rgpu", installs ``torch.rgpu`` and the
+Python boxed fallback. The first op on the device reaches the fallback, which
+loads the C++ part (allocator, guard, hooks, metadata kernels), connects, and
+then claims the composite ops that the server should run whole (``CLAIMED``).
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+NAME = "rgpu"
+_libs: list = []  # torch.library registrations live as long as these objects
+
+
+def register() -> bool:
+    """Make ``device="rgpu"`` usable; False (and nothing done) where torch is not installed."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    if torch._C._get_privateuse1_backend_name() == NAME and hasattr(torch, NAME):
+        return True
+    from . import fallback, torch_rgpu
+
+    torch.utils.rename_privateuse1_backend(NAME)
+    torch._register_device_module(NAME, torch_rgpu)
+    torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
+    lib = torch.library.Library("_", "IMPL")
+    lib.fallback(fallback.fallback, dispatch_key="PrivateUse1")
+    _libs.append(lib)
+    _patch_printing(torch)
+    _placeholder_guard(torch)
+    return True
+
+
+def _placeholder_guard(torch) -> None:
+    """A Python device guard until the C++ one replaces it on first use.
+
+    Why: ``.to("rgpu")`` asks the guard for the current device before any op
+    reaches the fallback, so without a guard the very first ``.to`` would fail.
+    Where torch has no Python guard API, the C++ part loads now (except in the
+    server, which never loads it).
+    """
+    acc = getattr(torch._C, "_acc", None)
+    if acc is not None and hasattr(acc, "register_python_privateuseone_device_guard"):
+        class Placeholder(acc.DeviceGuard):
+            def type_(self):
+                return torch._C._autograd.DeviceType.PrivateUse1
+
+        _libs.append(Placeholder())
+        acc.register_python_privateuseone_device_guard(_libs[-1])
+    elif "rgpu.server" not in sys.modules:
+        from . import build
+
+        build.load()
+
+
+def register_with_torch() -> None:
+    """``register()`` now if torch is imported, else the moment it is (``import rgpu`` stays torch-free)."""
+    if "torch" in sys.modules:
+        register()
+    elif not any(isinstance(f, _TorchWatcher) for f in sys.meta_path):
+        sys.meta_path.insert(0, _TorchWatcher())
+
+
+class _TorchWatcher:
+    """A meta-path finder that runs ``register()`` right after ``import torch`` finishes."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.loader is None:
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            register()
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def claim_composites() -> None:
+    """Register the fallback as the PrivateUse1 kernel of ``optable.CLAIMED`` ops (once, at session start)."""
+    import torch
+
+    from . import fallback, optable
+
+    lib = torch.library.Library("aten", "IMPL")
+    names = set(optable.CLAIMED)
+    for packet in dir(torch.ops.aten):
+        if packet.startswith(optable.CLAIMED_PREFIXES):
+            names.update(f"{packet}.{o}" for o in getattr(torch.ops.aten, packet).overloads())
+    for qualified in sorted(names):
+        name, overload = qualified.split(".")
+        op = getattr(getattr(torch.ops.aten, name), overload)
+        lib.impl(qualified if overload != "default" else name, _kernel(fallback.fallback, op), "PrivateUse1")
+    _libs.append(lib)
+
+
+def _kernel(fallback, op):
+    return lambda *args, **kwargs: fallback(op, *args, **kwargs)
+
+
+def _patch_printing(torch) -> None:
+    """Printing a device tensor downloads it once, instead of a round trip per statistic."""
+    import torch._tensor_str as ts
+
+    inner = ts._tensor_str
+
+    def _tensor_str(self, indent):
+        if self.device.type == NAME:
+            self = self.cpu()
+        return inner(self, indent)
+
+    ts._tensor_str = _tensor_str

@@ -1,0 +1,45 @@
+// rgpu_device.h: what the C++ files of the rgpu PrivateUse1 device share.
+//
+// A storage on the rgpu device is a number minted here (a "storage id"); its
+// data pointer is that id shifted left by kIdShift, never dereferenced on this
+// machine. The server binds the id to real memory the first time an op names it.
+#pragma once
+
+#include <c10/core/Allocator.h>
+#include <c10/core/Device.h>
+#include <c10/core/Storage.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace rgpu {
+
+// Why 20 bits: every storage gets its own 1 MiB window of fake addresses, so a
+// view's data_ptr (base + offset) rarely meets another storage's base; only
+// base pointers have to be unique, and 44 bits of ids never run out.
+constexpr int kIdShift = 20;
+
+inline uint64_t id_of(const void* ptr) {
+  return reinterpret_cast<uint64_t>(ptr) >> kIdShift;
+}
+
+// Events the Python side drains (in order) before it sends the next message.
+enum EventKind : int64_t {
+  kFree = 0,  // [kFree, id]
+  kCopy = 1,  // [kCopy, dst_id, dst_nbytes, device, src_id, count]: storage grew
+};
+
+// allocator.cpp
+c10::Allocator* allocator();
+uint64_t mint_ids(uint64_t n);  // reserve n consecutive ids, return the first
+c10::DataPtr data_ptr_for(uint64_t id, c10::DeviceIndex device);
+void resize_bytes(c10::StorageImpl* storage, size_t nbytes);
+std::vector<int64_t> drain_events();
+
+// guard.cpp
+c10::DeviceIndex current_device();
+void set_current_device(c10::DeviceIndex index);
+c10::DeviceIndex device_count();
+void set_device_count(c10::DeviceIndex count);
+
+}  // namespace rgpu

@@ -1,0 +1,142 @@
+"""``torch.rgpu``: the device module, mirroring ``torch.cuda`` where it makes sense.
+
+Nothing here starts the session at import; the functions that need the
+server (device count, names, memory, synchronize) start it on first call.
+``torch.manual_seed`` reaches ``manual_seed_all`` here: before the session
+starts the seed is kept and sent when it does, so seeding alone never
+starts a server.
+"""
+from __future__ import annotations
+
+import random as _random
+
+import torch
+
+from rgpu.errors import RgpuError
+from rgpu.server.ops.protocol import Msg
+
+from . import session as _session
+
+_pending_seed: dict[int, int] = {}  # device -> seed, set before the session started
+_initial_seed = 67280421310721
+
+
+def _s():
+    return _session.get()
+
+
+def send_pending_seeds(s) -> None:
+    """Called when the session starts: seeds set before it go to the server first."""
+    for dev, seed in sorted(_pending_seed.items()):
+        s.post([Msg.SEED, dev, seed])
+    _pending_seed.clear()
+
+
+def _index(device=None) -> int:
+    if device is None:
+        return current_device()
+    if isinstance(device, int):
+        return device
+    device = torch.device(device)
+    return current_device() if device.index is None else device.index
+
+
+def is_available() -> bool:
+    """True when the server answers (starting the local one if none is named)."""
+    try:
+        return _s().count > 0
+    except RgpuError:
+        return False
+
+
+def is_initialized() -> bool:
+    return _session.current() is not None
+
+
+def init() -> None:
+    _s()
+
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+def device_count() -> int:
+    return _s().count
+
+
+def current_device() -> int:
+    s = _session.current()
+    return s.C.current_device() if s is not None else 0
+
+
+def set_device(device) -> None:
+    _s().C.set_device(_index(device))
+
+
+class device:
+    """Context manager that makes ``device`` the current rgpu device (like ``torch.cuda.device``)."""
+
+    def __init__(self, device):
+        self.idx = _index(device) if device is not None else -1
+        self.prev = -1
+
+    def __enter__(self):
+        if self.idx >= 0:
+            self.prev = current_device()
+            set_device(self.idx)
+        return self
+
+    def __exit__(self, *exc):
+        if self.prev >= 0:
+            set_device(self.prev)
+        return False
+
+
+def get_device_name(device=None) -> str:
+    return _s().names[_index(device)]
+
+
+def synchronize(device=None) -> None:
+    """Wait until the server has run every op sent so far (raises the first failure, if any)."""
+    _s().request([Msg.SYNC])
+
+
+def manual_seed(seed: int) -> None:
+    _seed(current_device(), int(seed))
+
+
+def manual_seed_all(seed: int) -> None:
+    s = _session.current()
+    for dev in range(s.count if s is not None else 1):
+        _seed(dev, int(seed))
+
+
+def _seed(dev: int, seed: int) -> None:
+    global _initial_seed
+    _initial_seed = seed
+    s = _session.current()
+    if s is None:
+        _pending_seed[dev] = seed
+    else:
+        s.post([Msg.SEED, dev, seed])
+
+
+def seed() -> None:
+    manual_seed(_random.getrandbits(63))
+
+
+def seed_all() -> None:
+    manual_seed_all(_random.getrandbits(63))
+
+
+def initial_seed() -> int:
+    return _initial_seed
+
+
+def memory_allocated(device=None) -> int:
+    return _s().request([Msg.MEMORY, _index(device)])[0]
+
+
+def max_memory_allocated(device=None) -> int:
+    return _s().request([Msg.MEMORY, _index(device)])[1]

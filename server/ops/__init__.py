@@ -1,0 +1,1 @@
+"""The ops route's parts: the wire protocol both ends share, the handle table, op resolution."""

@@ -1,0 +1,84 @@
+"""Turns the wire's argument values into torch values on the server, and results back into wire values."""
+from __future__ import annotations
+
+import torch
+
+from .handles import DTYPE_BY_CODE, HandleTable
+from .protocol import LAYOUTS, MEMORY_FORMATS
+
+CODE_BY_DTYPE = {d: i for i, d in enumerate(DTYPE_BY_CODE) if d is not None}
+_LAYOUT = {name: getattr(torch, name) for name in LAYOUTS if hasattr(torch, name)}
+_MEMORY_FORMAT = {name: getattr(torch, name) for name in MEMORY_FORMATS}
+
+
+class Decoder:
+    """Decodes one message's values; remembers the input storages (outputs must not alias them)."""
+
+    __slots__ = ("table", "inputs", "device")
+
+    def __init__(self, table: HandleTable):
+        self.table = table
+        self.inputs: list[torch.Tensor] = []
+        self.device = 0  # the rgpu index of the first tensor or device argument: where the op runs
+
+    def value(self, v):
+        t = type(v)
+        if t is list:
+            return [self.value(x) for x in v]
+        if t is not dict:
+            return v
+        ((tag, x),) = v.items()
+        if tag == "t":
+            tensor = self.table.tensor(x)
+            if not self.inputs:
+                self.device = x[6]
+            self.inputs.append(tensor)
+            return tensor
+        if tag == "s":
+            return torch.tensor(x[1], dtype=DTYPE_BY_CODE[x[0]])
+        if tag == "d":
+            return DTYPE_BY_CODE[x]
+        if tag == "v":
+            if x[0] != "rgpu":
+                return torch.device(_check(x[0], ("cpu",), "device"))
+            if not self.inputs:
+                self.device = x[1] or 0
+            return self.table.device(x[1] or 0)
+        if tag == "l":
+            return _LAYOUT[_check(x, _LAYOUT, "layout")]
+        if tag == "m":
+            return _MEMORY_FORMAT[_check(x, _MEMORY_FORMAT, "memory format")]
+        if tag == "c":
+            return complex(x[0], x[1])
+        if tag == "g":
+            raise ValueError("explicit generator arguments are not supported yet; use the default generator")
+        raise ValueError(f"unknown value tag {tag!r}")
+
+    def kwargs(self, v: dict) -> dict:
+        return {k: self.value(x) for k, x in v.items()}
+
+
+def _check(name, allowed, what: str) -> str:
+    if name not in allowed:
+        raise ValueError(f"unknown {what} {name!r}")
+    return name
+
+
+def flatten(result) -> list:
+    """An op's result as a flat list (tuples and lists of tensors unrolled, in order)."""
+    if isinstance(result, (tuple, list)):
+        return [x for r in result for x in flatten(r)]
+    return [result]
+
+
+def encode_result(value, bind):
+    """A CALL's result for the wire; ``bind(tensor)`` stores a fresh tensor and returns its descriptor."""
+    if isinstance(value, torch.Tensor):
+        return {"t": bind(value)}
+    if isinstance(value, (tuple, list)):
+        return [encode_result(v, bind) for v in value]
+    if isinstance(value, complex):
+        return {"c": [value.real, value.imag]}
+    if isinstance(value, torch.dtype):
+        return {"d": CODE_BY_DTYPE[value]}
+    return value

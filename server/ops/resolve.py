@@ -1,0 +1,65 @@
+"""Which ops a session may run: aten only, by validated name, schema compared, a block list.
+
+The client names each op once (``Msg.DEFINE``) with its schema as its torch
+prints it; an op whose schema differs here is refused by name, so a client and
+a server on different torch versions never disagree silently about arguments.
+"""
+from __future__ import annotations
+
+import re
+
+import torch
+
+# Ops a client may never run on the server, and why.
+BLOCKED = {
+    "from_file": "reads a file on the server",
+    "save": "writes a file on the server",
+    "_print": "writes to the server's stdout",
+    "set_grad_enabled": "changes the worker's autograd state",
+    "set_data": "swaps a tensor's identity; handles are the server's",
+    "record_stream": "streams are the server's",
+    "_cufft_set_plan_cache_max_size": "changes process-wide cuFFT state",
+    "_cufft_clear_plan_cache": "changes process-wide cuFFT state",
+    "_set_item": "a TorchScript list helper, not a tensor op",
+}
+_NAME = re.compile(r"^[a-z_][a-z0-9_]*\.[A-Za-z0-9_]+$")
+
+
+class OpRefused(Exception):
+    """The server will not run this op; the message says why."""
+
+    def __init__(self, op: str, message: str):
+        super().__init__(message)
+        self.op = op
+
+
+class Resolved:
+    """A runnable op and what the executor needs to know of its schema."""
+
+    __slots__ = ("name", "op", "mutable", "generator")
+
+    def __init__(self, name: str, op):
+        self.name, self.op = name, op
+        args = op._schema.arguments
+        # positions and keyword names of arguments the op writes: they share the fate of a failure
+        self.mutable = [(i, a.name, a.kwarg_only) for i, a in enumerate(args)
+                        if a.alias_info is not None and a.alias_info.is_write]
+        self.generator = any(a.name == "generator" for a in args)
+
+
+def resolve(qualified: str, schema: str) -> Resolved:
+    """``qualified`` is "name.overload" in the aten namespace; ``schema`` the client's ``str(op._schema)``."""
+    if not isinstance(qualified, str) or not _NAME.match(qualified):
+        raise OpRefused(str(qualified)[:80], "not an aten op name")
+    name, overload = qualified.split(".")
+    if name in BLOCKED:
+        raise OpRefused(qualified, f"refused by the server: it {BLOCKED[name]}")
+    packet = getattr(torch.ops.aten, name, None)
+    op = getattr(packet, overload, None) if packet is not None else None
+    if not isinstance(op, torch._ops.OpOverload):
+        raise OpRefused(qualified, f"the server's torch {torch.__version__} has no aten::{qualified}")
+    mine = str(op._schema)
+    if mine != schema:
+        raise OpRefused(qualified, f"schema differs between client and server (torch {torch.__version__}): "
+                                   f"client {schema!r}, server {mine!r}")
+    return Resolved(f"aten.{qualified}", op)

@@ -1,0 +1,206 @@
+"""``ops``: the device route's executor: aten ops on the server's GPU (or CPU) for one session.
+
+The client streams ops with output ids it minted itself; this side binds each
+id to the storage the op produced. A failing op poisons the ids it would have
+written, so later ops on them fail quietly and the client hears of the first
+failure once (an ERROR frame naming the op); reading a poisoned tensor names it again.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from rgpu.server.ops.codec import CODE_BY_DTYPE, Decoder, encode_result, flatten
+from rgpu.server.ops.handles import DTYPE_BY_CODE, HandleTable, Poisoned
+from rgpu.server.ops.protocol import Msg
+from rgpu.server.ops.resolve import OpRefused, resolve
+
+from .base import Executor as BaseExecutor
+from .base import OpFailed
+
+# Why: the receive pool's buffers may be read-only views; we copy out of them at once.
+warnings.filterwarnings("ignore", message="The given buffer is not writable")
+
+
+def pick_devices(settings) -> tuple[str, list[torch.device], list[str]]:
+    """('cuda'|'cpu', the devices rgpu:0.. map to, their names) from ``--device``/``--devices``."""
+    kind = settings.device
+    if kind == "auto":
+        kind = "cuda" if torch.cuda.is_available() else "cpu"
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("--device cuda: this server has no usable CUDA device")
+        n = torch.cuda.device_count()
+        return kind, [torch.device("cuda", i) for i in range(n)], [torch.cuda.get_device_name(i) for i in range(n)]
+    n = max(1, settings.devices)
+    return kind, [torch.device("cpu")] * n, [f"CPU (rgpu cpu executor, device {i})" for i in range(n)]
+
+
+class Executor(BaseExecutor):
+    def __init__(self, session):
+        super().__init__(session)
+        self.kind, devices, self.names = pick_devices(session.settings)
+        self.table = HandleTable(devices)
+        self.ops: dict[int, object] = {}
+        # TF32 off unless asked for, so results match a CPU reference
+        torch.backends.cuda.matmul.allow_tf32 = session.settings.tf32
+        torch.backends.cudnn.allow_tf32 = session.settings.tf32
+        # Why per-device generators on the CPU: rgpu:0..N-1 all run on the one CPU here,
+        # yet each must keep its own stream of random numbers. (This worker process is the
+        # session's own, so the process-wide default generators are per-session as well.)
+        self.gens = [torch.Generator() for _ in devices] if self.kind == "cpu" else None
+        self.handlers = {Msg.DEFINE: self._define, Msg.OP: self._op, Msg.CALL: self._call,
+                         Msg.UPLOAD: self._upload, Msg.DOWNLOAD: self._download, Msg.EVENTS: self._events,
+                         Msg.SEED: self._seed, Msg.SYNC: self._sync, Msg.MEMORY: self._memory}
+
+    def welcome(self) -> dict:
+        return {"device": self.kind, "device_count": len(self.names), "names": self.names,
+                "torch": torch.__version__, "tf32": self.session.settings.tf32}
+
+    def handle(self, meta, buffers, reply: bool):
+        handler = self.handlers.get(meta[0]) if type(meta) is list and meta else None
+        if handler is None:
+            raise ValueError(f"not an ops-route message: {str(meta)[:80]}")
+        with torch.inference_mode():
+            return handler(meta, buffers)
+
+    def close(self) -> None:
+        self.table.close()
+        self.ops.clear()
+
+    # ---- messages ------------------------------------------------------------------------
+
+    def _define(self, meta, buffers):
+        _, index, name, schema = meta
+        try:
+            self.ops[index] = resolve(name, schema)
+        except OpRefused as exc:
+            self.ops[index] = exc  # refused on every use, by name
+
+    def _resolved(self, index):
+        r = self.ops.get(index)
+        if r is None:
+            raise OpFailed(f"op #{index}", "op used before it was defined")
+        if isinstance(r, OpRefused):
+            raise OpFailed(r.op, str(r))
+        return r
+
+    def _run(self, r, args, kwargs, dec: Decoder):
+        a = dec.value(args)
+        k = dec.kwargs(kwargs)
+        if self.gens is not None and r.generator and k.get("generator") is None:
+            k["generator"] = self.gens[dec.device]
+        return r.op(*a, **k)
+
+    def _op(self, meta, buffers):
+        _, events, index, args, kwargs, outs = meta
+        self.table.apply_events(events)
+        r = self._resolved(index)
+        dec = Decoder(self.table)
+        try:
+            result = self._run(r, args, kwargs, dec)
+        except Poisoned as cause:  # an input came from a failed op: fail quietly, pass it on
+            self._poison(r, args, kwargs, outs, cause)
+            return None
+        except Exception as exc:
+            self._poison(r, args, kwargs, outs, Poisoned(r.name, f"{type(exc).__name__}: {exc}"))
+            raise OpFailed(r.name, f"{type(exc).__name__}: {exc}") from None
+        if outs:
+            self._bind(flatten(result), outs, dec)
+        return None
+
+    def _bind(self, results, outs, dec: Decoder) -> None:
+        taken = {t.untyped_storage().data_ptr() for t in dec.inputs}
+        for value, desc in zip(results, outs):
+            if desc is None:
+                continue
+            sid, nbytes, code, size, stride, offset, dev = desc
+            t = value
+            if (t.dtype is not DTYPE_BY_CODE[code] or list(t.shape) != size or list(t.stride()) != stride
+                    or t.storage_offset() != offset or t.untyped_storage().data_ptr() in taken):
+                # the kernel's layout differs from the meta kernel's (or it returned an input): copy
+                fixed = torch.empty(0, dtype=DTYPE_BY_CODE[code], device=t.device)
+                fixed.set_(torch.empty(nbytes, dtype=torch.uint8, device=t.device).untyped_storage(), offset, size, stride)
+                t = fixed.copy_(t)
+            self.table.bind(sid, t.untyped_storage(), dev)
+
+    def _poison(self, r, args, kwargs, outs, cause: Poisoned) -> None:
+        written = [d for d in outs or () if d is not None]
+        for pos, name, kwarg_only in getattr(r, "mutable", ()):
+            v = kwargs.get(name) if kwarg_only or pos >= len(args) else args[pos]
+            written.extend(x["t"] for x in (v if type(v) is list else [v]) if type(x) is dict and "t" in x)
+        for d in written:
+            self.table.poison(d[0], d[6], cause)
+
+    def _call(self, meta, buffers):
+        _, events, index, args, kwargs, first_id = meta
+        self.table.apply_events(events)
+        r = self._resolved(index)
+        dec = Decoder(self.table)
+        try:
+            result = self._run(r, args, kwargs, dec)
+        except Poisoned as cause:
+            raise OpFailed(cause.op, str(cause)) from None
+        except Exception as exc:
+            raise OpFailed(r.name, f"{type(exc).__name__}: {exc}") from None
+        ids = iter(range(first_id, first_id + 1_000_000))
+        taken = {t.untyped_storage().data_ptr() for t in dec.inputs}
+
+        def bind(t: torch.Tensor):
+            if t.untyped_storage().data_ptr() in taken:
+                t = t.clone()
+            sid, dev = next(ids), self._index_of(t)
+            self.table.bind(sid, t.untyped_storage(), dev)
+            return [sid, t.untyped_storage().nbytes(), CODE_BY_DTYPE[t.dtype], list(t.shape), list(t.stride()),
+                    t.storage_offset(), dev]
+        return [encode_result(result, bind)], []
+
+    def _index_of(self, t: torch.Tensor) -> int:
+        return t.device.index or 0 if self.kind == "cuda" else 0
+
+    def _upload(self, meta, buffers):
+        _, events, desc = meta
+        self.table.apply_events(events)
+        try:
+            dst = self.table.tensor(desc)
+        except Poisoned:  # new bytes replace a failed op's result
+            self.table.free(desc[0])
+            dst = self.table.tensor(desc)
+        if dst.numel():
+            src = torch.frombuffer(buffers[0], dtype=torch.uint8).view(dst.dtype).view(dst.shape)
+            dst.copy_(src)
+
+    def _download(self, meta, buffers):
+        _, events, desc = meta
+        self.table.apply_events(events)
+        try:
+            t = self.table.tensor(desc)
+        except Poisoned as cause:
+            raise OpFailed(cause.op, str(cause)) from None
+        data = t.detach().to("cpu").contiguous().reshape(-1)
+        return None, [memoryview(data.view(torch.uint8).numpy())]
+
+    def _events(self, meta, buffers):
+        self.table.apply_events(meta[1])
+
+    def _seed(self, meta, buffers):
+        _, dev, seed = meta
+        device = self.table.device(dev)
+        if self.gens is not None:
+            self.gens[dev].manual_seed(seed)
+            torch.manual_seed(seed)  # ops without a generator argument (dropout) use the default one
+        else:
+            torch.cuda.default_generators[device.index].manual_seed(seed)
+
+    def _sync(self, meta, buffers):
+        if self.kind == "cuda":
+            torch.cuda.synchronize()
+        return None, []
+
+    def _memory(self, meta, buffers):
+        dev = meta[1]
+        if self.kind == "cuda":
+            device = self.table.device(dev)
+            return [torch.cuda.memory_allocated(device), torch.cuda.max_memory_allocated(device)], []
+        return [self.table.allocated[dev], self.table.peak[dev]], []
