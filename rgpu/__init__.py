@@ -10,3 +10,8 @@ from .errors import (  # noqa: E402
 
 __all__ = ["RgpuError", "ConnectError", "AuthenticationError", "VersionMismatch", "ProtocolError",
            "ConnectionLost", "SessionLost", "Timeout", "RemoteError", "ConfigError", "__version__"]
+
+# The "rgpu" torch device: registered now if torch is imported, else when it is (no build, no server).
+from .device_backend import register_with_torch as _register_device  # noqa: E402
+
+_register_device()
