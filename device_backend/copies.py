@@ -52,3 +52,12 @@ def copy_from_and_resize(s, stream, src, dst):
     if dst.shape != src.shape:
         dst.resize_(src.shape)
     return copy_from(s, stream, src, dst)
+
+
+def compatible_for_set_data(s, stream, a, b) -> bool:
+    """Dense tensors here and on the device may swap data (``param.data = p.to("rgpu")``), as CPU and CUDA do.
+
+    Why it matters: ``Module.to`` keeps each Parameter object (and so weight tying)
+    only when this answers True; otherwise it makes new, untied Parameters.
+    """
+    return a.layout == torch.strided and b.layout == torch.strided and not a.is_quantized and not b.is_quantized

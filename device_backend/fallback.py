@@ -35,7 +35,7 @@ def fallback(op, *args, **kwargs):
 
 def _returns(i: optable.OpInfo, args, kwargs):
     outs = [locate(r[1], args, kwargs) for r in i.returns]
-    return outs[0] if len(outs) == 1 else tuple(outs)
+    return None if not outs else outs[0] if len(outs) == 1 else tuple(outs)
 
 
 def post_out(s, op, i, args, kwargs):

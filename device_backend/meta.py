@@ -77,7 +77,7 @@ def make_plan(op, info: optable.OpInfo, args, kwargs, devtype: str) -> Plan:
     if len(info.returns) == 1:
         specs = spec(result, info.returns[0])
     elif len(info.returns) == 0:
-        specs = ()
+        specs = None  # "-> ()": the kernel must return None
     else:
         specs = tuple(spec(v, r) for v, r in zip(result, info.returns))
     post = bool(info.writes) or not info.views
@@ -86,6 +86,8 @@ def make_plan(op, info: optable.OpInfo, args, kwargs, devtype: str) -> Plan:
 
 def build(spec, args, kwargs, device, describe, alias, outs: list):
     """The op's outputs from its plan; ``outs`` collects the wire form of each leaf, in order."""
+    if spec is None:
+        return None
     if type(spec) is list or (type(spec) is tuple and (not spec or type(spec[0]) is not str)):
         return type(spec)(build(s, args, kwargs, device, describe, alias, outs) for s in spec)
     kind = spec[0]

@@ -15,12 +15,14 @@ DATA = {"equal", "is_nonzero", "is_set_to", "_local_scalar_dense", "allclose", "
 LOCAL = {
     ("_copy_from", "default"): "copy_from",
     ("_copy_from_and_resize", "default"): "copy_from_and_resize",
+    ("_has_compatible_shallow_copy_type", "default"): "compatible_for_set_data",
 }
 
 # Ops PyTorch would decompose for a backend without a kernel, that the server runs whole
 # (fewer messages, the server's fused kernels); registered for PrivateUse1 at load.
 CLAIMED = (
     "native_layer_norm.default", "native_layer_norm_backward.default",
+    "_has_compatible_shallow_copy_type.default",  # else Module.to makes new Parameters (breaks weight tying)
 )
 CLAIMED_PREFIXES = ("_foreach_",)
 
