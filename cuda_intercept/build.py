@@ -33,6 +33,7 @@ void rgpu_set_devices(int ndev, int nattr, const int *attrs);
 int rgpu_ctx_note(uint64_t h, int device);
 void rgpu_ctx_forget(uint64_t h);
 uint64_t rgpu_ctx_current(void);
+int rgpu_ctx_device(uint64_t h);
 int rgpu_ctx_push(uint64_t h);
 void rgpu_func_note(uint64_t func, uint32_t nparams, const uint32_t *offsets, const uint32_t *sizes, uint32_t argbytes);
 char *rgpu_queue_take(size_t *len, size_t *count);

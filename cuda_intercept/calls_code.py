@@ -1,0 +1,370 @@
+"""Driver calls for code: modules, libraries, links (numba-cuda's path), functions, kernels and their layouts.
+
+Module images are sized here (PTX up to its NUL, ELF cubins from their
+headers, fatbins from theirs) and travel whole to the server.  Looking a
+function up also reads its parameter layout on the server, once; C uses it to
+pack launches.  JIT log buffers stay on this side: the server's logs are
+copied into them.
+"""
+from __future__ import annotations
+
+import struct
+
+from . import client
+from .calls_device import handle
+from .registry import CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_SUPPORTED, CUDA_SUCCESS, CudaCallError, implements
+
+JIT_INFO_LOG, JIT_INFO_SIZE, JIT_ERROR_LOG, JIT_ERROR_SIZE, JIT_WALL_TIME = 3, 4, 5, 6, 2
+JIT_SCALAR = {0, 1, 7, 8, 9, 10, 11, 12, 13, 14, 16, 20, 21, 22, 23, 24, 29, 30, 31, 32, 33, 34}
+FATBIN_MAGIC, FATBIN_WRAPPER_MAGIC = 0xBA55ED50, 0x466243B1
+
+LAYOUTS: dict[int, dict] = {}      # function or kernel handle -> {"params": [(off, size)], "bytes", "name", "module"}
+MODULE_OF_LIBRARY: dict[int, int] = {}
+LINKS: dict[int, dict] = {}
+
+
+def image_bytes(image) -> bytes:
+    """The whole module image at ``image``: PTX, cubin (ELF), fatbin or a fatbin wrapper."""
+    ffi = client.get().ffi
+    p = ffi.cast("unsigned char *", image)
+    head = bytes(ffi.buffer(p, 16))
+    magic = struct.unpack_from("<I", head)[0]
+    if magic == FATBIN_WRAPPER_MAGIC:             # __fatBinC_Wrapper_t {int magic, version; const void *data; ...}
+        return image_bytes(ffi.cast("void **", p + 8)[0])
+    if magic == FATBIN_MAGIC:                     # {u32 magic; u16 version, header_size; u64 fat_size}
+        _, _, header_size, fat_size = struct.unpack_from("<IHHQ", head)
+        return bytes(ffi.buffer(p, header_size + fat_size))
+    if head[:4] == b"\x7fELF":
+        ehdr = bytes(ffi.buffer(p, 64))
+        phoff, shoff = struct.unpack_from("<QQ", ehdr, 0x20)
+        phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", ehdr, 0x36)
+        return bytes(ffi.buffer(p, max(64, phoff + phentsize * phnum, shoff + shentsize * shnum)))
+    return ffi.string(ffi.cast("char *", p)) + b"\0"     # PTX text, NUL included as the driver reads it
+
+
+def jit_options(n, options, values) -> tuple[dict, dict]:
+    """(scalar options for the server, {which log: (buffer, size slot index)}) from cuJIT option arrays."""
+    ffi = client.get().ffi
+    scalar, logs = {}, {}
+    for i in range(n or 0):
+        opt = int(options[i])
+        raw = int(ffi.cast("uintptr_t", values[i])) if values != ffi.NULL else 0
+        if opt in JIT_SCALAR:
+            scalar[opt] = raw
+        elif opt in (JIT_INFO_LOG, JIT_ERROR_LOG):
+            logs.setdefault(opt, [raw, 0, None])[0] = raw
+        elif opt in (JIT_INFO_SIZE, JIT_ERROR_SIZE):
+            logs.setdefault(opt - 1, [0, 0, None])[1:] = [raw, i]
+    return scalar, logs
+
+
+def write_logs(logs: dict, info: str, error: str, values) -> None:
+    ffi = client.get().ffi
+    for opt, text in ((JIT_INFO_LOG, info), (JIT_ERROR_LOG, error)):
+        buf, size, slot = logs.get(opt, (0, 0, None))
+        if buf and size:
+            data = text.encode()[:size - 1] + b"\0"
+            ffi.memmove(ffi.cast("char *", buf), data, len(data))
+            if slot is not None:
+                values[slot] = ffi.cast("void *", len(data) - 1)
+
+
+def _load(pmod, data: bytes, n=0, options=None, values=None) -> int:
+    c = client.get()
+    scalar, logs = jit_options(n, options, values)
+    (mod, info, error), _ = c.call("module_load", scalar, buffers=[data])
+    if logs:
+        write_logs(logs, info, error, values)
+    pmod[0] = c.ffi.cast("CUmodule", mod)
+    return CUDA_SUCCESS
+
+
+@implements("cuModuleLoadData")
+def cu_module_load_data(pmod, image):
+    return _load(pmod, image_bytes(image))
+
+
+@implements("cuModuleLoadDataEx")
+def cu_module_load_data_ex(pmod, image, n, options, values):
+    return _load(pmod, image_bytes(image), n, options, values)
+
+
+@implements("cuModuleLoadFatBinary")
+def cu_module_load_fat_binary(pmod, fatbin):
+    return _load(pmod, image_bytes(fatbin))
+
+
+def _read(path) -> bytes:
+    name = client.get().ffi.string(path).decode()
+    try:
+        with open(name, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise CudaCallError(301, f"cannot read {name}: {exc}") from None   # CUDA_ERROR_FILE_NOT_FOUND
+    return data if not data.lstrip().startswith((b"//", b".version")) or data.endswith(b"\0") else data + b"\0"
+
+
+@implements("cuModuleLoad")
+def cu_module_load(pmod, path):
+    return _load(pmod, _read(path))
+
+
+@implements("cuModuleUnload")
+def cu_module_unload(mod):
+    h = handle(client.get().ffi, mod)
+    for f in [f for f, lay in LAYOUTS.items() if lay["module"] == h]:
+        del LAYOUTS[f]
+    client.get().post("module_unload", h)
+    return CUDA_SUCCESS
+
+
+def note_function(h: int, name: str, module: int, layout=None) -> None:
+    """Fetch (unless given) and remember a function's parameter layout, here and in C."""
+    c = client.get()
+    if layout is None:
+        layout, _ = c.call("param_layout", h)
+    params = [(int(o), int(s)) for o, s in layout]
+    nbytes = max((o + s for o, s in params), default=0)
+    LAYOUTS[h] = {"params": params, "bytes": nbytes, "name": name, "module": module,
+                  "cname": c.ffi.new("char[]", name.encode())}
+    offs = c.ffi.new("uint32_t[]", [o for o, _ in params] or [0])
+    sizes = c.ffi.new("uint32_t[]", [s for _, s in params] or [0])
+    c.lib.rgpu_func_note(h, len(params), offs, sizes, nbytes)
+
+
+def layout(f) -> dict:
+    h = handle(client.get().ffi, f)
+    found = LAYOUTS.get(h)
+    if found is None:
+        raise CudaCallError(400, f"function {h:#x} was not obtained through this libcuda.so.1")
+    return found
+
+
+@implements("cuModuleGetFunction")
+def cu_module_get_function(pf, mod, name):
+    c = client.get()
+    text, m = c.ffi.string(name).decode(), handle(c.ffi, mod)
+    f, _ = c.call("module_get_function", m, text)
+    note_function(f, text, m)
+    pf[0] = c.ffi.cast("CUfunction", f)
+    return CUDA_SUCCESS
+
+
+@implements("cuModuleGetGlobal_v2")
+def cu_module_get_global(pdptr, psize, mod, name):
+    c = client.get()
+    (ptr, size), _ = c.call("module_get_global", handle(c.ffi, mod), c.ffi.string(name).decode())
+    if pdptr != c.ffi.NULL:
+        pdptr[0] = ptr
+    if psize != c.ffi.NULL:
+        psize[0] = size
+    return CUDA_SUCCESS
+
+
+@implements("cuFuncGetParamInfo", "cuKernelGetParamInfo")
+def cu_func_get_param_info(f, index, poffset, psize):
+    params = layout(f)["params"]
+    if not 0 <= index < len(params):
+        return CUDA_ERROR_INVALID_VALUE
+    c = client.get()
+    if poffset != c.ffi.NULL:
+        poffset[0] = params[index][0]
+    if psize != c.ffi.NULL:
+        psize[0] = params[index][1]
+    return CUDA_SUCCESS
+
+
+@implements("cuFuncGetName", "cuKernelGetName")
+def cu_func_get_name(pname, f):
+    pname[0] = layout(f)["cname"]
+    return CUDA_SUCCESS
+
+
+@implements("cuFuncGetModule")
+def cu_func_get_module(pmod, f):
+    pmod[0] = client.get().ffi.cast("CUmodule", layout(f)["module"])
+    return CUDA_SUCCESS
+
+
+@implements("cuFuncGetAttribute")
+def cu_func_get_attribute(pi, attr, f):
+    pi[0], _ = client.get().call("func_get_attribute", int(attr), handle(client.get().ffi, f))
+    return CUDA_SUCCESS
+
+
+@implements("cuKernelGetAttribute")
+def cu_kernel_get_attribute(pi, attr, kernel, dev):
+    return cu_func_get_attribute(pi, attr, kernel)
+
+
+@implements("cuFuncSetAttribute")
+def cu_func_set_attribute(f, attr, value):
+    client.get().call("func_set_attribute", handle(client.get().ffi, f), int(attr), int(value))
+    return CUDA_SUCCESS
+
+
+@implements("cuKernelSetAttribute")
+def cu_kernel_set_attribute(attr, value, kernel, dev):
+    return cu_func_set_attribute(kernel, attr, value)
+
+
+@implements("cuFuncSetCacheConfig")
+def cu_func_set_cache_config(f, config):
+    client.get().post("func_set_cache_config", handle(client.get().ffi, f), int(config))
+    return CUDA_SUCCESS
+
+
+@implements("cuKernelSetCacheConfig")
+def cu_kernel_set_cache_config(kernel, config, dev):
+    return cu_func_set_cache_config(kernel, config)
+
+
+@implements("cuOccupancyMaxActiveBlocksPerMultiprocessor")
+def cu_occupancy(pn, f, block, shared):
+    return cu_occupancy_flags(pn, f, block, shared, 0)
+
+
+@implements("cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags")
+def cu_occupancy_flags(pn, f, block, shared, flags):
+    pn[0], _ = client.get().call("occupancy_max_active_blocks", handle(client.get().ffi, f), int(block),
+                                 int(shared), int(flags))
+    return CUDA_SUCCESS
+
+
+@implements("cuOccupancyMaxPotentialBlockSize")
+def cu_occupancy_potential(pgrid, pblock, f, callback, shared, limit):
+    return cu_occupancy_potential_flags(pgrid, pblock, f, callback, shared, limit, 0)
+
+
+@implements("cuOccupancyMaxPotentialBlockSizeWithFlags")
+def cu_occupancy_potential_flags(pgrid, pblock, f, callback, shared, limit, flags):
+    c = client.get()
+    if callback != c.ffi.NULL:
+        raise CudaCallError(CUDA_ERROR_NOT_SUPPORTED, "a shared-memory-size callback would have to run on the server")
+    (grid, block), _ = c.call("occupancy_max_potential_block_size", handle(c.ffi, f), int(shared), int(limit),
+                              int(flags))
+    pgrid[0], pblock[0] = grid, block
+    return CUDA_SUCCESS
+
+
+# ---- libraries (the CUDA 12 loading API; cuda.core uses it) ---------------------------
+@implements("cuLibraryLoadData")
+def cu_library_load_data(plib, code, jit_opts, jit_vals, njit, lib_opts, lib_vals, nlib):
+    c = client.get()
+    scalar, _ = jit_options(njit, jit_opts, jit_vals)
+    lib, _ = c.call("library_load", scalar, buffers=[image_bytes(code)])
+    plib[0] = c.ffi.cast("CUlibrary", lib)
+    return CUDA_SUCCESS
+
+
+@implements("cuLibraryLoadFromFile")
+def cu_library_load_from_file(plib, path, jit_opts, jit_vals, njit, lib_opts, lib_vals, nlib):
+    c = client.get()
+    scalar, _ = jit_options(njit, jit_opts, jit_vals)
+    lib, _ = c.call("library_load", scalar, buffers=[_read(path)])
+    plib[0] = c.ffi.cast("CUlibrary", lib)
+    return CUDA_SUCCESS
+
+
+@implements("cuLibraryUnload")
+def cu_library_unload(lib):
+    client.get().post("library_unload", handle(client.get().ffi, lib))
+    return CUDA_SUCCESS
+
+
+@implements("cuLibraryGetModule")
+def cu_library_get_module(pmod, lib):
+    c = client.get()
+    mod, _ = c.call("library_get_module", handle(c.ffi, lib))
+    pmod[0] = c.ffi.cast("CUmodule", mod)
+    return CUDA_SUCCESS
+
+
+@implements("cuLibraryGetKernel")
+def cu_library_get_kernel(pkernel, lib, name):
+    c = client.get()
+    text, h = c.ffi.string(name).decode(), handle(c.ffi, lib)
+    k, _ = c.call("library_get_kernel", h, text)
+    note_function(k, text, h)
+    pkernel[0] = c.ffi.cast("CUkernel", k)
+    return CUDA_SUCCESS
+
+
+@implements("cuKernelGetFunction")
+def cu_kernel_get_function(pf, kernel):
+    c = client.get()
+    k = handle(c.ffi, kernel)
+    f, _ = c.call("kernel_get_function", k)
+    lay = layout(k)
+    if f not in LAYOUTS:
+        note_function(f, lay["name"], lay["module"], lay["params"])
+    pf[0] = c.ffi.cast("CUfunction", f)
+    return CUDA_SUCCESS
+
+
+@implements("cuLibraryGetGlobal")
+def cu_library_get_global(pdptr, psize, lib, name):
+    c = client.get()
+    (ptr, size), _ = c.call("library_get_global", handle(c.ffi, lib), c.ffi.string(name).decode())
+    if pdptr != c.ffi.NULL:
+        pdptr[0] = ptr
+    if psize != c.ffi.NULL:
+        psize[0] = size
+    return CUDA_SUCCESS
+
+
+# ---- links ---------------------------------------------------------------------------
+@implements("cuLinkCreate_v2")
+def cu_link_create(n, options, values, pstate):
+    c = client.get()
+    scalar, logs = jit_options(n, options, values)
+    state, _ = c.call("link_create", scalar)
+    LINKS[state] = {"logs": logs, "values": values, "image": None}
+    pstate[0] = c.ffi.cast("CUlinkState", state)
+    return CUDA_SUCCESS
+
+
+def _add(state, kind, data: bytes, name) -> int:
+    c = client.get()
+    text = c.ffi.string(name).decode() if name != c.ffi.NULL else ""
+    c.call("link_add_data", handle(c.ffi, state), int(kind), text, {}, buffers=[data])
+    return CUDA_SUCCESS
+
+
+@implements("cuLinkAddData_v2")
+def cu_link_add_data(state, kind, data, size, name, n, options, values):
+    c = client.get()
+    return _add(state, kind, bytes(c.ffi.buffer(c.ffi.cast("char *", data), size)), name)
+
+
+@implements("cuLinkAddFile_v2")
+def cu_link_add_file(state, kind, path, n, options, values):
+    return _add(state, kind, _read(path), path)
+
+
+@implements("cuLinkComplete")
+def cu_link_complete(state, pcubin, psize):
+    c = client.get()
+    h = handle(c.ffi, state)
+    link = LINKS.get(h)
+    if link is None:
+        return CUDA_ERROR_INVALID_VALUE
+    logs, got = c.call("link_complete", h)
+    bufs, reply = got
+    data = bytes(bufs[0])
+    image = c.ffi.new("char[]", data)       # the program reads it until cuLinkDestroy
+    reply.release()
+    link["image"] = image
+    if link["logs"]:
+        write_logs(link["logs"], logs[0], logs[1], link["values"])
+    pcubin[0] = image
+    psize[0] = len(data)
+    return CUDA_SUCCESS
+
+
+@implements("cuLinkDestroy")
+def cu_link_destroy(state):
+    h = handle(client.get().ffi, state)
+    LINKS.pop(h, None)
+    client.get().call("link_destroy", h)
+    return CUDA_SUCCESS

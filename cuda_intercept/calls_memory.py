@@ -1,0 +1,264 @@
+"""Driver calls for memory: device allocations, copies, memsets, page-locked host memory, pointer queries.
+
+The client keeps a table of its device allocations, so pointer queries and
+the direction of a unified ``cuMemcpy`` are answered without the server.
+Host memory the GPU would map (DEVICEMAP, managed memory) is refused: it
+cannot cross a network.  Page-locked host memory is plain host memory here.
+"""
+from __future__ import annotations
+
+import bisect
+
+from . import client
+from .annotations import CU_MEMHOSTALLOC_DEVICEMAP, CU_MEMHOSTREGISTER_DEVICEMAP
+from .calls_device import handle
+from .registry import CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_SUPPORTED, CUDA_SUCCESS, CudaCallError, implements
+
+CU_MEMORYTYPE_HOST, CU_MEMORYTYPE_DEVICE = 1, 2
+
+
+class Allocations:
+    """Device allocations of this process: base -> (size, context, device, buffer id)."""
+
+    def __init__(self):
+        self.starts: list[int] = []
+        self.info: dict[int, tuple[int, int, int, int]] = {}
+        self.next_id = 1
+
+    def add(self, base: int, size: int, ctx: int, dev: int) -> None:
+        bisect.insort(self.starts, base)
+        self.info[base] = (size, ctx, dev, self.next_id)
+        self.next_id += 1
+
+    def remove(self, base: int) -> bool:
+        if self.info.pop(base, None) is None:
+            return False
+        self.starts.remove(base)
+        return True
+
+    def find(self, ptr: int):
+        i = bisect.bisect_right(self.starts, ptr) - 1
+        if i >= 0:
+            base = self.starts[i]
+            size, ctx, dev, bid = self.info[base]
+            if ptr < base + size:
+                return base, size, ctx, dev, bid
+        return None
+
+
+ALLOCS = Allocations()
+HOST: dict[int, tuple[object, int, int]] = {}      # host address -> (cffi owner or None, size, flags)
+
+
+def _dev_of_current() -> int:
+    c = client.get()
+    return max(0, c.lib.rgpu_ctx_device(c.ctx()))
+
+
+@implements("cuMemAlloc_v2")
+def cu_mem_alloc(dptr, size):
+    c = client.get()
+    if not c.ctx():
+        return 201
+    if size == 0:
+        return CUDA_ERROR_INVALID_VALUE
+    ptr, _ = c.call("mem_alloc", int(size))
+    ALLOCS.add(ptr, int(size), c.ctx(), _dev_of_current())
+    dptr[0] = ptr
+    return CUDA_SUCCESS
+
+
+@implements("cuMemAllocAsync", "cuMemAllocAsync_ptsz", stream=2)
+def cu_mem_alloc_async(dptr, size, stream):
+    return cu_mem_alloc(dptr, size)       # stream-ordered pools come later; an ordinary allocation is valid
+
+
+@implements("cuMemFree_v2")
+def cu_mem_free(dptr):
+    if not ALLOCS.remove(int(dptr)):
+        return CUDA_ERROR_INVALID_VALUE if dptr else CUDA_SUCCESS
+    client.get().post("mem_free", int(dptr))
+    return CUDA_SUCCESS
+
+
+@implements("cuMemFreeAsync", "cuMemFreeAsync_ptsz", stream=1)
+def cu_mem_free_async(dptr, stream):
+    return cu_mem_free(dptr)
+
+
+@implements("cuMemGetInfo_v2")
+def cu_mem_get_info(free, total):
+    (f, t), _ = client.get().call("mem_get_info")
+    free[0], total[0] = f, t
+    return CUDA_SUCCESS
+
+
+@implements("cuMemGetAddressRange_v2")
+def cu_mem_get_address_range(pbase, psize, dptr):
+    ffi = client.get().ffi
+    found = ALLOCS.find(int(dptr))
+    if found is None:
+        return CUDA_ERROR_INVALID_VALUE
+    if pbase != ffi.NULL:
+        pbase[0] = found[0]
+    if psize != ffi.NULL:
+        psize[0] = found[1]
+    return CUDA_SUCCESS
+
+
+
+# ---- copies and memsets ------------------------------------------------------------------
+def htod(dst: int, src, n: int, stream: int | None, wait: bool) -> int:
+    c = client.get()
+    if n == 0:
+        return CUDA_SUCCESS
+    data = c.ffi.buffer(c.ffi.cast("char *", src), n)
+    if wait:
+        c.call("memcpy_htod", int(dst), stream, buffers=[data], sync=True)
+    else:
+        c.post("memcpy_htod", int(dst), stream, buffers=[data])   # copied or written before post() returns
+    return CUDA_SUCCESS
+
+
+def dtoh(dst, src: int, n: int, stream: int | None) -> int:
+    c = client.get()
+    if n == 0:
+        return CUDA_SUCCESS
+    into = memoryview(c.ffi.buffer(c.ffi.cast("char *", dst), n))
+    _, got = c.call("memcpy_dtoh", int(src), int(n), stream, into=[into], sync=True)
+    if got:
+        bufs, reply = got
+        if bufs[0] is not into:           # landed in a pool buffer: copy it over
+            into[:] = bufs[0]
+        reply.release()
+    return CUDA_SUCCESS
+
+
+def dtod(dst: int, src: int, n: int, stream: int | None) -> int:
+    if n:
+        client.get().post("memcpy_dtod", int(dst), int(src), int(n), stream)
+    return CUDA_SUCCESS
+
+
+def s_(stream) -> int:
+    return handle(client.get().ffi, stream)
+
+
+@implements("cuMemcpyHtoD_v2", "cuMemcpyHtoD_v2_ptds")
+def cu_memcpy_htod(dst, src, n):
+    return htod(dst, src, n, None, True)
+
+
+@implements("cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync_v2_ptsz", stream=3)
+def cu_memcpy_htod_async(dst, src, n, stream):
+    return htod(dst, src, n, s_(stream), False)
+
+
+@implements("cuMemcpyDtoH_v2", "cuMemcpyDtoH_v2_ptds")
+def cu_memcpy_dtoh(dst, src, n):
+    return dtoh(dst, src, n, None)
+
+
+@implements("cuMemcpyDtoHAsync_v2", "cuMemcpyDtoHAsync_v2_ptsz", stream=3)
+def cu_memcpy_dtoh_async(dst, src, n, stream):
+    return dtoh(dst, src, n, s_(stream))   # the host bytes must be here when the stream syncs: done now
+
+
+@implements("cuMemcpyDtoD_v2", "cuMemcpyDtoD_v2_ptds")
+def cu_memcpy_dtod(dst, src, n):
+    return dtod(dst, src, n, None)
+
+
+@implements("cuMemcpyDtoDAsync_v2", "cuMemcpyDtoDAsync_v2_ptsz", stream=3)
+def cu_memcpy_dtod_async(dst, src, n, stream):
+    return dtod(dst, src, n, s_(stream))
+
+
+def _unified(dst, src, n, stream):
+    ffi = client.get().ffi
+    d, s = int(ffi.cast("uintptr_t", dst)), int(ffi.cast("uintptr_t", src))
+    on_dev = ALLOCS.find(d) is not None, ALLOCS.find(s) is not None
+    if on_dev == (True, True):
+        return dtod(d, s, n, stream)
+    if on_dev == (True, False):
+        return htod(d, s, n, stream, stream is None)
+    if on_dev == (False, True):
+        return dtoh(d, s, n, stream)
+    ffi.memmove(ffi.cast("char *", d), ffi.cast("char *", s), n)   # host to host
+    return CUDA_SUCCESS
+
+
+@implements("cuMemcpy", "cuMemcpy_ptds")
+def cu_memcpy(dst, src, n):
+    return _unified(dst, src, n, None)
+
+
+@implements("cuMemcpyAsync", "cuMemcpyAsync_ptsz", stream=3)
+def cu_memcpy_async(dst, src, n, stream):
+    return _unified(dst, src, n, s_(stream))
+
+
+def memset(dst, value, elem, count, stream):
+    if count:
+        client.get().post("memset", int(dst), int(value), elem, int(count), stream)
+    return CUDA_SUCCESS
+
+
+for _elem, _bits in ((1, 8), (2, 16), (4, 32)):
+    implements(f"cuMemsetD{_bits}_v2", f"cuMemsetD{_bits}_v2_ptds")(
+        lambda dst, value, n, _e=_elem: memset(dst, value, _e, n, None))
+    implements(f"cuMemsetD{_bits}Async", f"cuMemsetD{_bits}Async_ptsz", stream=3)(
+        lambda dst, value, n, stream, _e=_elem: memset(dst, value, _e, n, s_(stream)))
+
+
+# ---- host memory -------------------------------------------------------------------------
+def _host_alloc(pp, size, flags) -> int:
+    c = client.get()
+    if flags & CU_MEMHOSTALLOC_DEVICEMAP:
+        raise CudaCallError(CUDA_ERROR_NOT_SUPPORTED, "refused: mapped host memory (CU_MEMHOSTALLOC_DEVICEMAP) "
+                                                      "cannot be reached by a GPU across a network")
+    owner = c.ffi.new_allocator(should_clear_after_alloc=False)("char[]", int(size) + 4096)
+    addr = (int(c.ffi.cast("uintptr_t", owner)) + 4095) & ~4095   # page-aligned, as the driver's is
+    HOST[addr] = (owner, int(size), int(flags))
+    pp[0] = c.ffi.cast("void *", addr)
+    return CUDA_SUCCESS
+
+
+@implements("cuMemAllocHost_v2")
+def cu_mem_alloc_host(pp, size):
+    return _host_alloc(pp, size, 0)
+
+
+@implements("cuMemHostAlloc")
+def cu_mem_host_alloc(pp, size, flags):
+    return _host_alloc(pp, size, flags)
+
+
+@implements("cuMemFreeHost")
+def cu_mem_free_host(p):
+    addr = int(client.get().ffi.cast("uintptr_t", p))
+    return CUDA_SUCCESS if HOST.pop(addr, None) is not None else CUDA_ERROR_INVALID_VALUE
+
+
+@implements("cuMemHostRegister_v2")
+def cu_mem_host_register(p, size, flags):
+    if flags & CU_MEMHOSTREGISTER_DEVICEMAP:
+        raise CudaCallError(CUDA_ERROR_NOT_SUPPORTED, "refused: mapping registered host memory into the GPU "
+                                                      "(CU_MEMHOSTREGISTER_DEVICEMAP) cannot cross a network")
+    HOST[int(client.get().ffi.cast("uintptr_t", p))] = (None, int(size), int(flags))
+    return CUDA_SUCCESS
+
+
+@implements("cuMemHostUnregister")
+def cu_mem_host_unregister(p):
+    HOST.pop(int(client.get().ffi.cast("uintptr_t", p)), None)
+    return CUDA_SUCCESS
+
+
+@implements("cuMemHostGetFlags")
+def cu_mem_host_get_flags(pflags, p):
+    found = HOST.get(int(client.get().ffi.cast("uintptr_t", p)))
+    if found is None:
+        return CUDA_ERROR_INVALID_VALUE
+    pflags[0] = found[2]
+    return CUDA_SUCCESS

@@ -1,0 +1,193 @@
+"""Driver calls for order: streams, events, stream capture and graphs.
+
+Records, waits, destroys and graph launches are posted; synchronisations
+wait and report any earlier posted failure.  Which streams are capturing is
+known here (we forwarded the begin and the end), so cuStreamIsCapturing --
+asked before many calls by runtimes -- costs no round trip.
+"""
+from __future__ import annotations
+
+from . import client
+from .calls_device import handle
+from .registry import CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS, CudaCallError, implements
+
+CAPTURING: set[int] = set()
+STREAM_CTX: dict[int, int] = {}
+
+
+def h(x) -> int:
+    return handle(client.get().ffi, x)
+
+
+@implements("cuStreamCreate")
+def cu_stream_create(ps, flags):
+    return cu_stream_create_with_priority(ps, flags, 0)
+
+
+@implements("cuStreamCreateWithPriority")
+def cu_stream_create_with_priority(ps, flags, priority):
+    c = client.get()
+    s, _ = c.call("stream_create", int(flags), int(priority))
+    STREAM_CTX[s] = c.ctx()
+    ps[0] = c.ffi.cast("CUstream", s)
+    return CUDA_SUCCESS
+
+
+@implements("cuStreamDestroy", "cuStreamDestroy_v2")
+def cu_stream_destroy(stream):
+    s = h(stream)
+    CAPTURING.discard(s)
+    STREAM_CTX.pop(s, None)
+    client.get().post("stream_destroy", s)
+    return CUDA_SUCCESS
+
+
+@implements("cuStreamSynchronize", "cuStreamSynchronize_ptsz", stream=0)
+def cu_stream_synchronize(stream):
+    client.get().call("stream_synchronize", h(stream), sync=True)
+    return CUDA_SUCCESS
+
+
+@implements("cuStreamQuery", "cuStreamQuery_ptsz", stream=0)
+def cu_stream_query(stream):
+    client.get().call("stream_query", h(stream), sync=True)
+    return CUDA_SUCCESS
+
+
+@implements("cuStreamWaitEvent", "cuStreamWaitEvent_ptsz", stream=0)
+def cu_stream_wait_event(stream, event, flags):
+    client.get().post("stream_wait_event", h(stream), h(event), int(flags))
+    return CUDA_SUCCESS
+
+
+@implements("cuStreamGetFlags", "cuStreamGetFlags_ptsz", stream=0)
+def cu_stream_get_flags(stream, pflags):
+    pflags[0], _ = client.get().call("stream_get_flags", h(stream))
+    return CUDA_SUCCESS
+
+
+@implements("cuStreamGetPriority", "cuStreamGetPriority_ptsz", stream=0)
+def cu_stream_get_priority(stream, pprio):
+    pprio[0], _ = client.get().call("stream_get_priority", h(stream))
+    return CUDA_SUCCESS
+
+
+@implements("cuStreamGetCtx", "cuStreamGetCtx_ptsz", stream=0)
+def cu_stream_get_ctx(stream, pctx):
+    c = client.get()
+    pctx[0] = c.ffi.cast("CUcontext", STREAM_CTX.get(h(stream), c.ctx()))
+    return CUDA_SUCCESS
+
+
+# ---- events ------------------------------------------------------------------------------
+@implements("cuEventCreate")
+def cu_event_create(pe, flags):
+    c = client.get()
+    e, _ = c.call("event_create", int(flags))
+    pe[0] = c.ffi.cast("CUevent", e)
+    return CUDA_SUCCESS
+
+
+@implements("cuEventDestroy", "cuEventDestroy_v2")
+def cu_event_destroy(event):
+    client.get().post("event_destroy", h(event))
+    return CUDA_SUCCESS
+
+
+@implements("cuEventRecord", "cuEventRecord_ptsz", stream=1)
+def cu_event_record(event, stream):
+    client.get().post("event_record", h(event), h(stream), 0)
+    return CUDA_SUCCESS
+
+
+@implements("cuEventRecordWithFlags", "cuEventRecordWithFlags_ptsz", stream=1)
+def cu_event_record_with_flags(event, stream, flags):
+    client.get().post("event_record", h(event), h(stream), int(flags))
+    return CUDA_SUCCESS
+
+
+@implements("cuEventSynchronize")
+def cu_event_synchronize(event):
+    client.get().call("event_synchronize", h(event), sync=True)
+    return CUDA_SUCCESS
+
+
+@implements("cuEventQuery")
+def cu_event_query(event):
+    client.get().call("event_query", h(event), sync=True)
+    return CUDA_SUCCESS
+
+
+@implements("cuEventElapsedTime", "cuEventElapsedTime_v2")
+def cu_event_elapsed_time(pms, start, end):
+    pms[0], _ = client.get().call("event_elapsed_time", h(start), h(end))
+    return CUDA_SUCCESS
+
+
+# ---- capture and graphs: one round trip per replayed step ---------------------------------
+@implements("cuStreamBeginCapture_v2", "cuStreamBeginCapture_v2_ptsz", stream=0)
+def cu_stream_begin_capture(stream, mode):
+    s = h(stream)
+    client.get().call("stream_begin_capture", s, int(mode))
+    CAPTURING.add(s)
+    return CUDA_SUCCESS
+
+
+@implements("cuStreamEndCapture", "cuStreamEndCapture_ptsz", stream=0)
+def cu_stream_end_capture(stream, pgraph):
+    c = client.get()
+    s = h(stream)
+    CAPTURING.discard(s)
+    g, _ = c.call("stream_end_capture", s, sync=True)
+    pgraph[0] = c.ffi.cast("CUgraph", g)
+    return CUDA_SUCCESS
+
+
+@implements("cuStreamIsCapturing", "cuStreamIsCapturing_ptsz", stream=0)
+def cu_stream_is_capturing(stream, pstatus):
+    pstatus[0] = 1 if h(stream) in CAPTURING else 0     # CU_STREAM_CAPTURE_STATUS_ACTIVE / _NONE
+    return CUDA_SUCCESS
+
+
+@implements("cuGraphInstantiateWithFlags")
+def cu_graph_instantiate_with_flags(pexec, graph, flags):
+    c = client.get()
+    e, _ = c.call("graph_instantiate", h(graph), int(flags))
+    pexec[0] = c.ffi.cast("CUgraphExec", e)
+    return CUDA_SUCCESS
+
+
+@implements("cuGraphInstantiate", "cuGraphInstantiate_v2")
+def cu_graph_instantiate(pexec, graph, perror_node, log, log_size):
+    c = client.get()
+    if perror_node != c.ffi.NULL:
+        perror_node[0] = c.ffi.NULL
+    if log != c.ffi.NULL and log_size:
+        log[0] = b"\0"
+    return cu_graph_instantiate_with_flags(pexec, graph, 0)
+
+
+@implements("cuGraphLaunch", "cuGraphLaunch_ptsz", stream=1)
+def cu_graph_launch(exec_, stream):
+    client.get().post("graph_launch", h(exec_), h(stream))
+    return CUDA_SUCCESS
+
+
+@implements("cuGraphUpload", "cuGraphUpload_ptsz", stream=1)
+def cu_graph_upload(exec_, stream):
+    client.get().post("graph_upload", h(exec_), h(stream))
+    return CUDA_SUCCESS
+
+
+@implements("cuGraphExecDestroy")
+def cu_graph_exec_destroy(exec_):
+    client.get().post("graph_exec_destroy", h(exec_))
+    return CUDA_SUCCESS
+
+
+@implements("cuGraphDestroy")
+def cu_graph_destroy(graph):
+    if not graph:
+        raise CudaCallError(CUDA_ERROR_INVALID_VALUE)
+    client.get().post("graph_destroy", h(graph))
+    return CUDA_SUCCESS

@@ -1,0 +1,120 @@
+"""The interceptor's client: one connection to the cuda route, the order calls go in, and the errors that come back.
+
+Everything leaves through ``post`` (no answer) or ``call`` (waits); both first
+post the launch records queued in C, under one lock, so the server runs calls
+in exactly the order the program made them.  Failures of posted calls come
+back with the next answer and are returned by the next synchronising call.
+"""
+from __future__ import annotations
+
+import threading
+
+from .registry import CUDA_SUCCESS, CudaCallError, say_once
+
+API_VERSION = 13000      # the driver API this interceptor implements (cuda.h's CUDA_VERSION)
+_client: "Client | None" = None
+
+
+def get() -> "Client":
+    if _client is None:
+        raise CudaCallError(3, "the interceptor is not attached")
+    return _client
+
+
+def attach(ffi, lib, connect=None) -> "Client":
+    """Make the process's client (``connect``: a factory of connections; tests pass a loopback)."""
+    global _client
+    _client = Client(ffi, lib, connect)
+    return _client
+
+
+class Client:
+    def __init__(self, ffi, lib, connect=None):
+        self.ffi, self.lib = ffi, lib
+        self._connect = connect
+        self.conn = None
+        self.lock = threading.RLock()
+        self.pending = CUDA_SUCCESS          # first failure of a posted call, for the next sync
+        self.init_info: dict | None = None
+        self.server_version = API_VERSION
+        self.keep: dict[str, dict] = {}      # cffi memory handed to the program, by kind and address
+
+    # ---- connection ------------------------------------------------------------------
+    def connection(self):
+        if self.conn is None:
+            with self.lock:
+                if self.conn is None:
+                    if self._connect is not None:
+                        self.conn = self._connect()
+                    else:
+                        from rgpu.transport.client import connect
+                        self.conn = connect("cuda", options={"api": API_VERSION})
+        return self.conn
+
+    def close(self) -> None:
+        with self.lock:
+            if self.conn is not None:
+                try:
+                    self.drain()
+                    self.conn.close()
+                finally:
+                    self.conn = None
+
+    # ---- sending ---------------------------------------------------------------------
+    def ctx(self) -> int:
+        return self.lib.rgpu_ctx_current()
+
+    def drain(self) -> None:
+        """Post the launch records queued in C (call with the lock held)."""
+        n = self.ffi.new("size_t[2]")
+        q = self.lib.rgpu_queue_take(n, n + 1)
+        if q == self.ffi.NULL:
+            return
+        try:
+            if n[0]:
+                self.conn.post(["launches", 0], [self.ffi.buffer(q, n[0])])
+        finally:
+            self.lib.rgpu_queue_free(q)
+
+    def post(self, op: str, *args, buffers=()) -> None:
+        conn = self.connection()
+        with self.lock:
+            self.drain()
+            conn.post([op, self.ctx(), *args], buffers)
+
+    def call(self, op: str, *args, buffers=(), into=None, sync: bool = False):
+        """Run ``op`` and wait: returns (value, reply buffers); raises CudaCallError for a failed call.
+
+        ``sync``: this call synchronises, so an earlier posted failure is its result.
+        """
+        conn = self.connection()
+        with self.lock:
+            self.drain()
+            fut = conn.request([op, self.ctx(), *args], buffers, reply_into=into)
+        reply = fut.result()
+        code, value, deferred = reply.meta
+        bufs = reply.buffers
+        self._note_deferred(deferred)
+        if code:
+            reply.release()
+            raise CudaCallError(code, "" if code in (600,) else str(value))
+        if sync and self.pending:
+            code, self.pending = self.pending, CUDA_SUCCESS
+            reply.release()
+            raise CudaCallError(code)
+        if not bufs:
+            reply.release()
+            return value, []
+        return value, (bufs, reply)
+
+    def _note_deferred(self, deferred) -> None:
+        for op, code, message in deferred or ():
+            say_once(f"{op} failed on the server (reported at the next synchronisation): {message}")
+            if not self.pending:
+                self.pending = code
+
+    def sync_point(self) -> None:
+        """For synchronising calls answered locally: report a pending failure."""
+        if self.pending:
+            code, self.pending = self.pending, CUDA_SUCCESS
+            raise CudaCallError(code)

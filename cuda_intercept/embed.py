@@ -1,0 +1,45 @@
+"""What libcuda.so.1's init code runs, once per process: attach a Python function to every export, then say ready.
+
+Runs inside the host interpreter when the program is Python (numba, torch)
+and inside a fresh embedded one otherwise.  At interpreter exit the queued
+work is flushed, the connection closed, and C told never to enter Python
+again: destructors that call the driver after that get an answer from C.
+"""
+from __future__ import annotations
+
+import atexit
+
+from . import calls_code, calls_device, calls_launch, calls_memory, calls_order, calls_pointer  # noqa: F401 (register)
+from . import client
+from .registry import CUDA_SUCCESS, handler
+
+_connect_override = None     # tests: a factory of in-process connections
+
+
+def attach(ffi, lib, names) -> None:
+    c = client.attach(ffi, lib, _connect_override)
+    for name in names:
+        ffi.def_extern(name=f"_py_{name}", error=999)(handler(name))
+
+    def flush():
+        with c.lock:
+            if c.conn is not None:
+                c.drain()
+        return CUDA_SUCCESS
+
+    ffi.def_extern(name="_py_rgpu_flush", error=999)(handler_for_flush(flush))
+    atexit.register(_at_exit, c)
+    lib.rgpu_set_ready()
+
+
+def handler_for_flush(flush):
+    from .registry import _guard
+    return _guard("rgpu_flush", flush)
+
+
+def _at_exit(c) -> None:
+    c.lib.rgpu_set_finalized()
+    try:
+        c.close()
+    except Exception:        # the process is ending; the server cleans up a dropped session
+        pass

@@ -1,0 +1,251 @@
+"""The fake driver's code objects: PTX modules parsed for entries, parameter layouts and globals; links; launches.
+
+Only PTX loads (cubins and fatbins are machine code for a GPU the fake does
+not have); each entry's parameter layout comes from its ``.param``
+declarations, laid out as the CUDA ABI does (each at its alignment, in order),
+so launches are checked against it exactly as ``cuFuncGetParamInfo`` would.
+"""
+from __future__ import annotations
+
+import re
+import struct
+from dataclasses import dataclass, field
+
+from .base import (CUDA_ERROR_INVALID_IMAGE, CUDA_ERROR_INVALID_PTX, CUDA_ERROR_INVALID_VALUE,
+                   CUDA_ERROR_LAUNCH_FAILED, CUDA_ERROR_NO_BINARY_FOR_GPU, CUDA_ERROR_NOT_FOUND,
+                   CUDA_ERROR_NOT_SUPPORTED, CudaDriverError, check)
+from . import fake_kernels
+
+_ENTRY = re.compile(r"\.entry\s+(\w+)\s*\(([^)]*)\)", re.S)
+_PARAM = re.compile(r"\.param\s+(?:\.align\s+(\d+)\s+)?\.([busf])(\d+)\s+(?:\.ptr\s+(?:\.\w+\s+)*?)?(?:\.align\s+(\d+)\s+)?(\w+)(?:\s*\[(\d+)\])?")
+_GLOBAL = re.compile(r"\.global\s+(?:\.align\s+(\d+)\s+)?\.([busf])(\d+)\s+(\w+)(?:\s*\[(\d+)\])?")
+_FMT = {("u", 8): "B", ("u", 16): "H", ("u", 32): "I", ("u", 64): "Q", ("s", 8): "b", ("s", 16): "h",
+        ("s", 32): "i", ("s", 64): "q", ("b", 8): "B", ("b", 16): "H", ("b", 32): "I", ("b", 64): "Q",
+        ("f", 32): "f", ("f", 64): "d", ("f", 16): "e"}
+
+CU_JIT_INPUT_PTX = 1
+
+
+@dataclass
+class Param:
+    offset: int
+    size: int
+    fmt: str | None       # struct format of a scalar; None for byte arrays (passed as bytes)
+
+
+@dataclass
+class Entry:
+    name: str
+    params: list[Param]
+    attrs: dict = field(default_factory=dict)
+
+    @property
+    def arg_bytes(self) -> int:
+        return max((p.offset + p.size for p in self.params), default=0)
+
+    def decode(self, blob: bytes) -> list:
+        check(len(blob) == self.arg_bytes, CUDA_ERROR_INVALID_VALUE,
+              f"kernel {self.name!r} takes {self.arg_bytes} bytes of arguments "
+              f"({len(self.params)} parameters), the launch passed {len(blob)}")
+        return [struct.unpack_from("<" + p.fmt, blob, p.offset)[0] if p.fmt else bytes(blob[p.offset:p.offset + p.size])
+                for p in self.params]
+
+
+def parse_entries(ptx: str) -> dict[str, Entry]:
+    entries = {}
+    for m in _ENTRY.finditer(ptx):
+        params, offset = [], 0
+        for p in _PARAM.finditer(m.group(2)):
+            kind, bits = p.group(2), int(p.group(3))
+            elem, count = bits // 8, int(p.group(6) or 1)
+            align = int(p.group(1) or p.group(4) or elem)
+            offset = (offset + align - 1) // align * align
+            fmt = _FMT.get((kind, bits)) if count == 1 else None
+            params.append(Param(offset, elem * count, fmt))
+            offset += elem * count
+        entries[m.group(1)] = Entry(m.group(1), params)
+    return entries
+
+
+def parse_globals(ptx: str) -> dict[str, int]:
+    """name -> size in bytes of each ``.global`` variable."""
+    return {m.group(4): int(m.group(3)) // 8 * int(m.group(5) or 1) for m in _GLOBAL.finditer(ptx)}
+
+
+def ptx_text(image: bytes) -> str:
+    """The PTX in a module image, or the driver's error for images the fake cannot run."""
+    head = bytes(image[:4])
+    if head == b"\x7fELF":
+        raise CudaDriverError(CUDA_ERROR_NO_BINARY_FOR_GPU, "the fake driver runs PTX only, not cubins")
+    if head == b"\x50\xed\x55\xba":
+        raise CudaDriverError(CUDA_ERROR_NO_BINARY_FOR_GPU, "the fake driver runs PTX only, not fatbins")
+    try:
+        text = bytes(image).split(b"\0", 1)[0].decode()
+    except UnicodeDecodeError:
+        raise CudaDriverError(CUDA_ERROR_INVALID_IMAGE, "module image is neither PTX, cubin nor fatbin") from None
+    check(".entry" in text or ".version" in text, CUDA_ERROR_INVALID_PTX, "no PTX in the module image")
+    return text
+
+
+@dataclass
+class Module:
+    handle: int
+    ptx: str
+    entries: dict[str, Entry]
+    globals: dict[str, tuple[int, int]]     # name -> (device pointer, size)
+
+
+@dataclass
+class Link:
+    options: dict
+    ptx: list[str] = field(default_factory=list)
+
+
+def add_to_link(link: Link, kind: int, data: bytes, name: str) -> None:
+    if kind != CU_JIT_INPUT_PTX:
+        raise CudaDriverError(CUDA_ERROR_NOT_SUPPORTED, f"the fake linker takes PTX only (input {name!r} is type {kind})")
+    link.ptx.append(ptx_text(data))
+
+
+def run_kernel(mem, entry: Entry, grid, block, blob: bytes) -> None:
+    args = entry.decode(blob)
+    impl = fake_kernels.lookup(entry.name)
+    if impl is None:
+        raise CudaDriverError(CUDA_ERROR_LAUNCH_FAILED, f"the fake driver has no CPU implementation of kernel "
+                                                        f"{entry.name!r} (see fake_kernels.py)")
+    threads = grid[0] * grid[1] * grid[2] * block[0] * block[1] * block[2]
+    impl(mem, threads, *args)
+
+
+def find_entry(modules: dict[int, Module], name: str) -> Entry:
+    for mod in modules.values():
+        if name in mod.entries:
+            return mod.entries[name]
+    raise CudaDriverError(CUDA_ERROR_NOT_FOUND, f"no kernel named {name!r}")
+
+
+class FakeCode:
+    """Modules, libraries, links and launches of one FakeDriver."""
+
+    def __init__(self, driver):
+        self.driver = driver
+        self.modules: dict[int, Module] = {}
+        self.functions: dict[int, tuple[int, Entry]] = {}    # handle -> (module, entry)
+        self.links: dict[int, Link] = {}
+        self.libraries: dict[int, int] = {}                  # library -> its module
+
+    def module_load(self, options: dict | None, image: bytes) -> list:
+        self.driver._need_ctx()
+        ptx = ptx_text(image)
+        entries = parse_entries(ptx)
+        globals_ = {name: (self.driver.mem.alloc(size), size) for name, size in parse_globals(ptx).items()}
+        h = self.driver._new()
+        self.modules[h] = Module(h, ptx, entries, globals_)
+        return [h, f"rgpu fake driver: loaded {len(entries)} entries", ""]
+
+    def module_unload(self, mod: int) -> None:
+        m = self.modules.pop(mod, None)
+        check(m is not None, CUDA_ERROR_INVALID_VALUE, f"module {mod:#x} does not exist")
+        for ptr, _ in m.globals.values():
+            self.driver.mem.free(ptr)
+        for f in [f for f, (owner, _) in self.functions.items() if owner == mod]:
+            del self.functions[f]
+
+    def module_get_function(self, mod: int, name: str) -> int:
+        m = self.modules.get(mod)
+        check(m is not None, CUDA_ERROR_INVALID_VALUE, f"module {mod:#x} does not exist")
+        check(name in m.entries, CUDA_ERROR_NOT_FOUND, f"no kernel named {name!r} in the module")
+        for f, (owner, entry) in self.functions.items():
+            if owner == mod and entry.name == name:
+                return f
+        h = self.driver._new()
+        self.functions[h] = (mod, m.entries[name])
+        return h
+
+    def _entry(self, func: int) -> Entry:
+        found = self.functions.get(func)
+        check(found is not None, CUDA_ERROR_INVALID_VALUE, f"function {func:#x} does not exist")
+        return found[1]
+
+    def param_layout(self, func: int) -> list:
+        return [[p.offset, p.size] for p in self._entry(func).params]
+
+    def func_name(self, func: int) -> str:
+        return self._entry(func).name
+
+    def module_get_global(self, mod: int, name: str) -> list:
+        m = self.modules.get(mod)
+        check(m is not None, CUDA_ERROR_INVALID_VALUE, f"module {mod:#x} does not exist")
+        check(name in m.globals, CUDA_ERROR_NOT_FOUND, f"no global named {name!r} in the module")
+        return list(m.globals[name])
+
+    def func_get_attribute(self, attr: int, func: int) -> int:
+        entry = self._entry(func)
+        defaults = {0: 1024, 4: 32, 5: 90, 6: 90, 8: 49152}
+        return entry.attrs.get(attr, defaults.get(attr, 0))
+
+    def func_set_attribute(self, func: int, attr: int, value: int) -> None:
+        self._entry(func).attrs[attr] = value
+
+    def func_set_cache_config(self, func: int, config: int) -> None:
+        self._entry(func)
+
+    def library_load(self, options: dict | None, image: bytes) -> int:
+        mod = self.module_load(options, image)[0]
+        h = self.driver._new()
+        self.libraries[h] = mod
+        return h
+
+    def library_unload(self, lib: int) -> None:
+        check(lib in self.libraries, CUDA_ERROR_INVALID_VALUE, f"library {lib:#x} does not exist")
+        self.module_unload(self.libraries.pop(lib))
+
+    def library_get_module(self, lib: int) -> int:
+        check(lib in self.libraries, CUDA_ERROR_INVALID_VALUE, f"library {lib:#x} does not exist")
+        return self.libraries[lib]
+
+    def library_get_kernel(self, lib: int, name: str) -> int:
+        return self.module_get_function(self.library_get_module(lib), name)   # the fake's kernels are functions
+
+    def kernel_get_function(self, kernel: int) -> int:
+        self._entry(kernel)
+        return kernel
+
+    def library_get_global(self, lib: int, name: str) -> list:
+        return self.module_get_global(self.library_get_module(lib), name)
+
+    def link_create(self, options: dict | None = None) -> int:
+        h = self.driver._new()
+        self.links[h] = Link(options or {})
+        return h
+
+    def link_add_data(self, link: int, kind: int, name: str, options: dict | None, data: bytes) -> None:
+        check(link in self.links, CUDA_ERROR_INVALID_VALUE, f"link {link:#x} does not exist")
+        add_to_link(self.links[link], kind, data, name)
+
+    def link_complete(self, link: int) -> list:
+        check(link in self.links, CUDA_ERROR_INVALID_VALUE, f"link {link:#x} does not exist")
+        # the fake's "cubin" is the linked PTX itself, which module_load accepts
+        return [("\n".join(self.links[link].ptx) + "\0").encode(), "rgpu fake linker", ""]
+
+    def link_destroy(self, link: int) -> None:
+        check(self.links.pop(link, None) is not None, CUDA_ERROR_INVALID_VALUE, f"link {link:#x} does not exist")
+
+    def launch(self, func: int, grid, block, shared: int, stream: int, attrs, args: bytes) -> None:
+        self.driver._need_ctx()
+        entry = self._entry(func)
+        check(all(g > 0 for g in grid) and all(b > 0 for b in block), CUDA_ERROR_INVALID_VALUE,
+              "grid and block dimensions must be positive")
+        check(block[0] * block[1] * block[2] <= 1024, CUDA_ERROR_INVALID_VALUE, "more than 1024 threads in a block")
+        entry.decode(args)   # arguments are checked at launch, as the driver does, even when captured
+        blob = bytes(args)
+        self.driver._run(stream, lambda: run_kernel(self.driver.mem, entry, grid, block, blob))
+
+    def occupancy_max_active_blocks(self, func: int, block: int, shared: int, flags: int = 0) -> int:
+        self._entry(func)
+        return max(1, min(32, 2048 // max(1, block)))
+
+    def occupancy_max_potential_block_size(self, func: int, shared: int, limit: int, flags: int = 0) -> list:
+        self._entry(func)
+        block = min(1024, limit) if limit else 1024
+        return [132 * (2048 // block), block]

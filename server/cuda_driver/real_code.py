@@ -1,0 +1,244 @@
+"""The real driver's code and ordering half: modules, libraries, links, launches, streams, events, graphs.
+
+Launches pass the client's packed argument buffer through ``extra``
+(CU_LAUNCH_PARAM_BUFFER_POINTER/SIZE): it is laid out by the same
+cuFuncGetParamInfo offsets, so no per-argument pointer array is built here.
+"""
+from __future__ import annotations
+
+import ctypes
+from ctypes import byref, c_float, c_int, c_size_t, c_uint, c_ulonglong, c_void_p
+
+from .base import CUDA_ERROR_INVALID_VALUE, CudaDriverError
+
+CU_LAUNCH_PARAM_END, CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE = 0, 1, 2
+
+
+class LaunchConfig(ctypes.Structure):
+    _fields_ = [("gridDimX", c_uint), ("gridDimY", c_uint), ("gridDimZ", c_uint), ("blockDimX", c_uint),
+                ("blockDimY", c_uint), ("blockDimZ", c_uint), ("sharedMemBytes", c_uint), ("hStream", c_void_p),
+                ("attrs", c_void_p), ("numAttrs", c_uint)]
+
+
+class RealCode:
+    def __init__(self, driver):
+        self.d = driver
+        self.api = driver.api
+        self.kernels: set[int] = set()             # CUkernel handles (library API), told apart from CUfunctions
+        self.links: dict[int, list] = {}            # link state -> what must outlive it (options, inputs)
+        self._size = c_size_t()
+        self._extra = (c_void_p * 5)(CU_LAUNCH_PARAM_BUFFER_POINTER, None, CU_LAUNCH_PARAM_BUFFER_SIZE,
+                                     ctypes.addressof(self._size), CU_LAUNCH_PARAM_END)
+        self._launch = self.api.lib.cuLaunchKernel
+
+    def _function(self, handle: int) -> int:
+        """A CUfunction for a CUfunction or CUkernel handle (in the current context)."""
+        return self.d._out("cuKernelGetFunction", c_void_p, handle) if handle in self.kernels else handle
+
+    # ---- modules and libraries -------------------------------------------------------
+    def module_load(self, options: dict | None, image) -> list:
+        from .real import JitOptions, address
+        jit = JitOptions(options)
+        mod = c_void_p()
+        rc = self.api.lib.cuModuleLoadDataEx(byref(mod), address(image), jit.n, jit.keys, jit.values)
+        info, error = jit.logs()
+        if rc:
+            raise CudaDriverError(rc, f"cuModuleLoadDataEx: {self.api.error_name(rc)}: {error.strip()}")
+        return [mod.value, info, error]
+
+    def module_unload(self, mod: int) -> None:
+        self.api("cuModuleUnload", mod)
+
+    def module_get_function(self, mod: int, name: str) -> int:
+        return self.d._out("cuModuleGetFunction", c_void_p, mod, name.encode(), )
+
+    def module_get_global(self, mod: int, name: str) -> list:
+        ptr, size = c_ulonglong(), c_size_t()
+        self.api("cuModuleGetGlobal_v2", byref(ptr), byref(size), mod, name.encode(), detail=name)
+        return [ptr.value, size.value]
+
+    def param_layout(self, handle: int) -> list:
+        fn = "cuKernelGetParamInfo" if handle in self.kernels else "cuFuncGetParamInfo"
+        if not self.api.has(fn):
+            raise CudaDriverError(801, f"{fn} needs a CUDA 12.4 or newer driver on the server")
+        out, off, size, i = [], c_size_t(), c_size_t(), 0
+        while getattr(self.api.lib, fn)(handle, i, byref(off), byref(size)) == 0:
+            out.append([off.value, size.value])
+            i += 1
+        return out
+
+    def func_name(self, handle: int) -> str:
+        p = ctypes.c_char_p()
+        self.api("cuFuncGetName", byref(p), self._function(handle))
+        return p.value.decode()
+
+    def func_get_attribute(self, attr: int, handle: int) -> int:
+        return self.d._out("cuFuncGetAttribute", c_int, attr, self._function(handle))
+
+    def func_set_attribute(self, handle: int, attr: int, value: int) -> None:
+        self.api("cuFuncSetAttribute", self._function(handle), attr, value)
+
+    def func_set_cache_config(self, handle: int, config: int) -> None:
+        self.api("cuFuncSetCacheConfig", self._function(handle), config)
+
+    def library_load(self, options: dict | None, image) -> int:
+        from .real import address
+        lib = c_void_p()
+        self.api("cuLibraryLoadData", byref(lib), address(image), None, None, 0, None, None, 0)
+        return lib.value
+
+    def library_unload(self, lib: int) -> None:
+        self.api("cuLibraryUnload", lib)
+
+    def library_get_module(self, lib: int) -> int:
+        return self.d._out("cuLibraryGetModule", c_void_p, lib)
+
+    def library_get_kernel(self, lib: int, name: str) -> int:
+        k = self.d._out("cuLibraryGetKernel", c_void_p, lib, name.encode())
+        self.kernels.add(k)
+        return k
+
+    def kernel_get_function(self, kernel: int) -> int:
+        return self.d._out("cuKernelGetFunction", c_void_p, kernel)
+
+    def library_get_global(self, lib: int, name: str) -> list:
+        ptr, size = c_ulonglong(), c_size_t()
+        self.api("cuLibraryGetGlobal", byref(ptr), byref(size), lib, name.encode(), detail=name)
+        return [ptr.value, size.value]
+
+    # ---- links (numba-cuda's path) ---------------------------------------------------
+    def link_create(self, options: dict | None = None) -> int:
+        from .real import JitOptions
+        jit = JitOptions(options)
+        state = c_void_p()
+        self.api("cuLinkCreate_v2", jit.n, jit.keys, jit.values, byref(state))
+        self.links[state.value] = [jit]
+        return state.value
+
+    def link_add_data(self, link: int, kind: int, name: str, options: dict | None, data) -> None:
+        from .real import address
+        keep = bytes(data)                          # the driver may read it until cuLinkComplete
+        self.links.setdefault(link, []).append(keep)
+        self.api("cuLinkAddData_v2", link, kind, address(keep), len(keep), name.encode(), 0, None, None,
+                 detail=self.links[link][0].logs()[1].strip())
+
+    def link_complete(self, link: int) -> list:
+        cubin, size = c_void_p(), c_size_t()
+        jit = self.links[link][0]
+        self.api("cuLinkComplete", link, byref(cubin), byref(size), detail=jit.logs()[1].strip())
+        return [ctypes.string_at(cubin.value, size.value), *jit.logs()]
+
+    def link_destroy(self, link: int) -> None:
+        self.api("cuLinkDestroy", link)
+        self.links.pop(link, None)
+
+    # ---- launches ----------------------------------------------------------------------
+    def launch_at(self, func, gx, gy, gz, bx, by, bz, shared, stream, args_addr: int, nargs: int) -> None:
+        """cuLaunchKernel with the packed arguments at ``args_addr`` (the hot path: no copies)."""
+        self._extra[1] = args_addr
+        self._size.value = nargs
+        rc = self._launch(func, gx, gy, gz, bx, by, bz, shared, stream, None, self._extra if nargs else None)
+        if rc:
+            raise CudaDriverError(rc, f"cuLaunchKernel: {self.api.error_name(rc)}")
+
+    def launch(self, func: int, grid, block, shared: int, stream: int, attrs, args) -> None:
+        from .real import address
+        keep = bytes(args)
+        if not attrs:
+            return self.launch_at(func, *grid, *block, shared, stream, address(keep) if keep else 0, len(keep))
+        raw = b"".join(bytes(a) for a in attrs)     # CUlaunchAttribute structs, 72 bytes each, as the client sent
+        if len(raw) != 72 * len(attrs):
+            raise CudaDriverError(CUDA_ERROR_INVALID_VALUE, "launch attributes must be 72-byte CUlaunchAttribute")
+        attr_buf = ctypes.create_string_buffer(raw, len(raw))
+        cfg = LaunchConfig(*grid, *block, shared, stream, ctypes.addressof(attr_buf), len(attrs))
+        self._size.value = len(keep)
+        self._extra[1] = address(keep) if keep else None
+        self.api("cuLaunchKernelEx", byref(cfg), func, None, self._extra if keep else None)
+
+    def occupancy_max_active_blocks(self, func: int, block: int, shared: int, flags: int = 0) -> int:
+        return self.d._out("cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", c_int, self._function(func),
+                           block, shared, flags)
+
+    def occupancy_max_potential_block_size(self, func: int, shared: int, limit: int, flags: int = 0) -> list:
+        grid, block = c_int(), c_int()
+        self.api("cuOccupancyMaxPotentialBlockSizeWithFlags", byref(grid), byref(block), self._function(func),
+                 None, shared, limit, flags)
+        return [grid.value, block.value]
+
+    # ---- streams, events, capture, graphs --------------------------------------------
+    def stream_create(self, flags: int, priority: int) -> int:
+        return self.d._out("cuStreamCreateWithPriority", c_void_p, flags, priority)
+
+    def stream_destroy(self, stream: int) -> None:
+        self.api("cuStreamDestroy_v2", stream)
+
+    def stream_synchronize(self, stream: int) -> None:
+        self.api("cuStreamSynchronize", stream)
+
+    def stream_query(self, stream: int) -> None:
+        self.api("cuStreamQuery", stream)
+
+    def stream_get_flags(self, stream: int) -> int:
+        v = c_uint()
+        self.api("cuStreamGetFlags", stream, byref(v))
+        return v.value
+
+    def stream_get_priority(self, stream: int) -> int:
+        v = c_int()
+        self.api("cuStreamGetPriority", stream, byref(v))
+        return v.value
+
+    def stream_wait_event(self, stream: int, event: int, flags: int) -> None:
+        self.api("cuStreamWaitEvent", stream, event, flags)
+
+    def event_create(self, flags: int) -> int:
+        return self.d._out("cuEventCreate", c_void_p, flags)
+
+    def event_destroy(self, event: int) -> None:
+        self.api("cuEventDestroy_v2", event)
+
+    def event_record(self, event: int, stream: int, flags: int = 0) -> None:
+        if flags:
+            self.api("cuEventRecordWithFlags", event, stream, flags)
+        else:
+            self.api("cuEventRecord", event, stream)
+
+    def event_synchronize(self, event: int) -> None:
+        self.api("cuEventSynchronize", event)
+
+    def event_query(self, event: int) -> None:
+        self.api("cuEventQuery", event)
+
+    def event_elapsed_time(self, start: int, end: int) -> float:
+        v = c_float()
+        name = "cuEventElapsedTime_v2" if self.api.has("cuEventElapsedTime_v2") else "cuEventElapsedTime"
+        self.api(name, byref(v), start, end)
+        return v.value
+
+    def stream_begin_capture(self, stream: int, mode: int) -> None:
+        self.api("cuStreamBeginCapture_v2", stream, mode)
+
+    def stream_end_capture(self, stream: int) -> int:
+        g = c_void_p()
+        self.api("cuStreamEndCapture", stream, byref(g))
+        return g.value
+
+    def stream_is_capturing(self, stream: int) -> int:
+        v = c_int()
+        self.api("cuStreamIsCapturing", stream, byref(v))
+        return v.value
+
+    def graph_instantiate(self, graph: int, flags: int) -> int:
+        return self.d._out("cuGraphInstantiateWithFlags", c_void_p, graph, flags)
+
+    def graph_launch(self, exec_: int, stream: int) -> None:
+        self.api("cuGraphLaunch", exec_, stream)
+
+    def graph_upload(self, exec_: int, stream: int) -> None:
+        self.api("cuGraphUpload", exec_, stream)
+
+    def graph_exec_destroy(self, exec_: int) -> None:
+        self.api("cuGraphExecDestroy", exec_)
+
+    def graph_destroy(self, graph: int) -> None:
+        self.api("cuGraphDestroy", graph)

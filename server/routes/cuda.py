@@ -1,0 +1,130 @@
+"""The ``cuda`` route: runs the CUDA driver calls a client's libcuda.so.1 forwards, on the real driver or the fake one.
+
+Wire format (msgpack meta, raw buffers):
+
+    request  [op, ctx, *args] + buffers   op: a driver method (see OPS), ctx: the caller's current context
+    reply    [code, value, deferred]      code: CUresult; deferred: [[op, code, message], ...] of posts that
+                                          failed since the last reply (their errors surface at the next sync)
+    post     [op, ctx, *args]             same ops, no reply
+    post     ["launches", 0]  + [records] the interceptor's batched cuLaunchKernel records (see LAUNCH)
+
+Buffers travel after the meta args (a copy's bytes, a module image). A value
+that is bytes (a device-to-host copy, a linked image) comes back as the reply's
+buffer, the rest of it in ``value``.
+"""
+from __future__ import annotations
+
+import logging
+import struct
+
+from rgpu.server.cuda_driver import open_driver
+from rgpu.server.cuda_driver.base import CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_UNKNOWN, CudaDriverError
+
+from .base import Executor as BaseExecutor, OpFailed
+
+log = logging.getLogger("rgpu.server.cuda")
+
+# The driver methods a client may call; nothing else is reachable by name.
+OPS = frozenset("""
+init primary_ctx_retain primary_ctx_release primary_ctx_reset primary_ctx_get_state primary_ctx_set_flags
+ctx_create ctx_destroy ctx_synchronize ctx_get_flags ctx_get_limit ctx_set_limit ctx_get_stream_priority_range
+ctx_set_cache_config
+mem_alloc mem_free mem_get_info mem_get_address_range memcpy_htod memcpy_dtoh memcpy_dtod memset
+module_load module_unload module_get_function module_get_global param_layout func_name func_get_attribute
+func_set_attribute func_set_cache_config library_load library_unload library_get_module library_get_kernel
+kernel_get_function library_get_global link_create link_add_data link_complete link_destroy launch
+occupancy_max_active_blocks occupancy_max_potential_block_size
+stream_create stream_destroy stream_synchronize stream_query stream_get_flags stream_get_priority stream_wait_event
+event_create event_destroy event_record event_synchronize event_query event_elapsed_time
+stream_begin_capture stream_end_capture stream_is_capturing graph_instantiate graph_launch graph_upload
+graph_exec_destroy graph_destroy
+""".split())
+
+# A launch record from the interceptor's C queue (shim_launch.c):
+# u32 size, u32 kind, u64 func, u64 ctx, u64 stream, u32 grid[3], u32 block[3], u32 shared, u32 arg_bytes, args
+LAUNCH = struct.Struct("<IIQQQ3I3III")
+LAUNCH_KIND = 1
+MAX_DEFERRED = 32
+
+
+class Executor(BaseExecutor):
+    def __init__(self, session):
+        super().__init__(session)
+        settings = session.settings
+        self.driver = open_driver(getattr(settings, "cuda_driver", "auto"), getattr(settings, "devices", 1))
+        self.current = None
+        self.deferred: list[list] = []
+
+    def welcome(self) -> dict:
+        return {"route": "cuda", "driver": self.driver.name}
+
+    def _enter(self, ctx: int) -> None:
+        if ctx != self.current:
+            self.driver.set_current(ctx)
+            self.current = ctx
+
+    def _run(self, op: str, ctx: int, args, buffers):
+        if op not in OPS:
+            raise CudaDriverError(CUDA_ERROR_INVALID_VALUE, f"unknown cuda route op {op!r}")
+        self._enter(ctx)
+        return getattr(self.driver, op)(*args, *buffers)
+
+    def handle(self, meta, buffers, reply):
+        if not isinstance(meta, list) or len(meta) < 2 or not isinstance(meta[0], str):
+            raise OpFailed("cuda", "malformed cuda route message: expected [op, ctx, *args]")
+        op, ctx, args = meta[0], meta[1], meta[2:]
+        if not reply:
+            try:
+                if op == "launches":
+                    self._launches(buffers[0])
+                else:
+                    self._run(op, ctx, args, buffers)
+            except Exception as exc:       # remembered, reported at the next reply
+                self._defer(op, exc)
+            return None
+        deferred, self.deferred = self.deferred, []
+        try:
+            value = self._run(op, ctx, args, buffers)
+        except Exception as exc:
+            code, message = self._code(op, exc)
+            return [code, message, deferred], []
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            return [0, None, deferred], [value]
+        if isinstance(value, list) and value and isinstance(value[0], (bytes, bytearray, memoryview)):
+            return [0, value[1:], deferred], [value[0]]
+        return [0, value, deferred], []
+
+    def _code(self, op: str, exc: Exception) -> tuple[int, str]:
+        if isinstance(exc, CudaDriverError):
+            return exc.code, str(exc)
+        if isinstance(exc, TypeError):       # wrong argument count or types from the client
+            return CUDA_ERROR_INVALID_VALUE, f"{op}: {exc}"
+        log.exception("cuda route op %s failed", op)
+        return CUDA_ERROR_UNKNOWN, f"{op}: {type(exc).__name__}: {exc}"
+
+    def _defer(self, op: str, exc: Exception) -> None:
+        code, message = self._code(op, exc)
+        if len(self.deferred) < MAX_DEFERRED:
+            self.deferred.append([op, code, message])
+
+    def _launches(self, records: memoryview) -> None:
+        """Run a batch of launch records; a failing one is deferred and the rest still run, as on a GPU."""
+        pos, end = 0, records.nbytes
+        launch = self.driver.launch
+        while pos + LAUNCH.size <= end:
+            size, kind, func, ctx, stream, gx, gy, gz, bx, by, bz, shared, nargs = LAUNCH.unpack_from(records, pos)
+            if size < LAUNCH.size or pos + size > end or kind != LAUNCH_KIND:
+                raise OpFailed("launches", f"malformed launch record at byte {pos}")
+            try:
+                self._enter(ctx)
+                launch(func, (gx, gy, gz), (bx, by, bz), shared, stream, None,
+                       records[pos + LAUNCH.size:pos + LAUNCH.size + nargs])
+            except Exception as exc:
+                self._defer("cuLaunchKernel", exc)
+            pos += size
+
+    def close(self) -> None:
+        try:
+            self.driver.close()
+        except Exception:                    # the worker exits next; the OS reclaims the rest
+            log.exception("closing the cuda driver failed")

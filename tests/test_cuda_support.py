@@ -1,0 +1,112 @@
+"""Shared pieces of the CUDA route tests (no tests here): the shim build, an in-process loopback, a C program.
+
+The loopback connection runs the cuda route's executor on the fake driver
+inside the test process, so the shim loaded with ctypes exercises C, the
+Python client and the executor without sockets.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import msgpack
+import pytest
+
+HERE = Path(__file__).resolve().parent
+
+
+def cuda_headers_or_skip():
+    from rgpu.cuda_intercept import header
+    from rgpu.errors import ConfigError
+    try:
+        return header.find_include_dir()
+    except ConfigError as exc:
+        pytest.skip(f"no CUDA toolkit headers here: {exc}")
+
+
+def build_shim_or_skip() -> Path:
+    cuda_headers_or_skip()
+    pytest.importorskip("cffi", reason="cffi builds libcuda.so.1")
+    from rgpu.cuda_intercept import build
+    return build.build()
+
+
+class _Reply:
+    def __init__(self, meta, buffers):
+        self.meta, self.buffers = meta, buffers
+
+    def release(self):
+        pass
+
+
+class _Future:
+    def __init__(self, reply):
+        self._reply = reply
+
+    def result(self, timeout=None):
+        return self._reply
+
+
+class Loopback:
+    """A Connection look-alike that hands every frame to a cuda route executor in this process.
+
+    Metadata goes through msgpack both ways, as on the wire, so only wire types pass.
+    """
+
+    def __init__(self, driver: str = "fake"):
+        from rgpu import config
+        from rgpu.server.routes.base import Session
+        from rgpu.server.routes.cuda import Executor
+        self.executor = Executor(Session("loopback", "cuda", config.settings(cuda_driver=driver)))
+        self.welcome = self.executor.welcome()
+        self.stats = {"messages": 0, "round_trips": 0, "posts": 0}
+
+    def _wire(self, meta):
+        return msgpack.unpackb(msgpack.packb(meta, use_bin_type=True), raw=False)
+
+    def post(self, meta, buffers=()):
+        self.stats["messages"] += 1
+        self.stats["posts"] += 1
+        self.executor.handle(self._wire(meta), [memoryview(bytes(b)) for b in buffers], False)
+
+    def request(self, meta, buffers=(), reply_into=None):
+        self.stats["messages"] += 1
+        self.stats["round_trips"] += 1
+        meta, bufs = self.executor.handle(self._wire(meta), [memoryview(bytes(b)) for b in buffers], True)
+        bufs = [memoryview(bytes(b)) for b in bufs]
+        if reply_into is not None and [v.nbytes for v in reply_into] == [b.nbytes for b in bufs]:
+            for dest, src in zip(reply_into, bufs):
+                dest[:] = src
+            bufs = list(reply_into)
+        return _Future(_Reply(self._wire(meta), bufs))
+
+    def call(self, meta, buffers=(), reply_into=None, timeout=None):
+        return self.request(meta, buffers, reply_into).result()
+
+    def flush(self):
+        pass
+
+    def close(self):
+        self.executor.close()
+
+
+VECADD_C = HERE / "data" / "cuda_vecadd.c"
+
+
+def compile_c_program(source: Path, out_dir: Path, shim_dir: Path) -> Path:
+    """Build a driver-API C program against the toolkit's cuda.h, linked to our libcuda.so."""
+    if shutil.which("gcc") is None and shutil.which("cc") is None:
+        pytest.skip("no C compiler")
+    include = cuda_headers_or_skip()
+    exe = out_dir / source.stem
+    cc = shutil.which("gcc") or shutil.which("cc")
+    subprocess.run([cc, "-O1", "-o", str(exe), str(source), f"-I{include}", f"-L{shim_dir}", "-lcuda", "-ldl"],
+                   check=True, capture_output=True, text=True)
+    return exe
+
+
+def load_shim(path: Path) -> ctypes.CDLL:
+    return ctypes.CDLL(str(path), mode=os.RTLD_NOW)
