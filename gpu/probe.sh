@@ -2,8 +2,9 @@
 # First look at the GPU host: what the later per-issue scripts rely on. Writes $OUT/probe.json.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-pip install --no-deps --no-build-isolation -q -e . 2>&1 | tail -1
-pip install --no-deps -q wheels/*.whl 2>&1 | tail -1
+python3 -m pip install --no-deps --no-build-isolation -q . 2>&1 | grep -v WARNING | tail -15; python3 -c "import setuptools; print(\"setuptools\", setuptools.__version__)"
+python3 -m pip install --no-deps -q wheels/*.whl 2>&1 | tail -1
+REPO=$PWD; cd /tmp   # so ./rgpu does not shadow the installed package
 python3 - <<'PY' > "$OUT/probe.json" 2> "$OUT/probe.err"
 import json, os, sys, sysconfig, subprocess, time, ctypes
 r = {"python": sys.version, "py_enable_shared": sysconfig.get_config_var("Py_ENABLE_SHARED")}
