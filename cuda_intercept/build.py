@@ -29,6 +29,8 @@ MODULE = "_rgpu_libcuda"
 C_API = """
 void rgpu_set_ready(void);
 void rgpu_set_finalized(void);
+int rgpu_is_embedded(void);
+const char *rgpu_self_path(void);
 void rgpu_set_devices(int ndev, int nattr, const int *attrs);
 int rgpu_ctx_note(uint64_t h, int device);
 void rgpu_ctx_forget(uint64_t h);
@@ -46,10 +48,15 @@ extern "Python" CUresult _py_rgpu_flush(void);
 # program is Python, a fresh embedded one otherwise.
 INIT_CODE = """
 import sys, site
-for _d in {site_dirs!r}:
-    if _d not in sys.path:
-        site.addsitedir(_d)
 from {module} import ffi, lib
+if lib.rgpu_is_embedded():
+    # a fresh interpreter inside a C program: it knows no executable (a local server is
+    # started with it), no argv, and maybe not the site folders the build saw
+    sys.executable = {python!r}
+    sys.argv = getattr(sys, "argv", None) or [""]
+    for _d in {site_dirs!r}:
+        if _d not in sys.path:
+            site.addsitedir(_d)
 from rgpu.cuda_intercept import embed
 embed.attach(ffi, lib, {names!r})
 """
@@ -92,7 +99,7 @@ def build(out_dir: str | os.PathLike | None = None, *, cuda_home: str | None = N
     ffi.cdef(api.types_text + C_API + cgen.extern_python(api))
     ffi.embedding_api("")
     site_dirs = [d for d in site.getsitepackages() + [site.getusersitepackages()] if os.path.isdir(d)]
-    ffi.embedding_init_code(INIT_CODE.format(site_dirs=site_dirs, module=MODULE, names=names))
+    ffi.embedding_init_code(INIT_CODE.format(site_dirs=site_dirs, module=MODULE, names=names, python=sys.executable))
     source = "\n".join([
         "#include <stdint.h>\n#include <stddef.h>",
         f'#define RGPU_LIBPYTHON "{libpython}"',

@@ -7,6 +7,8 @@ back with the next answer and are returned by the next synchronising call.
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 
 from .registry import CUDA_SUCCESS, CudaCallError, say_once
@@ -47,9 +49,24 @@ class Client:
                     if self._connect is not None:
                         self.conn = self._connect()
                     else:
-                        from rgpu.transport.client import connect
-                        self.conn = connect("cuda", options={"api": API_VERSION})
+                        with self._without_us():
+                            from rgpu.transport.client import connect
+                            self.conn = connect("cuda", options={"api": API_VERSION})
         return self.conn
+
+    @contextlib.contextmanager
+    def _without_us(self):
+        """LD_LIBRARY_PATH without our folder while connecting: a local server started now must
+        load the real driver (and torch's), never this interceptor."""
+        ours = os.path.dirname(self.ffi.string(self.lib.rgpu_self_path()).decode())
+        saved = os.environ.get("LD_LIBRARY_PATH")
+        if saved is not None and ours:
+            os.environ["LD_LIBRARY_PATH"] = ":".join(p for p in saved.split(":") if p and p != ours)
+        try:
+            yield
+        finally:
+            if saved is not None:
+                os.environ["LD_LIBRARY_PATH"] = saved
 
     def close(self) -> None:
         with self.lock:

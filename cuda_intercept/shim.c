@@ -22,10 +22,18 @@
 static volatile int rgpu_py_ready;      /* the init code finished */
 static volatile int rgpu_finalized;     /* Python is (being) finalised: never enter it again */
 static volatile int rgpu_initialized;   /* cuInit succeeded */
+static int rgpu_embedded;               /* we started the interpreter (the program is not Python) */
 static pthread_mutex_t rgpu_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void rgpu_set_ready(void) { rgpu_py_ready = 1; }
 static void rgpu_set_finalized(void) { rgpu_finalized = 1; }
+static int rgpu_is_embedded(void) { return rgpu_embedded; }
+
+/* Where this library was loaded from (so a server we start does not load it in turn). */
+static const char *rgpu_self_path(void) {
+    Dl_info info;
+    return dladdr((void *)&rgpu_self_path, &info) && info.dli_fname ? info.dli_fname : "";
+}
 
 /* When a program dlopen()s us RTLD_LOCAL, libpython (our DT_NEEDED) lands in a
  * local scope, and extension modules the embedded interpreter imports later
@@ -44,6 +52,8 @@ static int rgpu_start(void) {
     static int reported;
     if (rgpu_py_ready)
         return 0;
+    if (!Py_IsInitialized())
+        rgpu_embedded = 1;
     if (cffi_start_python() == 0 && rgpu_py_ready)
         return 0;
     if (!reported) {
