@@ -27,7 +27,7 @@ CLAIMED = (
 CLAIMED_PREFIXES = ("_foreach_",)
 
 # Return types the meta kernel can be trusted to compute (shapes); anything else is data.
-_META_RETURNS = {"Tensor", "Tensor?", "Tensor[]", "Tensor?[]", "int", "SymInt", "SymInt[]", "int[]"}
+_META_RETURNS = {"Tensor", "Optional[Tensor]", "List[Tensor]", "List[Optional[Tensor]]", "int", "SymInt", "List[int]"}
 
 
 class OpInfo:

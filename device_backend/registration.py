@@ -93,9 +93,10 @@ def claim_composites() -> None:
 
     lib = torch.library.Library("aten", "IMPL")
     names = set(optable.CLAIMED)
-    for packet in dir(torch.ops.aten):
-        if packet.startswith(optable.CLAIMED_PREFIXES):
-            names.update(f"{packet}.{o}" for o in getattr(torch.ops.aten, packet).overloads())
+    for full in torch._C._dispatch_get_all_op_names():  # "aten::_foreach_add_.Scalar"
+        ns, _, qualified = full.partition("::")
+        if ns == "aten" and qualified.startswith(optable.CLAIMED_PREFIXES):
+            names.add(qualified if "." in qualified else f"{qualified}.default")
     for qualified in sorted(names):
         name, overload = qualified.split(".")
         op = getattr(getattr(torch.ops.aten, name), overload)

@@ -25,7 +25,7 @@ class Session:
         self.conn, self.C = conn, C
         self.lock = threading.RLock()  # ops come from the main thread and autograd's device threads
         self.ops: dict = {}
-        w = conn.welcome or {}
+        w = (conn.welcome or {}).get("info") or {}  # what the ops executor's welcome() said
         self.kind = w.get("device", "cpu")
         self.names = list(w.get("names", ["rgpu"]))
         self.count = int(w.get("device_count", len(self.names)))

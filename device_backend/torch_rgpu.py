@@ -99,7 +99,9 @@ def get_device_name(device=None) -> str:
 
 def synchronize(device=None) -> None:
     """Wait until the server has run every op sent so far (raises the first failure, if any)."""
-    _s().request([Msg.SYNC])
+    s = _s()
+    s.flush_events()  # frees too, so memory_allocated() after this is exact
+    s.request([Msg.SYNC])
 
 
 def manual_seed(seed: int) -> None:

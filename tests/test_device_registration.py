@@ -1,0 +1,88 @@
+"""The rgpu device registers cheaply, behaves as a real torch device, and mirrors torch.cuda."""
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+import torch.nn as nn
+from device_helpers import rgpu_device, run_python, tiny_gpt  # noqa: F401
+
+from rgpu.server.ops.protocol import DTYPES
+
+
+def test_import_rgpu_server_neither_builds_nor_loads_the_cpp_part():
+    r = run_python(
+        "import sys, torch, rgpu.server, rgpu.server.routes.ops\n"
+        "from rgpu.device_backend import build\n"
+        "assert build._module is None, 'loaded'\n"
+        "assert not [m for m in sys.modules if m.startswith('rgpu_device_')], 'extension in sys.modules'\n"
+        "assert torch._C._get_privateuse1_backend_name() == 'rgpu'\n"
+        "print('ok')\n")
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+
+def test_import_rgpu_before_torch_registers_the_device_when_torch_arrives():
+    r = run_python("import rgpu, sys\nassert 'torch' not in sys.modules\nimport torch\n"
+                   "assert torch._C._get_privateuse1_backend_name() == 'rgpu' and hasattr(torch, 'rgpu')\nprint('ok')")
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+
+def test_tensors_and_parameters_keep_their_types_after_model_to(rgpu_device):
+    model = tiny_gpt()
+    x = torch.randint(0, 97, (2, 16))
+    model(x, x)[1].backward()  # a grad-tracking forward (and backward) on the CPU first
+    model.to("rgpu")
+    for p in model.parameters():
+        assert type(p) is nn.Parameter and p.device.type == "rgpu"
+    t = torch.ones(3).to("rgpu")
+    assert type(t) is torch.Tensor and t.device == torch.device("rgpu", 0)
+
+
+def test_module_to_keeps_tied_weights_tied(rgpu_device):
+    model = tiny_gpt().to("rgpu")
+    assert model.wte.weight is model.lm_head.weight
+
+
+@pytest.mark.filterwarnings("ignore")  # creating the experimental dtypes warns
+def test_the_dtype_codes_match_this_torch(rgpu_device):
+    for code, name in enumerate(DTYPES):
+        dtype = getattr(torch, name, None)
+        if dtype is not None:
+            assert rgpu_device.C.dtype_code(torch.empty(0, dtype=dtype)) == code, name
+
+
+def test_torch_rgpu_mirrors_torch_cuda(rgpu_device):
+    assert torch.rgpu.is_available() and torch.rgpu.device_count() == 1
+    assert torch.rgpu.current_device() == 0
+    assert "CPU" in torch.rgpu.get_device_name(0)
+    gc.collect()
+    torch.rgpu.synchronize()
+    before = torch.rgpu.memory_allocated()
+    big = torch.ones(1 << 16, device="rgpu")
+    torch.rgpu.synchronize()
+    assert torch.rgpu.memory_allocated() == before + big.numel() * 4
+    del big
+    torch.rgpu.synchronize()
+    assert torch.rgpu.memory_allocated() == before
+    assert torch.rgpu.max_memory_allocated() >= torch.rgpu.memory_allocated()
+    with torch.rgpu.device(0):
+        assert torch.rgpu.current_device() == 0
+
+
+def test_seeding_gives_the_same_random_numbers_run_to_run(rgpu_device):
+    torch.manual_seed(123)
+    a = torch.randn(5, device="rgpu").cpu()
+    d1 = torch.nn.functional.dropout(torch.ones(64, device="rgpu"), 0.5).cpu()
+    torch.manual_seed(123)
+    b = torch.randn(5, device="rgpu").cpu()
+    d2 = torch.nn.functional.dropout(torch.ones(64, device="rgpu"), 0.5).cpu()
+    assert torch.equal(a, b) and torch.equal(d1, d2)
+    assert not torch.equal(a, torch.randn(5, device="rgpu").cpu())
+
+
+def test_torch_save_of_a_device_tensor_loads_back_on_the_cpu(rgpu_device, tmp_path):
+    t = torch.arange(6.0).to("rgpu")
+    torch.save({"t": t}, tmp_path / "t.pt")
+    back = torch.load(tmp_path / "t.pt", map_location="cpu")["t"]
+    assert back.device.type == "cpu" and torch.equal(back, torch.arange(6.0))
