@@ -13,5 +13,6 @@ __all__ = ["RgpuError", "ConnectError", "AuthenticationError", "VersionMismatch"
 
 # The "rgpu" torch device: registered now if torch is imported, else when it is (no build, no server).
 from .device_backend import register_with_torch as _register_device  # noqa: E402
+from .device_backend import stats  # noqa: E402,F401  (rgpu.stats(): messages, round trips, bytes)
 
 _register_device()
