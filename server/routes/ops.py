@@ -23,6 +23,19 @@ from .base import OpFailed
 warnings.filterwarnings("ignore", message="The given buffer is not writable")
 
 
+def _layer_norm_stats_like_input(a: list) -> list:
+    a[3], a[4] = a[3].to(a[1].dtype), a[4].to(a[1].dtype)
+    return a
+
+
+# The client sizes outputs with meta kernels, which follow CUDA; where a CPU kernel
+# wants other dtypes (reduced-precision inputs), its arguments are adapted here.
+CPU_ADAPT = {
+    # CUDA keeps mean/rstd in float32 for bf16/fp16 inputs; the CPU backward wants the input's dtype
+    "aten.native_layer_norm_backward.default": _layer_norm_stats_like_input,
+}
+
+
 def pick_devices(settings) -> tuple[str, list[torch.device], list[str]]:
     """('cuda'|'cpu', the devices rgpu:0.. map to, their names) from ``--device``/``--devices``."""
     kind = settings.device
@@ -89,6 +102,8 @@ class Executor(BaseExecutor):
     def _run(self, r, args, kwargs, dec: Decoder):
         a = dec.value(args)
         k = dec.kwargs(kwargs)
+        if self.kind == "cpu" and r.name in CPU_ADAPT:
+            a = CPU_ADAPT[r.name](a)
         if self.gens is not None and r.generator and k.get("generator") is None:
             k["generator"] = self.gens[dec.device]
         return r.op(*a, **k)
