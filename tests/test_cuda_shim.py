@@ -14,18 +14,14 @@ from ctypes import byref, c_int, c_size_t, c_uint, c_uint64, c_void_p
 import numpy as np
 import pytest
 
-from test_cuda_support import VECADD_C, Loopback, build_shim_or_skip
+from test_cuda_support import VECADD_C, shim_in_process
 
 u64 = c_uint64
 
 
 @pytest.fixture(scope="module")
 def cu():
-    path = build_shim_or_skip()
-    from rgpu.cuda_intercept import embed
-    embed._connect_override = Loopback
-    lib = ctypes.CDLL(str(path))
-    assert lib.cuInit(0) == 0
+    lib = shim_in_process()
     ctx = c_void_p()
     assert lib.cuDevicePrimaryCtxRetain(byref(ctx), 0) == 0
     assert lib.cuCtxSetCurrent(ctx) == 0

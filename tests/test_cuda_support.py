@@ -108,5 +108,17 @@ def compile_c_program(source: Path, out_dir: Path, shim_dir: Path) -> Path:
     return exe
 
 
-def load_shim(path: Path) -> ctypes.CDLL:
-    return ctypes.CDLL(str(path), mode=os.RTLD_NOW)
+_in_process: ctypes.CDLL | None = None
+
+
+def shim_in_process() -> ctypes.CDLL:
+    """rgpu's libcuda.so.1 loaded into this process once, its client talking to a Loopback, cuInit done."""
+    global _in_process
+    if _in_process is None:
+        path = build_shim_or_skip()
+        from rgpu.cuda_intercept import embed
+        embed._connect_override = Loopback
+        lib = ctypes.CDLL(str(path), mode=os.RTLD_NOW)
+        assert lib.cuInit(0) == 0
+        _in_process = lib
+    return _in_process

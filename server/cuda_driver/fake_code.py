@@ -17,7 +17,8 @@ from .base import (CUDA_ERROR_INVALID_IMAGE, CUDA_ERROR_INVALID_PTX, CUDA_ERROR_
 from . import fake_kernels
 
 _ENTRY = re.compile(r"\.entry\s+(\w+)\s*\(([^)]*)\)", re.S)
-_PARAM = re.compile(r"\.param\s+(?:\.align\s+(\d+)\s+)?\.([busf])(\d+)\s+(?:\.ptr\s+(?:\.\w+\s+)*?)?(?:\.align\s+(\d+)\s+)?(\w+)(?:\s*\[(\d+)\])?")
+# .param [.align A] .<type><bits> [.ptr [.space] [.align P]] name[[count]]: P is the pointee's alignment
+_PARAM = re.compile(r"\.param\s+(?:\.align\s+(\d+)\s+)?\.([busf])(\d+)\s+(?:\.ptr\s+(?:\.\w+\s+)*?(?:\.align\s+\d+\s+)?)?(\w+)(?:\s*\[(\d+)\])?")
 _GLOBAL = re.compile(r"\.global\s+(?:\.align\s+(\d+)\s+)?\.([busf])(\d+)\s+(\w+)(?:\s*\[(\d+)\])?")
 _FMT = {("u", 8): "B", ("u", 16): "H", ("u", 32): "I", ("u", 64): "Q", ("s", 8): "b", ("s", 16): "h",
         ("s", 32): "i", ("s", 64): "q", ("b", 8): "B", ("b", 16): "H", ("b", 32): "I", ("b", 64): "Q",
@@ -57,8 +58,8 @@ def parse_entries(ptx: str) -> dict[str, Entry]:
         params, offset = [], 0
         for p in _PARAM.finditer(m.group(2)):
             kind, bits = p.group(2), int(p.group(3))
-            elem, count = bits // 8, int(p.group(6) or 1)
-            align = int(p.group(1) or p.group(4) or elem)
+            elem, count = bits // 8, int(p.group(5) or 1)
+            align = int(p.group(1) or elem)
             offset = (offset + align - 1) // align * align
             fmt = _FMT.get((kind, bits)) if count == 1 else None
             params.append(Param(offset, elem * count, fmt))

@@ -82,13 +82,18 @@ def load() -> ctypes.CDLL:
         if hasattr(lib, "PyInit__rgpu_libcuda"):
             errors.append(f"{path}: rgpu's own interceptor, not a driver")
             continue
-        for name, sig in SIGNATURES.items():
-            fn = getattr(lib, name, None)
-            if fn is not None:
-                fn.argtypes = [_T[c] for c in sig]
-                fn.restype = ctypes.c_int
-        return lib
+        return typed(lib)
     raise ConfigError("no NVIDIA driver library (libcuda.so.1) found" + (": " + "; ".join(errors) if errors else ""))
+
+
+def typed(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """Give every entry point we call its argument types (64-bit handles would be truncated to int otherwise)."""
+    for name, sig in SIGNATURES.items():
+        fn = getattr(lib, name, None)
+        if fn is not None:
+            fn.argtypes = [_T[c] for c in sig]
+            fn.restype = ctypes.c_int
+    return lib
 
 
 class Api:

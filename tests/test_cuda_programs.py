@@ -1,0 +1,94 @@
+"""Unchanged CUDA C programs through ``rgpu intercept run`` against a real ``rgpu serve`` (fake driver here).
+
+Also the embedding pitfalls: a program that dlopen()s the driver RTLD_LOCAL,
+and an interpreter that cannot start, which must fail every call, never
+answer CUDA_SUCCESS.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+import pytest
+
+from conftest import clean_env
+from test_cuda_support import VECADD_C, build_shim_or_skip, compile_c_program
+
+DLOPEN_C = textwrap.dedent("""
+    #include <dlfcn.h>
+    #include <stdio.h>
+    int main(void) {
+        void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+        if (!h) { printf("dlopen: %s\\n", dlerror()); return 2; }
+        int (*init)(unsigned) = (int (*)(unsigned))dlsym(h, "cuInit");
+        int (*count)(int *) = (int (*)(int *))dlsym(h, "cuDeviceGetCount");
+        int n = -1, r = init(0);
+        int c = count(&n);
+        printf("cuInit=%d cuDeviceGetCount=%d n=%d\\n", r, c, n);
+        return 0;
+    }
+""")
+
+
+@pytest.fixture(scope="module")
+def shim():
+    return build_shim_or_skip()
+
+
+@pytest.fixture(scope="module")
+def programs(shim, tmp_path_factory):
+    out = tmp_path_factory.mktemp("cuda-programs")
+    (out / "cuda_dlopen.c").write_text(DLOPEN_C)
+    return {"vecadd": compile_c_program(VECADD_C, out, shim.parent),
+            "dlopen": compile_c_program(out / "cuda_dlopen.c", out, shim.parent)}
+
+
+def run(argv, server=None, env=None, timeout=120):
+    """Run through ``rgpu intercept run``; output goes to files, not pipes: a local server the
+    program starts inherits them and lives a moment longer than the program."""
+    extra = {"RGPU_SERVER": server.address, "RGPU_TOKEN": server.token} if server else {}
+    extra.update(env or {})
+    cmd = [sys.executable, "-m", "rgpu", "intercept", "run", "--", *map(str, argv)]
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=clean_env(**extra))
+        rc = proc.wait(timeout)                 # reaped at once, so a local server sees its parent gone
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(cmd, rc, out.read(), err.read())
+
+
+def test_a_driver_api_c_program_runs_unchanged_against_the_server(programs, rgpu_server):
+    done = run([programs["vecadd"]], rgpu_server)
+    assert done.returncode == 0, done.stderr
+    assert "OK device=rgpu fake device" in done.stdout
+
+
+def test_the_c_program_starts_a_local_server_when_none_is_named(programs):
+    done = run([programs["vecadd"]])
+    assert done.returncode == 0, done.stderr
+    assert "OK device=" in done.stdout and "started a local server" in done.stderr
+
+
+def test_a_program_that_dlopens_the_driver_rtld_local_still_starts_python(programs, rgpu_server):
+    done = run([programs["dlopen"]], rgpu_server)
+    assert done.returncode == 0, done.stderr
+    assert "cuInit=0 cuDeviceGetCount=0 n=1" in done.stdout, done.stdout + done.stderr
+
+
+def test_an_interpreter_that_cannot_start_fails_every_call_instead_of_succeeding(programs, tmp_path, rgpu_server):
+    broken = tmp_path / "broken" / "rgpu"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('a broken rgpu, on purpose')\n")
+    done = run([programs["dlopen"]], rgpu_server, env={"PYTHONPATH": str(broken.parent)})
+    assert "cuInit=3 cuDeviceGetCount=3" in done.stdout, done.stdout + done.stderr   # CUDA_ERROR_NOT_INITIALIZED
+    assert "could not start its Python side" in done.stderr
+
+
+def test_the_bench_mode_reports_its_timings_as_json(programs, rgpu_server):
+    import json
+    done = run([programs["vecadd"], "bench", "50"], rgpu_server)
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert figures["launches"] == 50 and figures["htod_64mib_ms"] > 0
