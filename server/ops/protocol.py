@@ -23,11 +23,11 @@ class Msg(IntEnum):
     SEED = 7      # [device, seed]                                            post
     SYNC = 8      # []                                                        request -> None
     MEMORY = 9    # [device]                                                  request -> [allocated, max allocated]
-    GRAPH = 10    # [graph id, options, graph] (server/ops/graphs.py: the graph's wire form)  post
-    RUN = 11      # [events, graph id, inputs, outs]: one call of a shipped graph        post
-    GRAPH_FREE = 12  # [graph id]                                                       post
-    GRAPH_INFO = 13  # [graph id]                              request -> {"backend", "error", "runs"}
-    UPLOAD_PART = 14  # [events, tensor, byte offset] + one buffer (a piece of a big upload)  post
+    GRAPH = 11    # [graph id, options, graph] (server/ops/graphs.py: the graph's wire form)  post
+    RUN = 12      # [events, graph id, inputs, outs]: one call of a shipped graph        post
+    GRAPH_FREE = 13  # [graph id]                                                       post
+    GRAPH_INFO = 14  # [graph id]                              request -> {"backend", "error", "runs"}
+    UPLOAD_PART = 15  # [events, tensor, byte offset] + one buffer (a piece of a big upload)  post
 
 
 class Event(IntEnum):
