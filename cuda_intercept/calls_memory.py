@@ -262,3 +262,36 @@ def cu_mem_host_get_flags(pflags, p):
         return CUDA_ERROR_INVALID_VALUE
     pflags[0] = found[2]
     return CUDA_SUCCESS
+
+
+# ---- stream-ordered pools: one pretend default pool per device, plain allocations behind it ----------
+POOL_BASE = 0x7E5700000000
+POOL_INT_ATTRS = {1, 2, 3}          # CU_MEMPOOL_ATTR_REUSE_*: int; the rest are cuuint64_t
+
+
+@implements("cuDeviceGetDefaultMemPool", "cuDeviceGetMemPool")
+def cu_device_get_mem_pool(ppool, dev):
+    ppool[0] = client.get().ffi.cast("CUmemoryPool", POOL_BASE + int(dev) * 0x10)
+    return CUDA_SUCCESS
+
+
+@implements("cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync_ptsz", stream=3)
+def cu_mem_alloc_from_pool_async(dptr, size, pool, stream):
+    return cu_mem_alloc(dptr, size)
+
+
+@implements("cuMemPoolSetAttribute")
+def cu_mem_pool_set_attribute(pool, attr, value):
+    return CUDA_SUCCESS
+
+
+@implements("cuMemPoolGetAttribute")
+def cu_mem_pool_get_attribute(pool, attr, value):
+    ffi = client.get().ffi
+    ffi.cast("int *" if int(attr) in POOL_INT_ATTRS else "cuuint64_t *", value)[0] = 0
+    return CUDA_SUCCESS
+
+
+@implements("cuMemPoolTrimTo")
+def cu_mem_pool_trim_to(pool, keep):
+    return CUDA_SUCCESS

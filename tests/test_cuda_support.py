@@ -93,7 +93,7 @@ class Loopback:
         self.executor.close()
 
 
-VECADD_C = HERE / "data" / "cuda_vecadd.c"
+VECADD_C = HERE.parent / "cuda_intercept" / "demo_vecadd.c"
 
 
 def compile_c_program(source: Path, out_dir: Path, shim_dir: Path) -> Path:

@@ -1,8 +1,8 @@
 /* A CUDA C program on the driver API, unchanged whether it runs on a GPU or through rgpu's libcuda.so.1.
  *
- *   cuda_vecadd            allocate, copy, load PTX, launch (kernelParams, extra, cuLaunchKernelEx),
+ *   demo_vecadd            allocate, copy, load PTX, launch (kernelParams, extra, cuLaunchKernelEx),
  *                          capture a stream into a graph and replay it, copy back, check; prints OK
- *   cuda_vecadd bench N    JSON timings: a round trip, N launches + synchronise, a 64 MiB host-to-device copy
+ *   demo_vecadd bench N    JSON timings: a round trip, N launches + synchronise, a 64 MiB host-to-device copy
  *
  * Kernels (extern "C", compiled to PTX with nvcc -ptx -arch=compute_75): vecAdd, saxpy, noop.
  */

@@ -1,0 +1,103 @@
+"""``rgpu bench cuda``: one CUDA C program (demo_vecadd.c) through rgpu's libcuda.so.1, beside the same binary native.
+
+    rgpu bench cuda [--json] [--repeats N] [--server HOST:PORT]      python -m rgpu.bench.cuda --json
+
+Rows (foundation schema): a round-trip driver call (cuMemGetInfo), 2000
+kernel launches plus the final cuCtxSynchronize, a 64 MiB cuMemcpyHtoD from
+pageable memory.  Baseline: the same binary on the real driver in the same
+run, interleaved, median of the runs; none where this host has no GPU (the
+rgpu figures then come from the fake driver and measure the route alone).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+
+LAUNCHES = 2000
+METRICS = (("roundtrip_us", "round-trip call (cuMemGetInfo)", "us"),
+           ("launches_ms", f"{LAUNCHES} launches + synchronise", "ms"),
+           ("htod_64mib_ms", "64 MiB host-to-device copy (pageable)", "ms"))
+
+
+def _figures(exe: str, env: dict) -> dict:
+    done = subprocess.run([exe, "bench", str(LAUNCHES)], capture_output=True, text=True, env=env, timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(f"{exe} bench failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+class _Server:
+    """A private ``rgpu serve`` for the runs (a local server per run would be started each time)."""
+
+    def __init__(self):
+        self.token = secrets.token_urlsafe(16)
+        env = dict(os.environ, RGPU_TOKEN=self.token)
+        env.pop("RGPU_SERVER", None)
+        self.proc = subprocess.Popen([sys.executable, "-m", "rgpu", "serve", "--port", "0", "--preload", ""],
+                                     stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env, text=True)
+        for line in self.proc.stdout:
+            m = re.search(r"listening on (\S+):(\d+)", line)
+            if m:
+                self.address = f"{m.group(1)}:{m.group(2)}"
+                return
+        raise RuntimeError("rgpu serve did not start")
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+def rows(args=None) -> list[dict]:
+    from rgpu.cuda_intercept.build import build
+    from rgpu.cuda_intercept.cli import environment
+    from rgpu.cuda_intercept.demo import build_program
+    from rgpu.server.cuda_driver import real_api
+
+    repeats = 3 if getattr(args, "quick", False) else getattr(args, "repeats", 5) or 5
+    lib = build()
+    workdir = tempfile.mkdtemp(prefix="rgpu-bench-cuda-")
+    exe = str(build_program(workdir, lib.parent))
+    native_env = dict(os.environ)
+    native = bool(real_api.candidates())
+    server = None if getattr(args, "server", None) else _Server()
+    rgpu_env = environment(str(lib.parent))
+    rgpu_env.update(RGPU_SERVER=getattr(args, "server", None) or server.address,
+                    **({"RGPU_TOKEN": server.token} if server else {}))
+    got = {"rgpu": [], "native": []}
+    try:
+        for _ in range(repeats):                       # interleaved: drift hits both alike
+            got["rgpu"].append(_figures(exe, rgpu_env))
+            if native:
+                got["native"].append(_figures(exe, native_env))
+    finally:
+        if server:
+            server.stop()
+    out = []
+    for key, metric, unit in METRICS:
+        vals = [g[key] for g in got["rgpu"]]
+        base = statistics.median(g[key] for g in got["native"]) if native else None
+        value = statistics.median(vals)
+        out.append({"bench": "cuda", "transport": os.environ.get("RGPU_TRANSPORT", "auto"), "metric": metric,
+                    "unit": unit, "size": (64 << 20) if "htod" in key else LAUNCHES if "launch" in key else 0,
+                    "value": value, "baseline_name": "native driver, same binary" if native else "none (no GPU here)",
+                    "baseline": base, "ratio": value / base if base else None, "spread": [min(vals), max(vals)]})
+    return out
+
+
+if __name__ == "__main__":
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m rgpu.bench.cuda")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--server", default=None)
+    a = p.parse_args()
+    result = rows(a)
+    print(json.dumps(result, indent=1) if a.json else "\n".join(
+        f"{r['metric']:44} {r['value']:10.3f} {r['unit']:3} baseline {r['baseline']} ratio {r['ratio']}" for r in result))
