@@ -18,7 +18,7 @@ class Decoder:
 
     def __init__(self, table: HandleTable):
         self.table = table
-        self.inputs: list[torch.Tensor] = []
+        self.inputs: list[int] = []  # base addresses of the storages the inputs live in
         self.device = 0  # the rgpu index of the first tensor or device argument: where the op runs
 
     def value(self, v):
@@ -29,11 +29,9 @@ class Decoder:
             return v
         ((tag, x),) = v.items()
         if tag == "t":
-            tensor = self.table.tensor(x)
             if not self.inputs:
                 self.device = x[6]
-            self.inputs.append(tensor)
-            return tensor
+            return self.table.tensor(x, self.inputs)
         if tag == "s":
             return torch.tensor(x[1], dtype=DTYPE_BY_CODE[x[0]])
         if tag == "d":

@@ -23,10 +23,11 @@ class Poisoned(Exception):
 
 
 class Entry:
-    __slots__ = ("storage", "device", "flat", "poison")
+    __slots__ = ("storage", "device", "flat", "poison", "ptr")
 
     def __init__(self, storage, device, poison: Poisoned | None = None):
         self.storage, self.device, self.flat, self.poison = storage, device, {}, poison
+        self.ptr = storage.data_ptr() if storage is not None else 0  # read once: untyped_storage() is slow
 
 
 class HandleTable:
@@ -55,12 +56,15 @@ class HandleTable:
             raise e.poison
         return e
 
-    def tensor(self, desc) -> torch.Tensor:
+    def tensor(self, desc, ptrs: list | None = None) -> torch.Tensor:
+        """The tensor a descriptor names; ``ptrs`` collects the base addresses of the storages read."""
         sid, nbytes, code, size, stride, offset, dev = desc
         dtype = DTYPE_BY_CODE[code]
         if sid == 0:  # a storage of no bytes: nothing to keep
             return torch.empty_strided(size, stride, dtype=dtype, device=self.device(dev))
         e = self.entry(sid, nbytes, dev)
+        if ptrs is not None:
+            ptrs.append(e.ptr)
         flat = e.flat.get(dtype)
         if flat is None:
             flat = e.flat[dtype] = torch.empty(0, dtype=dtype, device=e.storage.device).set_(e.storage)

@@ -6,6 +6,9 @@ meta: {"op": "echo"}            -> the same buffers back
       {"op": "fail", "message"} -> raises (error-path tests)
       {"op": "crash"}           -> ends the worker process at once (isolation tests)
       {"op": "sleep", "s": x}   -> waits x seconds (timeout tests)
+      {"op": "note", "v": x}    -> remembers x (ordering tests; usually a post)
+      {"op": "notes"}           -> {"notes": [x, ...]} in arrival order, and forgets them
+      {"op": "fill", "n": n}    -> one buffer of n bytes from memory the worker reuses (download benchmarks)
 """
 from __future__ import annotations
 
@@ -21,6 +24,8 @@ class Executor(BaseExecutor):
     def __init__(self, session):
         super().__init__(session)
         self.posts = 0
+        self.notes: list = []
+        self._fill = np.zeros(0, np.uint8)
 
     def welcome(self) -> dict:
         return {"route": "echo", "pid": os.getpid()}
@@ -43,4 +48,15 @@ class Executor(BaseExecutor):
         if op == "sleep":
             time.sleep(float(meta.get("s", 0)))
             return {}, []
+        if op == "note":
+            self.notes.append(meta.get("v"))
+            return {}, []
+        if op == "notes":
+            notes, self.notes = self.notes, []
+            return {"notes": notes}, []
+        if op == "fill":
+            n = int(meta["n"])
+            if self._fill.nbytes < n:
+                self._fill = np.arange(n, dtype=np.uint8)  # the byte at i is i % 256
+            return {}, [memoryview(self._fill)[:n]]
         raise OpFailed(f"echo.{op}", f"unknown echo op {op!r}")

@@ -1,0 +1,146 @@
+"""``rgpu bench train``: the nanoGPT-class training step on rgpu beside the same step native, same run.
+
+    rgpu bench train --json      (harness)    python -m rgpu.bench.train --json [--quick] [--profile FILE]
+
+Model: 6 layers, 6 heads, 384 wide, block 256, batch 64, character vocabulary,
+dropout 0, fp32, TF32 as ``RGPU_TF32`` on both sides, AdamW (foreach),
+``loss.item()`` every step; ``--quick`` uses the example's small preset (CI).
+Native = the same model code on this process's own device (CUDA on a GPU
+host, else the CPU). Blocks of steps alternate between the two; each figure
+is the median over blocks, ``spread`` [min, max]. Also: round trips, messages
+and bytes per step, and where an rgpu step's time goes (enqueue vs wait).
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+NANOGPT = Path(__file__).resolve().parents[1] / "examples" / "nanogpt"
+PRESETS = {"bench": dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch=64),
+           "small": dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch=12)}
+
+
+def _setup(device: str, p: dict, vocab: int):
+    import torch
+
+    sys.path.insert(0, str(NANOGPT))
+    from model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=vocab, block_size=p["block_size"], n_layer=p["n_layer"], n_head=p["n_head"],
+                    n_embd=p["n_embd"], dropout=0.0)
+    model = GPT(cfg).to(device)
+    return model, model.configure_optimizer(3e-4)
+
+
+def _step(model, opt, x, y, device, timings=None):
+    t0 = time.perf_counter()
+    _, loss = model(x.to(device), y.to(device))
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    t1 = time.perf_counter()
+    value = loss.item()
+    if timings is not None:
+        timings.append((t1 - t0, time.perf_counter() - t1))
+    return value
+
+
+def rows(args=None, profile: str | None = None) -> list[dict]:
+    import torch
+
+    import rgpu
+    from rgpu import config
+
+    quick = getattr(args, "quick", False)
+    p = PRESETS["small" if quick else "bench"]
+    blocks = 3 if quick else max(3, getattr(args, "repeats", 5) or 5)
+    steps = 5 if quick else 10
+    native = "cuda" if torch.cuda.is_available() else "cpu"
+    tf32 = config.settings().tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
+    vocab = 97
+    gen = torch.Generator().manual_seed(1)
+    batches = [(torch.randint(0, vocab, (p["batch"], p["block_size"]), generator=gen),) * 2 for _ in range(4)]
+    runs = {dev: _setup(dev, p, vocab) for dev in ("rgpu", native)}
+    for dev, (model, opt) in runs.items():  # warm: kernels, allocator, op definitions, meta cache
+        for b in batches[:3]:
+            _step(model, opt, *b, dev)
+    sync = torch.cuda.synchronize if native == "cuda" else (lambda: None)
+    per_step = {dev: [] for dev in runs}
+    for _ in range(blocks):
+        for dev, (model, opt) in runs.items():
+            sync()
+            t0 = time.perf_counter()
+            for i in range(steps):
+                _step(model, opt, *batches[i % 4], dev)
+            per_step[dev].append((time.perf_counter() - t0) / steps * 1e3)
+    model, opt = runs["rgpu"]
+    timings: list = []
+    rgpu.stats(reset=True)
+    for i in range(steps):
+        _step(model, opt, *batches[i % 4], "rgpu", timings)
+    counts = rgpu.stats()
+    if profile:
+        _profile(profile, lambda: [_step(model, opt, *batches[i % 4], "rgpu") for i in range(steps)])
+    med = {dev: statistics.median(v) for dev, v in per_step.items()}
+    size = f"{p['n_layer']}L/{p['n_embd']}w/block {p['block_size']}/batch {p['batch']}"
+    base = f"{native} eager (same host, same code)"
+    t = counts["transport"]
+    enqueue = statistics.median(a for a, _ in timings) * 1e3
+    wait = statistics.median(b for _, b in timings) * 1e3
+
+    def row(metric, unit, value, baseline_name=None, baseline=None, spread=None):
+        return {"bench": "train", "transport": t, "metric": metric, "unit": unit, "size": size, "value": value,
+                "baseline_name": baseline_name, "baseline": baseline,
+                "ratio": value / baseline if baseline else None, "spread": spread}
+
+    return [
+        row("training step", "ms", med["rgpu"], base, med[native], [min(per_step["rgpu"]), max(per_step["rgpu"])]),
+        row("round trips per step", "count", counts["round_trips"] / steps, "expected", 1),
+        row("messages per step", "count", counts["messages"] / steps),
+        row("bytes out per step", "B", counts["bytes_out"] / steps),
+        row("client time to enqueue a step (forward, backward, AdamW)", "ms", enqueue, base + " step", med[native]),
+        row("wait at loss.item()", "ms", wait),
+    ]
+
+
+def _profile(path: str, run) -> None:
+    """cProfile of ``run`` on the client (``path``) and of the same steps in the server's executor (``path.server``)."""
+    import cProfile
+    import pstats
+
+    from rgpu.device_backend import session
+    from rgpu.server.ops.protocol import Msg
+
+    s = session.get()
+    s.post([Msg.PROFILE, "start"])
+    prof = cProfile.Profile()
+    prof.runcall(run)
+    server = s.request([Msg.PROFILE, "stop", 40])
+    with open(path, "w") as f:
+        pstats.Stats(prof, stream=f).sort_stats("tottime").print_stats(40)
+    Path(path + ".server").write_text(server)
+
+
+def main(argv=None) -> int:
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--profile", default=None, help="write a cProfile of rgpu steps (client side) here")
+    args = ap.parse_args(argv)
+    out = rows(args, args.profile)
+    print(json.dumps(out, indent=1) if args.json else "\n".join(
+        f"{r['metric']:58s} {r['value']:10.2f} {r['unit']:5s}" + (
+            f" vs {r['baseline']:8.2f} ({r['baseline_name']})" if r["baseline"] else "") for r in out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
