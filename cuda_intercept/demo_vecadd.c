@@ -6,7 +6,9 @@
  *
  * Kernels (extern "C", compiled to PTX with nvcc -ptx -arch=compute_75): vecAdd, saxpy, noop.
  */
+#define _GNU_SOURCE
 #include <cuda.h>
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -219,7 +221,8 @@ int main(int argc, char **argv) {
         bench(noop, atoi(argv[2]));
     } else {
         if (check(vecadd, saxpy)) return 1;
-        printf("OK device=%s\n", name);
+        Dl_info info;                          /* which libcuda.so.1 answered: proof of who was in front */
+        printf("OK device=%s libcuda=%s\n", name, dladdr((void *)cuInit, &info) ? info.dli_fname : "?");
     }
     CHECK(cuModuleUnload(mod));
     CHECK(cuDevicePrimaryCtxRelease(dev));

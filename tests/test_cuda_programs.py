@@ -92,3 +92,30 @@ def test_the_bench_mode_reports_its_timings_as_json(programs, rgpu_server):
     assert done.returncode == 0, done.stderr
     figures = json.loads(done.stdout.strip().splitlines()[-1])
     assert figures["launches"] == 50 and figures["htod_64mib_ms"] > 0
+
+
+NUMBA_SCRIPT = textwrap.dedent("""
+    import numpy as np
+    from numba import cuda
+    d = cuda.get_current_device()
+    a = np.arange(1000, dtype=np.float32)
+    s = cuda.stream()
+    back = cuda.to_device(a, stream=s).copy_to_host(stream=s)
+    s.synchronize()
+    pinned = cuda.pinned_array(8, dtype=np.float32)
+    pinned[:] = 2
+    print("device", d.name, d.compute_capability, np.array_equal(back, a), cuda.to_device(pinned).copy_to_host().sum())
+""")
+
+
+def test_numba_finds_the_remote_device_and_moves_arrays_both_ways(tmp_path, rgpu_server):
+    try:
+        import numba.cuda  # noqa: F401
+    except ImportError as exc:
+        pytest.skip(f"numba's CUDA target is not installed: {exc}")
+    build_shim_or_skip()
+    script = tmp_path / "numba_arrays.py"
+    script.write_text(NUMBA_SCRIPT)
+    done = run([sys.executable, script], rgpu_server)
+    assert done.returncode == 0, done.stderr
+    assert "device b'rgpu fake device' (9, 0) True 16.0" in done.stdout

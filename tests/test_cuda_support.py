@@ -76,6 +76,7 @@ class Loopback:
         self.stats["messages"] += 1
         self.stats["round_trips"] += 1
         meta, bufs = self.executor.handle(self._wire(meta), [memoryview(bytes(b)) for b in buffers], True)
+        assert all(isinstance(b, memoryview) for b in bufs), "the transport sends memoryviews only"
         bufs = [memoryview(bytes(b)) for b in bufs]
         if reply_into is not None and [v.nbytes for v in reply_into] == [b.nbytes for b in bufs]:
             for dest, src in zip(reply_into, bufs):

@@ -88,10 +88,11 @@ class Executor(BaseExecutor):
         except Exception as exc:
             code, message = self._code(op, exc)
             return [code, message, deferred], []
+        # reply buffers go to the transport as memoryviews (it sends them without a copy)
         if isinstance(value, (bytes, bytearray, memoryview)):
-            return [0, None, deferred], [value]
+            return [0, None, deferred], [memoryview(value)]
         if isinstance(value, list) and value and isinstance(value[0], (bytes, bytearray, memoryview)):
-            return [0, value[1:], deferred], [value[0]]
+            return [0, value[1:], deferred], [memoryview(value[0])]
         return [0, value, deferred], []
 
     def _code(self, op: str, exc: Exception) -> tuple[int, str]:
