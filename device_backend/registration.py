@@ -32,6 +32,9 @@ def register() -> bool:
     _libs.append(lib)
     _patch_printing(torch)
     _placeholder_guard(torch)
+    from . import compile as _compile
+
+    _compile.register_backend()  # torch.compile(backend="rgpu"), registered when dynamo loads
     return True
 
 

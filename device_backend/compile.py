@@ -1,0 +1,340 @@
+"""``torch.compile(model, backend="rgpu")``: graphs shipped to the server once, then one message per call.
+
+Dynamo hands over a graph; aot_autograd turns it into aten forward and backward
+graphs traced on fake tensors. Each is encoded with the op stream's closed
+encoding (ops by the session's integer index, values as in ``encode.py``, no
+pickle) and posted once (``Msg.GRAPH``); the server compiles it (Inductor on a
+GPU, ``mode="reduce-overhead"``: CUDA graphs; interpreted on the CPU). A call
+then mints its output tensors here from the fake trace's metadata and posts one
+``Msg.RUN`` naming its inputs and outputs: nothing waits.
+
+A graph that cannot be shipped (a tensor constant, a non-aten node) runs
+eagerly, op by op, with one warning saying why. Dynamic shapes are compiled per
+concrete shape, so a new shape ships a new graph.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import operator
+import sys
+import warnings
+import weakref
+
+import torch
+
+from rgpu.server.ops.protocol import Msg
+
+from . import session as _session
+from .encode import CODE, Encoder
+
+REGISTRY_MODULE = "torch._dynamo.backends.registry"
+_counts = {"shipped": 0, "eager": 0}
+_live: "weakref.WeakSet[ShippedGraph]" = weakref.WeakSet()
+
+
+class Unshippable(Exception):
+    """Why a graph cannot go to the server as it is."""
+
+
+# ---- registration with dynamo ---------------------------------------------------------------
+
+def register_backend() -> None:
+    """Make ``backend="rgpu"`` known to dynamo: now if its registry is imported, else when it is.
+
+    Why not at once: importing dynamo costs about a second, and ``import rgpu`` must stay cheap.
+    """
+    if REGISTRY_MODULE in sys.modules:
+        _register(sys.modules[REGISTRY_MODULE])
+    elif not any(isinstance(f, _RegistryWatcher) for f in sys.meta_path):
+        sys.meta_path.insert(0, _RegistryWatcher())
+
+
+def _register(registry) -> None:
+    if "rgpu" not in registry._COMPILER_FNS:
+        registry.register_backend(compiler_fn=backend, name="rgpu")
+
+
+class _RegistryWatcher:
+    """A meta-path finder that registers the backend right after dynamo's registry module loads."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != REGISTRY_MODULE:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            _register(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+# ---- the backend ------------------------------------------------------------------------------
+
+def backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = None, options: dict | None = None):
+    """The dynamo backend: aot_autograd with graphs compiled on the server."""
+    if any(_symbolic(x) for x in example_inputs):
+        return PerShape(gm, mode or "default")
+    return _aot(mode or "default")(gm, example_inputs)
+
+
+def _symbolic(x) -> bool:
+    if isinstance(x, torch.SymInt):
+        return True
+    return isinstance(x, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in (*x.shape, *x.stride()))
+
+
+def _aot(mode: str):
+    from functorch.compile import default_partition, min_cut_rematerialization_partition
+    from torch._dynamo.backends.common import aot_autograd
+
+    s = _session.get()
+    compiler = functools.partial(compile_graph, mode=mode)
+    # Why the partitioner follows the server: Inductor fuses what min-cut recomputes; an
+    # interpreter would pay for each recomputed op
+    partition = min_cut_rematerialization_partition if s.kind == "cuda" else default_partition
+    return aot_autograd(fw_compiler=compiler, bw_compiler=compiler, inference_compiler=compiler,
+                        partition_fn=partition, keep_inference_input_mutations=True)
+
+
+class PerShape:
+    """A graph dynamo made dynamic, compiled again for each concrete shape it meets."""
+
+    def __init__(self, gm, mode: str):
+        self.gm, self.mode = gm, mode
+        self.compiled: dict = {}
+
+    def __call__(self, *args):
+        key = tuple((tuple(a.shape), tuple(a.stride()), a.dtype, a.device, a.requires_grad)
+                    if isinstance(a, torch.Tensor) else (type(a), a) for a in args)
+        fn = self.compiled.get(key)
+        if fn is None:
+            fn = self.compiled[key] = _aot(self.mode)(self.gm, list(args))
+        return fn(*args)
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs, mode: str = "default"):
+    """aot_autograd's compiler for one aten graph: shipped, or eager with one warning saying why."""
+    try:
+        g = ShippedGraph(gm, mode)
+    except Unshippable as why:
+        _counts["eager"] += 1
+        warnings.warn(f"rgpu: torch.compile graph runs eagerly, op by op: {why}", stacklevel=2)
+        from functorch.compile import make_boxed_func
+
+        return make_boxed_func(gm.forward)
+    _counts["shipped"] += 1
+    return g
+
+
+def stats() -> dict:
+    """Graphs shipped to the server and graphs left eager, since import."""
+    return {"graphs_shipped": _counts["shipped"], "graphs_eager": _counts["eager"]}
+
+
+def info() -> list[dict]:
+    """For each live shipped graph: how the server runs it (``backend``), any compile error, runs so far."""
+    s = _session.get()
+    return [dict(s.request([Msg.GRAPH_INFO, g.gid]) or {}, graph=g.gid) for g in list(_live) if g.session is s]
+
+
+# ---- one shipped graph ------------------------------------------------------------------------
+
+class _GraphEncoder(Encoder):
+    """The op stream's encoder, plus references to earlier nodes; tensors must be nodes."""
+
+    __slots__ = ("index",)
+
+    def value(self, v):
+        if isinstance(v, torch.fx.Node):
+            return {"n": self.index[v]}
+        if isinstance(v, torch.Tensor):
+            raise Unshippable("a tensor constant in the arguments of a node")
+        if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            raise Unshippable("a symbolic size")
+        if isinstance(v, (list, tuple)) and type(v) not in (list, tuple):
+            v = list(v)  # fx's immutable_list
+        return super().value(v)
+
+
+class ShippedGraph:
+    """An aten graph on the server; calling it posts one ``Msg.RUN`` and returns its outputs at once."""
+
+    _next_id = 1
+
+    def __init__(self, gm: torch.fx.GraphModule, mode: str):
+        s = _session.get()
+        # on the instance, not the class: dynamo's wrappers copy __dict__, and this tells aot_autograd
+        # to pass the inputs as one list (which we clear)
+        self._boxed_call = True
+        self.mode, self.session, self.devtype = mode, None, s.devtype
+        self.gid = ShippedGraph._next_id
+        ShippedGraph._next_id += 1
+        self.wire, self.outs = self._encode(gm, s)
+        self._ship(s)
+        _live.add(self)
+
+    def _encode(self, gm, s):
+        enc = _GraphEncoder(s.C.describe, s.devtype, mixed_ok=True)
+        enc.index = {}
+        n_in, nodes, placeholders, outputs = 0, [], [], None
+        for node in gm.graph.nodes:
+            if node.op == "placeholder":
+                val = node.meta.get("val")
+                if isinstance(val, torch.Tensor) and val.device.type != s.devtype and val.dim() > 0:
+                    raise Unshippable(f"input {node.name} is a {val.device.type} tensor")
+                enc.index[node] = n_in
+                placeholders.append(val)
+                n_in += 1
+            elif node.op == "call_function":
+                enc.index[node] = n_in + len(nodes)
+                nodes.append(self._node(node, enc, s))
+            elif node.op == "output":
+                outputs = node.args[0]
+            elif node.op == "get_attr":
+                raise Unshippable(f"a constant the graph holds ({node.target})")
+            else:
+                raise Unshippable(f"a {node.op} node ({node.target})")
+        outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+        wire_outs = [enc.index[o] if isinstance(o, torch.fx.Node) and o.op != "placeholder" else None
+                     for o in outputs]
+        wire = {"inputs": n_in, "nodes": nodes, "outputs": wire_outs}
+        return wire, _output_specs(outputs, placeholders, s.devtype)
+
+    @staticmethod
+    def _node(node, enc, s) -> list:
+        target = node.target
+        if target is operator.getitem:
+            src, item = node.args
+            if not isinstance(src, torch.fx.Node) or type(item) is not int:
+                raise Unshippable(f"an item of a non-node ({node.name})")
+            return [0, enc.index[src], item]
+        if not isinstance(target, torch._ops.OpOverload):
+            raise Unshippable(f"a node that is not an aten op ({node.name}: {target})")
+        if target.namespace != "aten":
+            raise Unshippable(f"an op outside aten ({target})")
+        return [s._index(target), enc.value(list(node.args)), enc.kwargs(dict(node.kwargs))]
+
+    def _ship(self, s) -> None:
+        s.post([Msg.GRAPH, self.gid, {"mode": self.mode}, self.wire])
+        self.session = s
+        weakref.finalize(self, _free, weakref.ref(s), self.gid)
+
+    def __call__(self, args: list):
+        s = _session.current()
+        if s is not self.session:  # a new session (a new server): ship again
+            self._ship(_session.get())
+            s = self.session
+        describe, devtype = s.C.describe, self.devtype
+        ins = [describe(a) if isinstance(a, torch.Tensor) and a.device.type == devtype else _value(a) for a in args]
+        results, outs = [], []
+        for spec in self.outs:
+            kind = spec[0]
+            if kind == "new":
+                t = torch.empty_strided(spec[2], spec[3], dtype=spec[1], device=spec[4])
+                outs.append(describe(t))
+            elif kind == "base":  # a storage other outputs view: made whole, then viewed
+                base = torch.empty(spec[5], dtype=torch.uint8, device=spec[4])
+                t = s.C.alias(base, CODE[spec[1]], spec[2], spec[3], spec[6])
+                outs.append(describe(t))
+            else:
+                outs.append(None)
+                if kind == "input":
+                    t = args[spec[1]]
+                elif kind == "alias_in":
+                    t = s.C.alias(args[spec[1]], CODE[spec[2]], spec[3], spec[4], spec[5])
+                elif kind == "alias_out":
+                    t = s.C.alias(results[spec[1]], CODE[spec[2]], spec[3], spec[4], spec[5])
+                else:
+                    t = spec[1]
+            results.append(t)
+        with s.lock:
+            s.conn.post([Msg.RUN, s.C.drain_events(), self.gid, ins, outs])
+        args.clear()
+        return results
+
+
+def _value(a):
+    if isinstance(a, torch.Tensor):
+        if a.device.type == "cpu" and a.dim() == 0:
+            return {"s": [CODE[a.dtype], a.item()]}
+        raise RuntimeError(f"rgpu: a compiled graph got a {a.device} tensor where it was traced with rgpu")
+    if isinstance(a, (bool, int, float)) or a is None:
+        return a
+    raise RuntimeError(f"rgpu: a compiled graph got an input of type {type(a).__name__}")
+
+
+def _output_specs(outputs, placeholders, devtype) -> list:
+    """How each output is made at a call, from the fake trace: fresh, an input, a view of one, or a value."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    def key(v):
+        return StorageWeakRef(v.untyped_storage())
+
+    inputs = {key(v): j for j, v in enumerate(placeholders) if isinstance(v, torch.Tensor)}
+    vals = [o.meta.get("val") if isinstance(o, torch.fx.Node) else o for o in outputs]
+    shared: dict = {}
+    for v in vals:
+        if isinstance(v, torch.Tensor) and key(v) not in inputs:
+            shared[key(v)] = shared.get(key(v), 0) + 1
+    owner: dict = {}
+    specs = []
+    for k, (o, v) in enumerate(zip(outputs, vals)):
+        if isinstance(o, torch.fx.Node) and o.op == "placeholder":
+            specs.append(("input", _placeholder_index(o)))
+            continue
+        if not isinstance(v, torch.Tensor):
+            if isinstance(o, torch.fx.Node) and not isinstance(v, (int, float, bool, type(None))):
+                raise Unshippable(f"output {o.name} has no static value")
+            specs.append(("value", v))
+            continue
+        geometry = (v.dtype, tuple(v.shape), tuple(v.stride()), v.storage_offset())
+        if key(v) in inputs:
+            specs.append(("alias_in", inputs[key(v)], *geometry))
+        elif key(v) in owner:
+            specs.append(("alias_out", owner[key(v)], *geometry))
+        elif shared[key(v)] > 1 or v.storage_offset() or v.untyped_storage().nbytes() != _extent(v):
+            owner[key(v)] = k
+            specs.append(("base", v.dtype, tuple(v.shape), tuple(v.stride()), _device(v, devtype),
+                          v.untyped_storage().nbytes(), v.storage_offset()))
+        else:
+            owner[key(v)] = k
+            specs.append(("new", v.dtype, tuple(v.shape), tuple(v.stride()), _device(v, devtype)))
+    return specs
+
+
+def _placeholder_index(node) -> int:
+    i = 0
+    for n in node.graph.nodes:
+        if n is node:
+            return i
+        if n.op == "placeholder":
+            i += 1
+    raise AssertionError("not a placeholder of its graph")
+
+
+def _extent(v: torch.Tensor) -> int:
+    if v.numel() == 0:
+        return 0
+    return (1 + sum((d - 1) * st for d, st in zip(v.shape, v.stride()))) * v.element_size()
+
+
+def _device(v: torch.Tensor, devtype: str) -> torch.device:
+    if v.device.type != devtype:
+        raise Unshippable(f"an output on {v.device}")
+    return torch.device(devtype, v.device.index or 0)
+
+
+def _free(session_ref, gid: int) -> None:
+    s = session_ref()
+    if s is not None and s is _session.current():
+        try:
+            s.post([Msg.GRAPH_FREE, gid])
+        except Exception:  # the connection may be closing at exit
+            pass
