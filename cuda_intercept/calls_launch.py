@@ -6,6 +6,8 @@ the layout the server read with cuFuncGetParamInfo, the same packing C does.
 """
 from __future__ import annotations
 
+import struct
+
 from . import client
 from .calls_code import layout
 from .calls_device import handle
@@ -83,3 +85,12 @@ def cu_launch_kernel_ex(config, f, kernel_params, extra):
 @implements("cuLaunchKernelEx_ptsz")
 def cu_launch_kernel_ex_ptsz(config, f, kernel_params, extra):
     return _launch_ex(config, f, kernel_params, extra, 0x2)   # NULL: the per-thread default stream
+
+
+# CUlaunchAttribute {CU_LAUNCH_ATTRIBUTE_COOPERATIVE = 2, pad, value.cooperative = 1}: 72 bytes
+COOPERATIVE = struct.pack("<I4xi60x", 2, 1)
+
+
+@implements("cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel_ptsz", stream=8)
+def cu_launch_cooperative_kernel(f, gx, gy, gz, bx, by, bz, shared, stream, kernel_params):
+    return launch(f, (gx, gy, gz), (bx, by, bz), shared, stream, kernel_params, client.get().ffi.NULL, [COOPERATIVE])

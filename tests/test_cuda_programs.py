@@ -119,3 +119,28 @@ def test_numba_finds_the_remote_device_and_moves_arrays_both_ways(tmp_path, rgpu
     done = run([sys.executable, script], rgpu_server)
     assert done.returncode == 0, done.stderr
     assert "device b'rgpu fake device' (9, 0) True 16.0" in done.stdout
+
+
+FINALISED = textwrap.dedent("""
+    import ctypes, sys
+    sys.path.insert(0, {tests!r})
+    from test_cuda_support import shim_in_process
+    from rgpu.cuda_intercept import client, embed
+    lib = shim_in_process()
+    d = ctypes.c_uint64()
+    embed._at_exit(client.get())                 # what interpreter exit runs
+    import rgpu.cuda_intercept.registry as r
+    r.IMPLS.clear()                              # were Python entered now, it would say so
+    print("free", lib.cuMemFree_v2(ctypes.c_uint64(0x1234)), "alloc", lib.cuMemAlloc_v2(ctypes.byref(d),
+          ctypes.c_size_t(64)), "name", lib.cuGetErrorName(1, ctypes.byref(ctypes.c_char_p())))
+""")
+
+
+def test_calls_after_python_has_finalised_are_answered_in_c(tmp_path):
+    build_shim_or_skip()
+    script = tmp_path / "finalised.py"
+    script.write_text(FINALISED.format(tests=str(VECADD_C.parent.parent / "tests")))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=clean_env())
+    assert done.returncode == 0, done.stderr
+    assert "free 0 alloc 4 name 0" in done.stdout        # release: success; anything else: DEINITIALIZED
+    assert "not implemented" not in done.stderr

@@ -259,3 +259,48 @@ def test_the_library_api_loads_kernels_that_launch(cu):
     da, dc = upload(cu, a), alloc(cu, 4 * n)
     assert launch(cu, k, n, u64(da), u64(da), u64(dc), c_int(n)) == 0         # a CUkernel launches as a function
     assert np.array_equal(download(cu, dc, a), 2 * a)
+
+
+def test_launches_beyond_the_c_queue_limit_are_posted_in_several_batches(cu, kernels):
+    from rgpu.cuda_intercept import client
+    conn = client.get().conn
+    posts, trips = conn.stats["posts"], conn.stats["round_trips"]
+    for _ in range(5000):                       # 64-byte records: 256 KiB fills at 4096
+        assert cu.cuLaunchKernel(kernels["noop"], 1, 1, 1, 32, 1, 1, 0, None, None, None) == 0
+    assert cu.cuCtxSynchronize() == 0
+    assert conn.stats["posts"] - posts >= 2 and conn.stats["round_trips"] == trips + 1
+
+
+def test_python_is_entered_with_the_garbage_collector_held_off():
+    import gc
+    from rgpu.cuda_intercept import registry
+    seen = []
+    registry.IMPLS["_test_gc_probe"] = lambda: seen.append(gc.isenabled()) or 0
+    try:
+        assert registry.handler("_test_gc_probe")() == 0
+    finally:
+        del registry.IMPLS["_test_gc_probe"]
+    assert seen == [False] and gc.isenabled()
+
+
+def test_an_exception_inside_an_implementation_is_an_error_code_never_success():
+    from rgpu.cuda_intercept import registry
+    registry.IMPLS["_test_boom"] = lambda: 1 / 0
+    try:
+        assert registry.handler("_test_boom")() == 999           # CUDA_ERROR_UNKNOWN, traceback logged
+    finally:
+        del registry.IMPLS["_test_boom"]
+
+
+def test_the_coverage_page_is_what_the_generator_writes():
+    from pathlib import Path
+    from rgpu.cuda_intercept.coverage import markdown
+    page = Path(__file__).resolve().parent.parent / "docs" / "cuda_coverage.md"
+    assert page.read_text() == markdown(), "run: rgpu intercept coverage --out docs/cuda_coverage.md"
+
+
+def test_every_queued_or_synchronising_call_has_an_implementation():
+    from rgpu.cuda_intercept.annotations import QUEUED, SYNCHRONISING, base_of
+    from rgpu.cuda_intercept.registry import IMPLS
+    implemented = {base_of(n) for n in IMPLS}
+    assert (QUEUED | SYNCHRONISING) - implemented == set()
