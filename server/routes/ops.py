@@ -69,7 +69,9 @@ class Executor(BaseExecutor):
                          Msg.GRAPH_FREE: self.graphs.free, Msg.GRAPH_INFO: self.graphs.info,
                          Msg.DEFINE: self._define, Msg.OP: self._op, Msg.CALL: self._call,
                          Msg.UPLOAD: self._upload, Msg.DOWNLOAD: self._download, Msg.EVENTS: self._events,
-                         Msg.SEED: self._seed, Msg.SYNC: self._sync, Msg.MEMORY: self._memory}
+                         Msg.SEED: self._seed, Msg.SYNC: self._sync, Msg.MEMORY: self._memory,
+                         Msg.PROFILE: self._profile}
+        self.profiler = None
 
     def welcome(self) -> dict:
         return {"device": self.kind, "device_count": len(self.names), "names": self.names,
@@ -130,19 +132,20 @@ class Executor(BaseExecutor):
         return None
 
     def _bind(self, results, outs, dec: Decoder) -> None:
-        taken = {t.untyped_storage().data_ptr() for t in dec.inputs}
+        taken = set(dec.inputs)
         for value, desc in zip(results, outs):
             if desc is None:
                 continue
             sid, nbytes, code, size, stride, offset, dev = desc
             t = value
+            storage = t.untyped_storage()
             if (t.dtype is not DTYPE_BY_CODE[code] or list(t.shape) != size or list(t.stride()) != stride
-                    or t.storage_offset() != offset or t.untyped_storage().data_ptr() in taken):
+                    or t.storage_offset() != offset or storage.data_ptr() in taken):
                 # the kernel's layout differs from the meta kernel's (or it returned an input): copy
                 fixed = torch.empty(0, dtype=DTYPE_BY_CODE[code], device=t.device)
                 fixed.set_(torch.empty(nbytes, dtype=torch.uint8, device=t.device).untyped_storage(), offset, size, stride)
-                t = fixed.copy_(t)
-            self.table.bind(sid, t.untyped_storage(), dev)
+                storage = fixed.copy_(t).untyped_storage()
+            self.table.bind(sid, storage, dev)
 
     def _poison(self, r, args, kwargs, outs, cause: Poisoned) -> None:
         written = [d for d in outs or () if d is not None]
@@ -164,7 +167,7 @@ class Executor(BaseExecutor):
         except Exception as exc:
             raise OpFailed(r.name, f"{type(exc).__name__}: {exc}") from None
         ids = iter(range(first_id, first_id + 1_000_000))
-        taken = {t.untyped_storage().data_ptr() for t in dec.inputs}
+        taken = set(dec.inputs)
 
         def bind(t: torch.Tensor):
             if t.untyped_storage().data_ptr() in taken:
@@ -223,3 +226,21 @@ class Executor(BaseExecutor):
             device = self.table.device(dev)
             return [torch.cuda.memory_allocated(device), torch.cuda.max_memory_allocated(device)], []
         return [self.table.allocated[dev], self.table.peak[dev]], []
+
+    def _profile(self, meta, buffers):
+        """Where this session's server time goes (``rgpu bench train --profile``)."""
+        import cProfile
+        import io
+        import pstats
+
+        if meta[1] == "start":
+            self.profiler = cProfile.Profile()
+            self.profiler.enable()
+            return None
+        if self.profiler is None:
+            return "", []
+        self.profiler.disable()
+        text = io.StringIO()
+        pstats.Stats(self.profiler, stream=text).sort_stats("tottime").print_stats(int(meta[2]))
+        self.profiler = None
+        return text.getvalue(), []
