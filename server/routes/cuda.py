@@ -17,6 +17,8 @@ from __future__ import annotations
 import logging
 import struct
 
+import numpy as np
+
 from rgpu.server.cuda_driver import open_driver
 from rgpu.server.cuda_driver.base import CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_UNKNOWN, CudaDriverError
 
@@ -111,15 +113,22 @@ class Executor(BaseExecutor):
     def _launches(self, records: memoryview) -> None:
         """Run a batch of launch records; a failing one is deferred and the rest still run, as on a GPU."""
         pos, end = 0, records.nbytes
+        # the real driver takes each record's packed arguments where they lie (no slicing, no copy)
+        launch_at = getattr(self.driver, "launch_at", None)
+        base = np.frombuffer(records, dtype=np.uint8).ctypes.data if launch_at and end else 0
         launch = self.driver.launch
         while pos + LAUNCH.size <= end:
             size, kind, func, ctx, stream, gx, gy, gz, bx, by, bz, shared, nargs = LAUNCH.unpack_from(records, pos)
-            if size < LAUNCH.size or pos + size > end or kind != LAUNCH_KIND:
+            if size < LAUNCH.size + nargs or pos + size > end or kind != LAUNCH_KIND:
                 raise OpFailed("launches", f"malformed launch record at byte {pos}")
             try:
-                self._enter(ctx)
-                launch(func, (gx, gy, gz), (bx, by, bz), shared, stream, None,
-                       records[pos + LAUNCH.size:pos + LAUNCH.size + nargs])
+                if ctx != self.current:
+                    self._enter(ctx)
+                if launch_at:
+                    launch_at(func, gx, gy, gz, bx, by, bz, shared, stream, base + pos + LAUNCH.size, nargs)
+                else:
+                    launch(func, (gx, gy, gz), (bx, by, bz), shared, stream, None,
+                           records[pos + LAUNCH.size:pos + LAUNCH.size + nargs])
             except Exception as exc:
                 self._defer("cuLaunchKernel", exc)
             pos += size
