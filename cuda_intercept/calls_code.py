@@ -368,3 +368,22 @@ def cu_link_destroy(state):
     LINKS.pop(h, None)
     client.get().call("link_destroy", h)
     return CUDA_SUCCESS
+
+
+@implements("cuFuncIsLoaded")
+def cu_func_is_loaded(pstate, f):
+    layout(f)
+    pstate[0] = 1                        # CU_FUNCTION_LOADING_STATE_LOADED: modules load eagerly
+    return CUDA_SUCCESS
+
+
+@implements("cuFuncLoad")
+def cu_func_load(f):
+    layout(f)
+    return CUDA_SUCCESS
+
+
+@implements("cuKernelGetLibrary")
+def cu_kernel_get_library(plib, kernel):
+    plib[0] = client.get().ffi.cast("CUlibrary", layout(kernel)["module"])
+    return CUDA_SUCCESS

@@ -264,3 +264,44 @@ def cu_ctx_get_stream_priority_range(least, greatest):
     if greatest != c.ffi.NULL:
         greatest[0] = hi
     return CUDA_SUCCESS
+
+
+# ---- small queries answered here ------------------------------------------------------------
+_CTX_IDS: dict[int, int] = {}
+
+
+@implements("cuCtxGetDevice_v2")
+def cu_ctx_get_device_v2(pdev, ctx):
+    c = client.get()
+    h = handle(c.ffi, ctx) or c.ctx()
+    dev = c.lib.rgpu_ctx_device(h) if h else -1
+    if dev < 0:
+        return CUDA_ERROR_INVALID_CONTEXT
+    pdev[0] = dev
+    return CUDA_SUCCESS
+
+
+@implements("cuCtxSynchronize_v2")
+def cu_ctx_synchronize_v2(ctx):
+    c = client.get()
+    h = handle(c.ffi, ctx) or c.ctx()
+    if not h:
+        return CUDA_ERROR_INVALID_CONTEXT
+    c.call("ctx_synchronize", sync=True, ctx=h)
+    return CUDA_SUCCESS
+
+
+@implements("cuCtxGetId")
+def cu_ctx_get_id(ctx, pid):
+    c = client.get()
+    h = handle(c.ffi, ctx) or c.ctx()
+    if not h:
+        return CUDA_ERROR_INVALID_CONTEXT
+    pid[0] = _CTX_IDS.setdefault(h, len(_CTX_IDS) + 1)
+    return CUDA_SUCCESS
+
+
+@implements("cuModuleGetLoadingMode")
+def cu_module_get_loading_mode(mode):
+    mode[0] = 1                          # CU_MODULE_EAGER_LOADING: the server loads a module whole
+    return CUDA_SUCCESS

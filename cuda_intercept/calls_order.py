@@ -191,3 +191,28 @@ def cu_graph_destroy(graph):
         raise CudaCallError(CUDA_ERROR_INVALID_VALUE)
     client.get().post("graph_destroy", h(graph))
     return CUDA_SUCCESS
+
+
+@implements("cuStreamGetId", "cuStreamGetId_ptsz", stream=0)
+def cu_stream_get_id(stream, pid):
+    pid[0] = h(stream)                   # unique while the stream lives, as the driver's ids are
+    return CUDA_SUCCESS
+
+
+@implements("cuStreamGetCtx_v2", "cuStreamGetCtx_v2_ptsz", stream=0)
+def cu_stream_get_ctx_v2(stream, pctx, pgreen):
+    c = client.get()
+    pctx[0] = c.ffi.cast("CUcontext", STREAM_CTX.get(h(stream), c.ctx()))
+    if pgreen != c.ffi.NULL:
+        pgreen[0] = c.ffi.NULL
+    return CUDA_SUCCESS
+
+
+@implements("cuStreamGetDevice", "cuStreamGetDevice_ptsz", stream=0)
+def cu_stream_get_device(stream, pdev):
+    c = client.get()
+    dev = c.lib.rgpu_ctx_device(STREAM_CTX.get(h(stream), c.ctx()))
+    if dev < 0:
+        raise CudaCallError(201)
+    pdev[0] = dev
+    return CUDA_SUCCESS

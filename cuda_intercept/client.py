@@ -93,21 +93,22 @@ class Client:
         finally:
             self.lib.rgpu_queue_free(q)
 
-    def post(self, op: str, *args, buffers=()) -> None:
+    def post(self, op: str, *args, buffers=(), ctx: int | None = None) -> None:
         conn = self.connection()
         with self.lock:
             self.drain()
-            conn.post([op, self.ctx(), *args], buffers)
+            conn.post([op, self.ctx() if ctx is None else ctx, *args], buffers)
 
-    def call(self, op: str, *args, buffers=(), into=None, sync: bool = False):
+    def call(self, op: str, *args, buffers=(), into=None, sync: bool = False, ctx: int | None = None):
         """Run ``op`` and wait: returns (value, reply buffers); raises CudaCallError for a failed call.
 
         ``sync``: this call synchronises, so an earlier posted failure is its result.
+        ``ctx``: the context to run it in (default: the calling thread's current one).
         """
         conn = self.connection()
         with self.lock:
             self.drain()
-            fut = conn.request([op, self.ctx(), *args], buffers, reply_into=into)
+            fut = conn.request([op, self.ctx() if ctx is None else ctx, *args], buffers, reply_into=into)
         reply = fut.result()
         code, value, deferred = reply.meta
         bufs = reply.buffers

@@ -69,6 +69,8 @@ class Executor(BaseExecutor):
         if op not in OPS:
             raise CudaDriverError(CUDA_ERROR_INVALID_VALUE, f"unknown cuda route op {op!r}")
         self._enter(ctx)
+        if op in ("ctx_destroy", "primary_ctx_release", "primary_ctx_reset"):
+            self.current = None     # the driver may have popped or dropped the current context
         return getattr(self.driver, op)(*args, *buffers)
 
     def handle(self, meta, buffers, reply):
