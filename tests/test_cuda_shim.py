@@ -304,3 +304,33 @@ def test_every_queued_or_synchronising_call_has_an_implementation():
     from rgpu.cuda_intercept.registry import IMPLS
     implemented = {base_of(n) for n in IMPLS}
     assert (QUEUED | SYNCHRONISING) - implemented == set()
+
+
+def test_threads_keep_their_own_current_context_and_their_results(cu, kernels):
+    import threading
+    errors, n = [], 4096
+
+    def work(k):
+        try:
+            own = c_void_p()
+            assert cu.cuCtxSetCurrent(cu.ctx) == 0          # a new thread starts with no context
+            assert cu.cuCtxCreate_v2(byref(own), 0, 0) == 0
+            cur = c_void_p()
+            assert cu.cuCtxGetCurrent(byref(cur)) == 0 and cur.value == own.value
+            assert cu.cuCtxSetCurrent(cu.ctx) == 0          # kernels were loaded in the primary context
+            a = np.full(n, k, np.float32)
+            for _ in range(20):
+                da, dc = upload(cu, a), alloc(cu, 4 * n)
+                assert launch(cu, kernels["vecAdd"], n, u64(da), u64(da), u64(dc), c_int(n)) == 0
+                assert np.all(download(cu, dc, a) == 2 * k)
+                assert cu.cuMemFree_v2(u64(da)) == 0 and cu.cuMemFree_v2(u64(dc)) == 0
+            assert cu.cuCtxDestroy_v2(own) == 0
+        except AssertionError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in (1, 2, 3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
