@@ -40,4 +40,8 @@ def connect(route: str, *, settings=None, server: str | None = None, token: str 
         transport.close()
         raise
     sock.settimeout(None)
+    if s.sim_rtt_ms > 0:  # RGPU_SIM_RTT_MS: a delay line for tests and benchmarks, after the handshake
+        from .delay import DelayTransport
+
+        transport = DelayTransport(transport, s.sim_rtt_ms / 1000.0)
     return Connection(transport, s, welcome, limits)
