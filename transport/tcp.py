@@ -13,6 +13,7 @@ from .buffers import BufferPool
 from .wire import Frame, Limits
 
 IOV_MAX = 1024  # sendmsg's limit on parts per call on Linux
+TLS_JOIN_BYTES = 64 << 10  # TLS: parts smaller than this are joined into one write
 
 
 def tune(sock: socket.socket) -> None:
@@ -39,13 +40,28 @@ class TcpTransport(Transport):
 
     def send(self, parts: Sequence[memoryview]) -> None:
         try:
-            if self._tls:  # SSLSocket has no sendmsg: each part is copied into the TLS record
-                for p in parts:
-                    self.sock.sendall(p)
+            if self._tls:
+                self._send_tls(parts)
                 return
             self._sendmsg_all(parts)
         except OSError as exc:
             raise translate_os_error(exc, where="sending") from None
+
+    def _send_tls(self, parts: Sequence) -> None:
+        # SSLSocket has no sendmsg and copies every byte into its records anyway; small parts are
+        # joined first, since one SSL_write each means one record and one syscall each (posts: 2x)
+        pending = bytearray()
+        for p in parts:
+            small = memoryview(p).nbytes < TLS_JOIN_BYTES
+            if small:
+                pending += p
+            if pending and (not small or len(pending) >= TLS_JOIN_BYTES):
+                self.sock.sendall(pending)
+                pending = bytearray()
+            if not small:
+                self.sock.sendall(p)
+        if pending:
+            self.sock.sendall(pending)
 
     def _sendmsg_all(self, parts: Sequence) -> None:
         pending = [memoryview(p).cast("B") for p in parts if len(p)]
