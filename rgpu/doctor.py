@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib.util
 import ipaddress
 import json
+import logging
+import re
 import statistics
 import sys
 import time
@@ -38,6 +40,7 @@ class Context:
         self.s = settings
         self.address = settings.server_address()
         self.conn = None
+        self.transport_why: str | None = None
 
 
 # ---- the checks, in order -----------------------------------------------------------------
@@ -69,8 +72,14 @@ def check_server(ctx: Context) -> Check:
 def check_auth(ctx: Context) -> Check:
     from rgpu.transport.client import connect
 
+    heard = _Heard()
+    logger = logging.getLogger("rgpu.transport")   # the negotiation logs why auto chose what it chose
+    level = logger.level
+    logger.addHandler(heard)
+    logger.setLevel(logging.INFO)
     try:
         ctx.conn = connect("echo", settings=ctx.s)
+        ctx.transport_why = heard.why
     except AuthenticationError as exc:
         if "TLS" in str(exc):
             fix = ("pin the fingerprint the server printed at start (RGPU_TLS_FINGERPRINT) or trust its CA "
@@ -85,7 +94,23 @@ def check_auth(ctx: Context) -> Check:
         return Check("auth", "fail", str(exc), "make the client's RGPU_TLS settings match the server's --tls")
     except RgpuError as exc:
         return Check("auth", "fail", f"{type(exc).__name__}: {exc}", "see the server's log for why it refused")
+    finally:
+        logger.removeHandler(heard)
+        logger.setLevel(level)
     return Check("auth", "ok", "both ends proved they hold the same token (mutual HMAC); the token never crossed")
+
+
+class _Heard(logging.Handler):
+    """Keeps the reason in a ``chose NAME (why)`` log line."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.why = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        m = re.search(r"chose \S+ \((.*)\)$", record.getMessage())
+        if m:
+            self.why = m.group(1)
 
 
 def _torch_version() -> str | None:
@@ -109,7 +134,8 @@ def check_versions(ctx: Context) -> Check:
               f"torch {mine['torch'] or 'absent'} here, {theirs.get('torch') or 'not loaded'} there; "
               f"python {mine['python']} here, {theirs.get('python', '?')} there")
     if theirs.get("rgpu") != mine["rgpu"]:
-        return Check("versions", "fail", detail, f"install rgpu {mine['rgpu']} on the server (or this version here)", data)
+        return Check("versions", "fail", detail,
+                     f"install rgpu {mine['rgpu']} on the server (or the server's version here)", data)
     a, b = mine["torch"], theirs.get("torch")
     if a and b and a.split("+")[0].split(".")[:2] != b.split("+")[0].split(".")[:2]:
         return Check("versions", "warn", detail, f"the device route expects one torch: install torch {b.split('+')[0]} "
@@ -123,8 +149,8 @@ def check_transport(ctx: Context) -> Check:
     conn, s = ctx.conn, ctx.s
     chosen = conn.transport_name
     offered = conn.welcome.get("transports") or []
-    why = getattr(conn, "transport_reason", None)   # the negotiation may say why it picked what it did
-    if why is None:
+    why = getattr(conn, "transport_reason", None) or ctx.transport_why
+    if not why:
         why = ("the only one this client offers" if chosen == "tcp" and s.transport in ("auto", "tcp")
                else f"RGPU_TRANSPORT={s.transport}")
     detail = f"{chosen}: {why}; RGPU_TRANSPORT={s.transport}; the server offers {', '.join(offered) or 'tcp'}"
@@ -216,6 +242,10 @@ def _loopback(host: str) -> bool:
 
 def check_tls(ctx: Context) -> Check:
     transport = ctx.conn.transport
+    if transport.name == "shm":
+        during = "; the handshake before it ran over TLS" if ctx.s.tls or ctx.s.tls_fingerprint or ctx.s.tls_ca else ""
+        return Check("tls", "ok", f"not needed: shm moves the bytes through memory on this host{during}",
+                     data={"tls": False, "transport": "shm"})
     if getattr(transport, "tls", False):
         sock = transport.sock
         from rgpu.transport.tls import fingerprint

@@ -107,7 +107,8 @@ def run_session(sock: socket.socket, d: dict) -> None:
     try:
         sock = tls.accept(sock, d.get("tls"))  # TLS state cannot cross processes: the worker does the TLS handshake
     except RgpuError as exc:  # a bare connect-and-close (a port check) is not worth a warning
-        (log.debug if isinstance(exc, ConnectionLost) else log.warning)("connection from %s refused: %s", d.get("peer"), exc)
+        say = log.debug if isinstance(exc, ConnectionLost) else log.warning
+        say("connection from %s refused: %s", d.get("peer"), exc)
         sock.close()
         return
     transport = TcpTransport(sock)

@@ -30,7 +30,7 @@ def test_a_healthy_server_passes_every_check_and_json_says_so(rgpu_server):
     assert checks["speed"]["data"]["rtt_us"] > 0 and checks["speed"]["data"]["upload_GBps"] > 0
     assert checks["transport"]["data"]["chosen"] in ("tcp", "shm", "ucx")
     assert checks["devices"]["data"]["devices"]
-    assert "loopback" in checks["tls"]["detail"]
+    assert "loopback" in checks["tls"]["detail"] or "shm" in checks["tls"]["detail"]
 
 
 def test_no_server_fails_the_first_check_skips_the_rest_and_says_how_to_start_one():
@@ -54,7 +54,7 @@ def test_tls_state_is_reported_pinned_and_a_plain_client_of_a_tls_server_is_told
     server = start_server("--tls")
     wait_until(lambda: "RGPU_TLS_FINGERPRINT=" in server.stdout, what="the fingerprint line")
     fp = re.search(r"RGPU_TLS_FINGERPRINT=(\S+)", server.stdout).group(1)
-    results = by_name(doctor.run_checks(server.settings(tls_fingerprint=fp)))
+    results = by_name(doctor.run_checks(server.settings(tls_fingerprint=fp, transport="tcp")))  # shm needs no TLS
     assert results["tls"].status == "ok" and "pinned" in results["tls"].detail and fp in results["tls"].detail
     plain = by_name(doctor.run_checks(server.settings()))
     assert plain["auth"].status == "fail" and "requires TLS" in plain["auth"].detail
@@ -63,7 +63,7 @@ def test_tls_state_is_reported_pinned_and_a_plain_client_of_a_tls_server_is_told
 def test_plain_tcp_to_another_host_is_a_warning_not_a_failure():
     class Conn:
         class transport:
-            tls = False
+            name, tls = "tcp", False
 
     ctx = doctor.Context(doctor.config.settings(environ={}, server="10.1.2.3:9713"))
     ctx.conn = Conn()

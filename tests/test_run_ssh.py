@@ -16,15 +16,16 @@ from conftest import RunningServer, clean_env, wait_until
 
 SSHD = shutil.which("sshd") or next((p for p in ("/usr/sbin/sshd", "/usr/local/sbin/sshd") if os.path.exists(p)), None)
 needs_sshd = pytest.mark.skipif(SSHD is None or shutil.which("ssh") is None or shutil.which("ssh-keygen") is None,
-                                reason="OpenSSH (sshd, ssh, ssh-keygen) is not installed: apt-get install openssh-server")
+                                reason="OpenSSH (sshd, ssh, ssh-keygen) is not installed: "
+                                       "apt-get install openssh-server openssh-client")
 
 SCRIPT = """
 import os, sys
 from rgpu.transport.client import connect
 conn = connect("echo")
 reply = conn.call({"op": "echo"}, [b"through the tunnel"])
-print("child:", os.environ["RGPU_SERVER"], bytes(reply.buffers[0]).decode(), "tls" if conn.transport.tls else "plain",
-      flush=True)
+tls = getattr(conn.transport, "tls", False)
+print("child:", os.environ["RGPU_SERVER"], bytes(reply.buffers[0]).decode(), "tls" if tls else "plain", flush=True)
 conn.close()
 if len(sys.argv) > 1 and sys.argv[1] == "sleep":
     print("ready", flush=True)
@@ -123,12 +124,17 @@ def script(tmp_path) -> Path:
     return path
 
 
+def run_env(**extra) -> dict:
+    """No RGPU_* of the caller, no ssh-agent; tcp, as between two hosts (here both ends could share memory)."""
+    env = clean_env(RGPU_TRANSPORT="tcp", **extra)
+    env.pop("SSH_AUTH_SOCK", None)
+    return env
+
+
 def rgpu_run(*args, env=None, timeout=120) -> subprocess.CompletedProcess:
     """``rgpu run ...``; the timeout only guards against a hang, it measures nothing."""
-    run_env = clean_env(**(env or {}))
-    run_env.pop("SSH_AUTH_SOCK", None)
     return subprocess.run([sys.executable, "-m", "rgpu", "run", *map(str, args)], capture_output=True, text=True,
-                          env=run_env, stdin=subprocess.DEVNULL, timeout=timeout)
+                          env=run_env(**(env or {})), stdin=subprocess.DEVNULL, timeout=timeout)
 
 
 def processes_mentioning(*needles: str) -> list[str]:
@@ -200,11 +206,10 @@ def test_start_server_starts_rgpu_serve_there_and_stops_it_after(sshd, script, t
 
 @needs_sshd
 def test_ctrl_c_reaches_the_command_and_everything_is_torn_down(sshd, remote_server, script):
-    env = clean_env()
-    env.pop("SSH_AUTH_SOCK", None)
-    proc = subprocess.Popen([sys.executable, "-m", "rgpu", "run", *sshd.args(), "--remote-port", str(remote_server.port),
-                             "--remote-token-file", str(remote_server.token_file), "--", str(script), "sleep"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "rgpu", "run", *sshd.args(), "--remote-port",
+                             str(remote_server.port), "--remote-token-file", str(remote_server.token_file),
+                             "--", str(script), "sleep"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=run_env(),
                             stdin=subprocess.DEVNULL, start_new_session=True)
     try:
         for line in proc.stdout:

@@ -58,7 +58,8 @@ def tls_server(tmp_path_factory):
 
 
 def test_a_pinned_client_runs_calls_over_tls_large_buffers_included(tls_server):
-    conn = connect("echo", settings=tls_server.settings(tls_fingerprint=fingerprint_printed(tls_server)))
+    pin = fingerprint_printed(tls_server)
+    conn = connect("echo", settings=tls_server.settings(tls_fingerprint=pin, transport="tcp"))  # shm needs no TLS
     try:
         assert conn.transport.tls and conn.transport.sock.version() in ("TLSv1.2", "TLSv1.3")
         big = np.arange(3 << 20, dtype=np.uint8)
@@ -98,7 +99,8 @@ def test_an_unpinned_self_signed_certificate_is_not_trusted_and_the_error_says_t
 
 
 def test_the_self_signed_certificate_can_also_serve_as_its_own_ca(tls_server):
-    conn = connect("echo", settings=tls_server.settings(tls_ca=str(tls_server.workdir / tls.CERT_NAME)))
+    ca = str(tls_server.workdir / tls.CERT_NAME)
+    conn = connect("echo", settings=tls_server.settings(tls_ca=ca, transport="tcp"))
     assert conn.transport.tls
     conn.close()
 

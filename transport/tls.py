@@ -57,7 +57,8 @@ def normalize_fingerprint(text: str) -> str:
             t = t[len(prefix):]
     t = t.replace(":", "").replace(" ", "").lower()
     if len(t) != 64 or any(c not in "0123456789abcdef" for c in t):
-        raise ConfigError(f"RGPU_TLS_FINGERPRINT={text!r}: expected a SHA-256 fingerprint (64 hex digits, colons allowed)")
+        raise ConfigError(f"RGPU_TLS_FINGERPRINT={text!r}: expected a SHA-256 fingerprint "
+                          "(64 hex digits, colons allowed)")
     return t
 
 
@@ -96,7 +97,8 @@ def _generate_with_cryptography(cert: Path, key: Path) -> None:
     pkey = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"rgpu {socket.gethostname()}")])
     now = dt.datetime.now(dt.timezone.utc)
-    sans = [x509.DNSName(h) for h in _hostnames()] + [x509.IPAddress(ipaddress.ip_address(a)) for a in ("127.0.0.1", "::1")]
+    sans = [x509.DNSName(h) for h in _hostnames()]
+    sans += [x509.IPAddress(ipaddress.ip_address(a)) for a in ("127.0.0.1", "::1")]
     built = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(pkey.public_key())
              .serial_number(x509.random_serial_number())
              .not_valid_before(now - dt.timedelta(days=1)).not_valid_after(now + dt.timedelta(days=SELF_SIGNED_DAYS))
@@ -232,8 +234,9 @@ def wrap_client(sock: socket.socket, settings, host: str, port: int) -> ssl.SSLS
         except ssl.SSLError as exc:
             if exc.reason in NOT_TLS_REASONS:
                 raise ConfigError(
-                    f"{where} does not speak TLS (it was started without --tls): unset RGPU_TLS, RGPU_TLS_FINGERPRINT "
-                    f"and RGPU_TLS_CA to connect in plain, or restart it with `rgpu serve --tls` [{exc.reason}]") from None
+                    f"{where} does not speak TLS (it was started without --tls): unset RGPU_TLS, "
+                    "RGPU_TLS_FINGERPRINT and RGPU_TLS_CA to connect in plain, or restart it with "
+                    f"`rgpu serve --tls` [{exc.reason}]") from None
             raise ConnectError(f"TLS handshake with {where} failed: {exc.reason or exc}") from None
         except OSError as exc:
             if isinstance(exc, (socket.timeout, TimeoutError)):
