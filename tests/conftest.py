@@ -15,7 +15,9 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
+import traceback
 from pathlib import Path
 
 import pytest
@@ -53,7 +55,8 @@ class RunningServer:
             extra["RGPU_TOKEN"] = token
         extra.update(env or {})
         self.stdout_path, self.stderr_path = workdir / "stdout", workdir / "stderr"
-        cmd = [sys.executable, "-m", "rgpu", "serve", "--port", "0", "--preload", "", *flags]
+        cmd = [sys.executable, "-m", "rgpu", "serve", "--port", "0", "--preload", "",
+               "--exit-with-parent", str(os.getpid()), *flags]  # never outlives a killed test run
         with open(self.stdout_path, "w") as out, open(self.stderr_path, "w") as err:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                                          env=clean_env(**extra), start_new_session=True)
@@ -104,6 +107,41 @@ class RunningServer:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+
+
+# ---- a watchdog: a hung test ends the run with every thread's stack, never blocks CI ----------
+
+_pytest_config = None
+_hung: list[str] = []
+
+
+def pytest_configure(config):
+    global _pytest_config
+    _pytest_config = config
+
+
+def pytest_keyboard_interrupt(excinfo):
+    if _hung and _pytest_config is not None:
+        writer = _pytest_config.get_terminal_writer()
+        for text in _hung:
+            writer.line(text, red=True)
+
+
+def _fire(nodeid: str, seconds: float) -> None:
+    stacks = "".join(f"\n--- thread {ident}\n" + "".join(traceback.format_stack(frame))
+                     for ident, frame in sys._current_frames().items())
+    _hung.append(f"{nodeid} ran longer than {seconds} s (RGPU_TEST_WATCHDOG); every thread:{stacks}")
+    os.kill(os.getpid(), signal.SIGINT)  # a real signal also interrupts a blocked recv or lock wait
+
+
+@pytest.fixture(autouse=True)
+def _watchdog(request):
+    seconds = float(os.environ.get("RGPU_TEST_WATCHDOG", "300"))
+    timer = threading.Timer(seconds, _fire, (request.node.nodeid, seconds))
+    timer.daemon = True
+    timer.start()
+    yield
+    timer.cancel()
 
 
 @pytest.fixture(scope="session")

@@ -21,6 +21,11 @@ class Transport(ABC):
     """One connected end. ``send`` may be called from one thread while another receives."""
 
     name: ClassVar[str]
+    # Called by ``send`` when the peer stops reading (the socket is full). The peer may be
+    # blocked writing us a reply that nobody reads, so a connection reads replies here:
+    # it returns True (waiting for input too), False (another thread reads; wait to write)
+    # or None (no reply can come: block as usual). Transports that cannot fill up ignore it.
+    on_block: Callable[[], "bool | None"] | None = None
 
     @abstractmethod
     def send(self, parts: Sequence[memoryview]) -> None:

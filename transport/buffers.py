@@ -49,6 +49,21 @@ def _tensor_view(t) -> memoryview:
     return memoryview(flat.view(torch.uint8).numpy())
 
 
+def writable_view(obj) -> memoryview:
+    """A 1-D byte view of caller memory to receive into; refuses what would only fill a copy."""
+    if isinstance(obj, np.ndarray) and not obj.flags.c_contiguous:
+        raise TypeError("a receive target must be contiguous (this numpy array is not)")
+    if type(obj).__module__.startswith("torch") and hasattr(obj, "is_contiguous"):
+        if not obj.is_contiguous() or obj.is_conj() or obj.is_neg():
+            raise TypeError("a receive target must be a contiguous tensor without a conjugate or negative bit")
+    if isinstance(obj, memoryview) and not obj.c_contiguous:
+        raise TypeError("a receive target must be contiguous (this memoryview is not)")
+    view = as_bytes_view(obj)
+    if view.readonly:
+        raise TypeError(f"a receive target must be writable, not a read-only {type(obj).__name__}")
+    return view
+
+
 def nbytes(obj) -> int:
     return as_bytes_view(obj).nbytes
 

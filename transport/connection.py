@@ -8,7 +8,11 @@
   hand-off costs a cross-core wake-up each way), and whichever waiting thread
   gets the receive lock reads frames and hands each reply to its future.
 - A post that fails on the server comes back as an ERROR frame with no request
-  waiting for it; the first is kept and raised once, at the next wait.
+  waiting for it; the first is kept and raised once, at the next wait for a request
+  sent after that post.
+- A write never waits on a full socket while replies are due: the writer reads them
+  meanwhile (``_drain_while_blocked``), because the server, blocked writing a reply
+  nobody reads, would never read our write.
 """
 from __future__ import annotations
 
@@ -18,10 +22,10 @@ import time
 from collections import deque
 from typing import Any, Sequence
 
-from rgpu.errors import ConnectionLost, ProtocolError, RemoteError, RgpuError, SessionLost, Timeout
+from rgpu.errors import ConnectionLost, ProtocolError, RemoteError, RgpuError, SessionLost, Timeout, VersionMismatch
 
 from .base import Transport
-from .buffers import BufferPool, as_bytes_view
+from .buffers import BufferPool, as_bytes_view, writable_view
 from .wire import Frame, Limits, MsgKind
 
 
@@ -53,7 +57,7 @@ class Future:
     def result(self, timeout: float | None = None) -> Reply:
         if not self.done:
             self._conn._wait(self, timeout)
-        err = self._conn.take_async_error()   # a post before this request failed: it wins
+        err = self._conn.take_async_error(self.seq)   # a post before this request failed: it wins
         if err is not None:
             raise err
         if self._error is not None:
@@ -78,16 +82,18 @@ class Connection:
         self.stats = {"messages": 0, "round_trips": 0, "bytes_out": 0, "bytes_in": 0}
         self._seq = itertools.count(1)
         self._cv = threading.Condition()          # guards the queue, seq order and writer state
-        self._queue: deque = deque()              # (parts, nbytes, written-event or None)
+        self._queue: deque = deque()              # (parts, nbytes, written-event or None, seq)
         self._queued_bytes = 0
         self._send_lock = threading.Lock()        # held by whoever is writing to the transport
         self._io_thread: threading.Thread | None = None
         self._pending: dict[int, Future] = {}
         self._rcv = threading.Condition()         # guards _reading and wakes waiters
         self._reading = False
-        self._async_error: RemoteError | None = None
+        self._async_error: tuple[int, RemoteError] | None = None   # (the failed post's seq, its error)
         self._dead: RgpuError | None = None
         self._closing = False
+        self._sending_seq = 0                     # last seq of the write in progress (send-lock holder's)
+        transport.on_block = self._drain_while_blocked
 
     @property
     def transport_name(self) -> str:
@@ -101,6 +107,8 @@ class Connection:
 
     def request(self, meta: Any, buffers: Sequence = (), reply_into: Sequence[memoryview] | None = None) -> Future:
         """Send a call and return the future of its answer (buffers land in ``reply_into`` if sizes match)."""
+        if reply_into is not None:
+            reply_into = [writable_view(b) for b in reply_into]  # refused here, not halfway through a read
         self._raise_async_error()
         fut = Future(self, 0, reply_into)
         self.stats["round_trips"] += 1
@@ -123,22 +131,27 @@ class Connection:
                 raise self._dead
             while self._queued_bytes > self.settings.queue_max_bytes and not self._dead:
                 self._cv.wait()                   # backpressure: the I/O thread is behind
+            if self._dead:
+                raise self._dead
             seq = next(self._seq)
+            if (kind == MsgKind.REQUEST or big) and not self._queue and self._send_lock.acquire(blocking=False):
+                inline = True                     # nothing ahead of us: write on this thread
+            elif views and not big and kind == MsgKind.REQUEST:
+                views = [memoryview(bytearray(v)) for v in views]  # queued: the caller may change its memory
             parts = self.transport.frame_parts(kind, seq, 0, meta, views)
             if fut is not None:
                 fut.seq = seq
                 self._pending[seq] = fut
             self.stats["messages"] += 1
             self.stats["bytes_out"] += nbytes
-            if (kind == MsgKind.REQUEST or big) and not self._queue and self._send_lock.acquire(blocking=False):
-                inline = True                     # nothing ahead of us: write on this thread
-            else:
-                self._queue.append((parts, nbytes, written))
+            if not inline:
+                self._queue.append((parts, nbytes, written, seq))
                 self._queued_bytes += nbytes
                 self._ensure_io_thread()
                 self._cv.notify_all()
         if inline:
             try:
+                self._sending_seq = seq
                 self.transport.send(parts)
             except RgpuError as exc:
                 self._fail(exc)
@@ -174,23 +187,50 @@ class Connection:
                     self._queued_bytes -= size
                     self._cv.notify_all()
                 try:
-                    self.transport.send([p for parts, _, _ in batch for p in parts])
+                    self._sending_seq = batch[-1][3]
+                    self.transport.send([p for parts, _, _, _ in batch for p in parts])
                 except RgpuError as exc:
                     self._fail(exc)
                     return
-            for _, _, written in batch:
+            for _, _, written, _ in batch:
                 if written is not None:
                     written.set()
 
-    def flush(self) -> None:
-        """Wait until every queued frame has been written."""
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every queued frame has been written (``Timeout`` after ``timeout`` seconds)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._cv:
             while self._queue and not self._dead:
-                self._cv.wait(0.5)
-        with self._send_lock:
-            pass
+                left = 0.5 if deadline is None else deadline - time.monotonic()
+                if left <= 0:
+                    raise Timeout(f"{len(self._queue)} frames still queued after {timeout} s")
+                self._cv.wait(min(0.5, left))
+        if not self._send_lock.acquire(timeout=-1 if deadline is None else max(0.0, deadline - time.monotonic())):
+            raise Timeout(f"a write still in progress after {timeout} s")
+        self._send_lock.release()
         if self._dead:
             raise self._dead
+
+    def _drain_while_blocked(self) -> bool | None:
+        """The transport's ``on_block``: our write waits on the server; read the replies it may be blocked on."""
+        try:
+            oldest = next(iter(self._pending), None)
+        except RuntimeError:                      # changed under us by the reader: look again next time
+            return False
+        if oldest is None or oldest >= self._sending_seq:
+            return None                           # no reply can come before this write ends
+        with self._rcv:
+            if self._reading:
+                return False                      # another thread reads for us
+            self._reading = True
+        try:
+            if self.transport_readable(0):
+                self._dispatch(self.transport.recv_frame(self.limits, self.pool, self._into_for))
+        finally:
+            with self._rcv:
+                self._reading = False
+                self._rcv.notify_all()
+        return True
 
     # ---- receiving -----------------------------------------------------------------
 
@@ -237,7 +277,7 @@ class Connection:
                 frame.release()
                 if frame.kind == MsgKind.ERROR:   # a post failed: raise at the next wait
                     if self._async_error is None:
-                        self._async_error = _remote_error(frame.meta)
+                        self._async_error = (frame.seq, _remote_error(frame.meta))
                     return
                 raise ProtocolError(f"seq: reply to unknown request {frame.seq}")
             if frame.kind == MsgKind.ERROR:
@@ -247,31 +287,39 @@ class Connection:
                 fut._reply = Reply(frame)
             fut.done = True
         elif frame.kind == MsgKind.BYE:
-            reason = frame.meta.get("reason") if isinstance(frame.meta, dict) else None
-            raise SessionLost(f"the server ended the session: {reason or 'no reason given'}")
+            meta = frame.meta if isinstance(frame.meta, dict) else {}
+            reason = meta.get("reason") or "no reason given"
+            if meta.get("error") == "ProtocolError":  # the server refused a frame of ours
+                raise ProtocolError(f"the server closed the session: {reason}")
+            raise SessionLost(f"the server ended the session: {reason}")
         else:
             frame.release()
             raise ProtocolError(f"kind: unexpected {frame.kind.name} from the server")
 
     def _raise_async_error(self) -> None:
-        err, self._async_error = self._async_error, None
+        err = self.take_async_error()
         if err is not None:
             raise err
         if self._dead:
             raise self._dead
 
-    def take_async_error(self) -> RemoteError | None:
-        err, self._async_error = self._async_error, None
-        return err
+    def take_async_error(self, before: int | None = None) -> RemoteError | None:
+        """The kept error of a failed post (only one sent before ``before``), forgotten once taken."""
+        kept = self._async_error
+        if kept is None or (before is not None and kept[0] >= before):
+            return None
+        self._async_error = None
+        return kept[1]
 
     # ---- failure and close -------------------------------------------------------------
 
     def _fail(self, exc: RgpuError) -> None:
         """The connection is unusable: every waiter and later call gets ``exc``."""
         with self._cv:
-            if self._dead is None:
-                self._dead = exc if isinstance(exc, ConnectionLost) else ConnectionLost(str(exc))
-                self._dead.__cause__ = exc
+            if self._dead is None:   # keep what names the cause; anything else is a lost connection
+                keep = isinstance(exc, (ConnectionLost, ProtocolError, VersionMismatch))
+                self._dead = exc if keep else ConnectionLost(str(exc))
+                self._dead.__cause__ = None if keep else exc
             self._cv.notify_all()
         for fut in list(self._pending.values()):
             fut._error, fut.done = self._dead, True
@@ -284,19 +332,21 @@ class Connection:
     def alive(self) -> bool:
         return self._dead is None
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
+        """Write what is queued and say BYE (within ``timeout``, default the connect timeout), then end.
+
+        Threads still waiting for an answer get ``ConnectionLost``; so does every later call.
+        """
         if self._closing:
             return
+        self._closing = True
         try:
             if self._dead is None:
-                self.flush()
-                self._closing = True
+                self.flush(self.settings.connect_timeout if timeout is None else timeout)
                 with self._send_lock:
                     self.transport.send(self.transport.frame_parts(MsgKind.BYE, next(self._seq), 0, None, []))
         except RgpuError:
             pass
         finally:
-            self._closing = True
-            with self._cv:
-                self._cv.notify_all()
+            self._fail(ConnectionLost("the connection was closed"))
             self.transport.close()

@@ -20,13 +20,18 @@ import platform
 import socket
 from dataclasses import dataclass, field
 
-from rgpu.errors import AuthenticationError, ConfigError, ProtocolError, RgpuError, VersionMismatch
+from rgpu.errors import (
+    AuthenticationError, ConfigError, ConnectError, ProtocolError, RemoteError, RgpuError, VersionMismatch,
+)
 
 from .base import Transport
 from .buffers import BufferPool
 from .wire import PROTOCOL_VERSION, Limits, MsgKind
 
 NONCE_BYTES = 32
+# Handshake frames are read before anyone is authenticated: small metadata, no buffers,
+# whatever the session limits allow later.
+HANDSHAKE_LIMITS = Limits(max_frame_bytes=1 << 20, max_meta_bytes=1 << 20, max_buffers=0)
 _pool = BufferPool(keep_bytes=0)
 
 
@@ -61,6 +66,8 @@ def _send(t: Transport, kind: MsgKind, meta) -> None:
 
 
 def _recv(t: Transport, limits: Limits, expected: MsgKind):
+    limits = Limits(min(limits.max_frame_bytes, HANDSHAKE_LIMITS.max_frame_bytes),
+                    min(limits.max_meta_bytes, HANDSHAKE_LIMITS.max_meta_bytes), 0)
     frame = t.recv_frame(limits, _pool)
     if frame.kind == MsgKind.REFUSED:
         meta = frame.meta if isinstance(frame.meta, dict) else {}
@@ -69,6 +76,12 @@ def _recv(t: Transport, limits: Limits, expected: MsgKind):
             raise AuthenticationError(f"the server refused our token: {message}")
         if code == "version":
             raise VersionMismatch(message)
+        if code == "protocol":
+            raise ProtocolError(f"the server refused our handshake: {message}")
+        if code == "busy":
+            raise ConnectError(f"the server is busy: {message}")
+        if code == "route":
+            raise RemoteError(message, op="route", remote_type="refused")
         if code == "tls":
             raise ConfigError(f"the server refused the session: {message}")
         raise RgpuError(f"the server refused the session: {message}")
@@ -118,8 +131,8 @@ def server_handshake(t: Transport, token: bytes, limits: Limits, routes: set[str
         refuse(t, "version", f"this server speaks rgpu protocol {PROTOCOL_VERSION}, the client {meta.get('proto')}")
         raise VersionMismatch(f"client speaks rgpu protocol {meta.get('proto')}")
     hello = Hello(route=_field(meta, "route", str), session=_field(meta, "session", str),
-                  versions=_field(meta, "versions", dict), transports=list(meta.get("transports") or []),
-                  options=meta.get("options") or {}, nonce=_field(meta, "nonce", bytes))
+                  versions=_field(meta, "versions", dict), transports=_field(meta, "transports", list),
+                  options=_field(meta, "options", dict), nonce=_field(meta, "nonce", bytes))
     if len(hello.nonce) != NONCE_BYTES or len(hello.session) > 128:
         raise ProtocolError("handshake: bad nonce or session id length")
     sn = os.urandom(NONCE_BYTES)

@@ -65,22 +65,43 @@ class TcpTransport(Transport):
 
     def _sendmsg_all(self, parts: Sequence) -> None:
         pending = [memoryview(p).cast("B") for p in parts if len(p)]
-        while pending:
-            sent = self.sock.sendmsg(pending[:IOV_MAX])
+        on_block = self.on_block
+        # with an on_block hook, never sleep inside sendmsg: a full socket hands control to the hook
+        flags = socket.MSG_DONTWAIT if on_block is not None else 0
+        i = 0
+        while i < len(pending):
+            try:
+                sent = self.sock.sendmsg(pending[i:i + IOV_MAX], (), flags)
+            except BlockingIOError:
+                sent = 0
             while sent:  # drop what went out, keep the tail of a part sent in half
-                head = pending[0]
+                head = pending[i]
                 if sent >= head.nbytes:
                     sent -= head.nbytes
-                    pending.pop(0)
+                    i += 1
                 else:
-                    pending[0] = head[sent:]
+                    pending[i] = head[sent:]
                     sent = 0
+            if flags and i < len(pending):
+                want = on_block()
+                if want is None:
+                    flags = 0  # nothing can arrive that the peer waits to write: plain blocking sends
+                else:
+                    self._wait_io(read=want)
+
+    def _wait_io(self, read: bool) -> None:
+        """Until the socket takes more bytes (or, with ``read``, has bytes to read)."""
+        poller = select.poll()
+        poller.register(self.sock, select.POLLOUT | (select.POLLIN if read else 0))
+        poller.poll(1000 if read else 10)  # without read another thread reads: look again soon
 
     def readable(self, timeout: float) -> bool:
         """Whether a frame has started to arrive within ``timeout`` seconds."""
         if self._reader.staged or (self._tls and self.sock.pending()):
             return True
-        return bool(select.select([self.sock], [], [], timeout)[0])
+        poller = select.poll()  # not select(): it fails for descriptors past FD_SETSIZE
+        poller.register(self.sock, select.POLLIN)
+        return bool(poller.poll(max(0, int(timeout * 1000))))
 
     def recv_frame(self, limits: Limits, pool: BufferPool, into: Into | None = None) -> Frame:
         try:
