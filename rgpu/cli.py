@@ -30,6 +30,10 @@ def _bench(args) -> int:
     from rgpu.bench import harness
 
     rows = harness.run_suite(args.suite, args)
+    if args.suite == "transport" and args.tls:  # two servers of its own, one --tls: rows beside plain tcp
+        from rgpu.bench import tls
+
+        rows += tls.rows(args)
     if args.json:
         print(json.dumps(rows, indent=1))
     else:
@@ -77,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="fewer sizes and repeats")
     p.add_argument("--plot", default=None, help="write a bandwidth-against-size PNG here")
     p.add_argument("--server", default=None, help="host:port of a running server (default: start a local one)")
+    p.add_argument("--tls", action="store_true", help="transport: add TLS rows beside plain tcp (what TLS costs)")
     p.set_defaults(func=_bench)
 
     p = sub.add_parser("config", help="show every setting and its current value")

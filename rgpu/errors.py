@@ -78,10 +78,10 @@ def translate_os_error(exc: BaseException, *, connecting: bool = False, where: s
     if isinstance(exc, RgpuError):
         return exc
     suffix = f" ({where})" if where else ""
+    if connecting or isinstance(exc, (ConnectionRefusedError, socket.gaierror)):
+        return ConnectError(f"cannot connect{suffix}: {exc or type(exc).__name__}")  # a connect timeout too
     if isinstance(exc, (socket.timeout, TimeoutError)):
         return Timeout(f"timed out{suffix}: {exc}")
-    if connecting or isinstance(exc, (ConnectionRefusedError, socket.gaierror)):
-        return ConnectError(f"cannot connect{suffix}: {exc}")
     if isinstance(exc, OSError) and (exc.errno in _LOST or isinstance(exc, ConnectionError)):
         return ConnectionLost(f"connection lost{suffix}: {exc}")
     if isinstance(exc, OSError):

@@ -93,19 +93,23 @@ class Server:
             handshake.refuse(TcpTransport(sock), "busy", f"the server runs its limit of {self.settings.max_sessions} sessions")
             sock.close()
             return
-        self._fill_spares()
-        worker = self.spares.pop(0)
         details = {"token": self.token.decode(), "overrides": self.overrides, "peer": str(peer),
                    "tls": {"cert": self.tls.cert, "key": self.tls.key} if self.tls else None}
         try:
-            socket.send_fds(worker.control, [msgpack.packb(details)], [sock.fileno()])
-        except OSError as exc:
-            log.warning("could not hand a connection to worker %d: %s", worker.proc.pid, exc)
-            worker.proc.kill()
-        else:
-            self.sessions.append(worker)
+            for _ in range(3):  # a spare that died (a failed preload, say) gets the next one its connection
+                self._fill_spares()
+                worker = self.spares.pop(0)
+                try:
+                    socket.send_fds(worker.control, [msgpack.packb(details)], [sock.fileno()])
+                except OSError as exc:
+                    log.warning("could not hand a connection to worker %d: %s", worker.proc.pid, exc)
+                    worker.proc.kill()
+                else:
+                    self.sessions.append(worker)
+                    break
+                finally:
+                    worker.control.close()
         finally:
-            worker.control.close()
             sock.close()
         self._fill_spares()
 

@@ -19,7 +19,7 @@ import msgpack
 from rgpu import config
 from rgpu.errors import ConnectionLost, ProtocolError, RgpuError, VersionMismatch
 from rgpu.transport import handshake, tls
-from rgpu.transport.buffers import BufferPool
+from rgpu.transport.buffers import BufferPool, as_bytes_view
 from rgpu.transport.tcp import TcpTransport
 from rgpu.transport.wire import Limits, MsgKind
 
@@ -59,7 +59,12 @@ def serve_session(transport, session: Session, transports: list) -> None:
                 applied = frame.seq
                 if wants_reply:
                     meta, bufs = result if result is not None else (None, [])
-                    transport.send(transport.frame_parts(MsgKind.REPLY, frame.seq, applied, meta, list(bufs)))
+                    try:  # a reply that cannot be encoded is the executor's failure, not the client's
+                        parts = transport.frame_parts(MsgKind.REPLY, frame.seq, applied, meta,
+                                                      [as_bytes_view(b) for b in bufs])
+                    except (ProtocolError, TypeError) as exc:
+                        raise RuntimeError(f"the reply cannot be sent: {exc}") from None
+                    transport.send(parts)
             except RgpuError as exc:
                 if isinstance(exc, (ConnectionLost, ProtocolError, VersionMismatch)):
                     raise
@@ -70,11 +75,14 @@ def serve_session(transport, session: Session, transports: list) -> None:
                 transport.send(transport.frame_parts(MsgKind.ERROR, frame.seq, applied, error_meta(exc, frame.seq), []))
             finally:
                 frame.release()
-    except ProtocolError as exc:
+    except (ProtocolError, VersionMismatch) as exc:
         log.warning("session %s: %s; closing it", session.id, exc)
-        _say_bye(transport, f"protocol error: {exc}")
+        _say_bye(transport, f"protocol error: {exc}", error=type(exc).__name__)
     except ConnectionLost:
         pass
+    except Exception as exc:  # a bug here ends this session with a reason, never silently
+        log.exception("session %s failed", session.id)
+        _say_bye(transport, f"internal error in the server: {type(exc).__name__}: {exc}")
     finally:
         try:
             executor.close()
@@ -82,9 +90,9 @@ def serve_session(transport, session: Session, transports: list) -> None:
             transport.close()
 
 
-def _say_bye(transport, reason: str) -> None:
+def _say_bye(transport, reason: str, error: str | None = None) -> None:
     try:
-        transport.send(transport.frame_parts(MsgKind.BYE, 0, 0, {"reason": reason}, []))
+        transport.send(transport.frame_parts(MsgKind.BYE, 0, 0, {"reason": reason, "error": error}, []))
     except RgpuError:
         pass
 

@@ -6,7 +6,7 @@ import socket
 import ssl
 from typing import Sequence
 
-from rgpu.errors import ConnectionLost, translate_os_error
+from rgpu.errors import ConfigError, ConnectionLost, translate_os_error
 
 from .base import Into, StreamReader, Transport
 from .buffers import BufferPool
@@ -143,7 +143,12 @@ def connect(host: str, port: int, timeout: float) -> socket.socket:
 def listen(host: str, port: int, backlog: int = 128) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(backlog)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc} "
+                          "(another server there? choose another --port / RGPU_PORT)") from None
     return sock

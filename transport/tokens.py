@@ -36,9 +36,14 @@ def ensure_token(settings) -> tuple[bytes, Path | None, bool]:
     path: Path = settings.token_path
     if path.exists():
         return read_token(settings), path, False
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     token = secrets.token_urlsafe(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:  # another server made it a moment ago: use theirs
+        return read_token(settings), path, False
+    except OSError as exc:
+        raise ConfigError(f"cannot create the token file {path}: {exc}") from None
     with os.fdopen(fd, "w") as f:
         f.write(token + "\n")
     return token.encode(), path, True
