@@ -100,8 +100,9 @@ def rows(args=None) -> list[dict]:
         }
         for n in sizes:
             times = max(2, (256 << 20) // n // 8)
-            figures[f"upload {n >> 10} KiB"] = ("GB/s", n, lambda c, n=n, k=times: _upload(c, bufs[n][0], k) / 1e9)
-            figures[f"echo {n >> 10} KiB, both ways"] = (
+            label = f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
+            figures[f"upload {label}"] = ("GB/s", n, lambda c, n=n, k=times: _upload(c, bufs[n][0], k) / 1e9)
+            figures[f"echo {label}, both ways"] = (
                 "GB/s", n, lambda c, n=n, k=times: _echo(c, bufs[n][0], bufs[n][1], k) / 1e9)
         for conn in conns.values():  # warm: pools filled, code paths hot
             for _, _, fn in figures.values():
