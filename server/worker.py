@@ -18,7 +18,7 @@ import msgpack
 
 from rgpu import config
 from rgpu.errors import ConnectionLost, ProtocolError, RgpuError, VersionMismatch
-from rgpu.transport import handshake, tls
+from rgpu.transport import handshake, negotiate, tls
 from rgpu.transport.buffers import BufferPool, as_bytes_view
 from rgpu.transport.tcp import TcpTransport
 from rgpu.transport.wire import Limits, MsgKind
@@ -47,6 +47,8 @@ def serve_session(transport, session: Session, transports: list) -> None:
     applied = 0
     try:
         handshake.welcome(transport, session.id, transports, executor.welcome())
+        if negotiate.expects_upgrade(transports):  # the client switches to shm / ucx or stays on tcp
+            transport = negotiate.server_upgrade(transport, transports, session.settings)
         while True:
             frame = transport.recv_frame(limits, pool)
             if frame.kind == MsgKind.BYE:
@@ -131,7 +133,7 @@ def run_session(sock: socket.socket, d: dict) -> None:
     sock.settimeout(None)
     session = Session(id=hello.session, route=hello.route, settings=s, options=hello.options,
                       peer_versions=hello.versions)
-    serve_session(transport, session, ["tcp"])
+    serve_session(transport, session, negotiate.server_offer(hello.transports, s))
 
 
 def main(argv=None) -> int:

@@ -5,7 +5,7 @@ import uuid
 
 from rgpu import config
 
-from . import handshake, local_server, tcp, tls, tokens
+from . import handshake, local_server, negotiate, tcp, tls, tokens
 from .connection import Connection
 from .tcp import TcpTransport
 from .wire import Limits
@@ -27,19 +27,23 @@ def connect(route: str, *, settings=None, server: str | None = None, token: str 
     if server is not None or token is not None:
         s = s.with_(**{k: v for k, v in (("server", server), ("token", token)) if v is not None})
     host, port, secret = resolve(s)
+    use_tls = tls.wanted(s) and s.server_address() is not None  # the embedded local server is loopback, never TLS
+    offer = negotiate.client_offer(s, tls=use_tls)
     sock = tcp.connect(host, port, s.connect_timeout)
-    if tls.wanted(s) and s.server_address() is not None:  # the embedded local server is loopback, never TLS
+    if use_tls:
         sock = tls.wrap_client(sock, s, host, port)
     transport = TcpTransport(sock)
     limits = Limits.from_settings(s)
     hello = handshake.Hello(route=route, session=session or uuid.uuid4().hex, versions=handshake.software_versions(),
-                            transports=["tcp"], options=options or {})
+                            transports=offer, options=options or {})
     try:
         welcome = handshake.client_handshake(transport, secret, hello, limits)
+        transport = negotiate.client_upgrade(transport, welcome, s)  # shm / ucx when both ends can
     except BaseException:
         transport.close()
         raise
-    sock.settimeout(None)
+    if transport.name == "tcp":
+        sock.settimeout(None)
     if s.sim_rtt_ms > 0:  # RGPU_SIM_RTT_MS: a delay line for tests and benchmarks, after the handshake
         from .delay import DelayTransport
 
