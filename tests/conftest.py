@@ -2,8 +2,9 @@
 
     rgpu_server            one server for the whole test session (echo route, no preload)
     start_server(*flags)   a fresh server with extra ``rgpu serve`` flags or environment, stopped after the test
-    server.settings(**kw)  client Settings pointing at that server, read from no environment
-    server.connect(route)  a Connection to it (closed after the test when made through the fixture)
+    server.settings(**kw)  client Settings pointing at that server, read from no environment (tcp unless told)
+    server.connect(route, **settings)  a Connection to it, closed when the server fixture ends
+    echo_conn              a fresh echo-route tcp connection to ``rgpu_server``, closed after the test
 
 The hypothesis profile ``rgpu-fuzz`` (10^4 cases) is what the wire fuzz tests run;
 ``RGPU_FUZZ_EXAMPLES`` changes the count without touching other tests' settings.
@@ -87,7 +88,11 @@ class RunningServer:
         return self.stderr_path.read_text()
 
     def settings(self, **overrides) -> config.Settings:
-        """Client settings for this server, independent of the environment the tests run in."""
+        """Client settings for this server, independent of the environment the tests run in.
+
+        The transport is tcp unless ``transport=`` says otherwise: a test names what it tests.
+        """
+        overrides.setdefault("transport", "tcp")
         return config.settings(environ={}, server=self.address, token=self.token, **overrides)
 
     def connect(self, route: str = "echo", **overrides):
