@@ -154,8 +154,8 @@ class Connection:
                 self._sending_seq = seq
                 self.transport.send(parts)
             except RgpuError as exc:
-                self._fail(exc)
-                raise
+                self._fail(self._why_lost(exc))
+                raise self._dead from None
             finally:
                 self._send_lock.release()
         elif written is not None:
@@ -190,7 +190,7 @@ class Connection:
                     self._sending_seq = batch[-1][3]
                     self.transport.send([p for parts, _, _, _ in batch for p in parts])
                 except RgpuError as exc:
-                    self._fail(exc)
+                    self._fail(self._why_lost(exc))
                     return
             for _, _, written, _ in batch:
                 if written is not None:
@@ -295,6 +295,29 @@ class Connection:
         else:
             frame.release()
             raise ProtocolError(f"kind: unexpected {frame.kind.name} from the server")
+
+    def _why_lost(self, exc: RgpuError) -> RgpuError:
+        """A write failed: a BYE the server sent before hanging up says why (a frame over its limit, say)."""
+        if not isinstance(exc, ConnectionLost):
+            return exc
+        with self._rcv:
+            if self._reading:
+                return exc
+            self._reading = True
+        try:
+            for _ in range(64):  # replies queued before the BYE are handed out on the way
+                if not self.transport_readable(0):
+                    break
+                self._dispatch(self.transport.recv_frame(self.limits, self.pool, self._into_for))
+        except (ProtocolError, SessionLost) as reason:
+            return reason
+        except RgpuError:
+            pass
+        finally:
+            with self._rcv:
+                self._reading = False
+                self._rcv.notify_all()
+        return exc
 
     def _raise_async_error(self) -> None:
         err = self.take_async_error()
