@@ -49,7 +49,7 @@ class RunningServer:
                  start_timeout: float = 30.0):
         workdir.mkdir(parents=True, exist_ok=True)
         self.workdir = workdir
-        self.token_file = workdir / "token"
+        self.token_file = Path((env or {}).get("RGPU_TOKEN_FILE", workdir / "token"))
         self.token = token
         extra = {"RGPU_TOKEN_FILE": str(self.token_file)}
         if token is not None:
