@@ -302,3 +302,11 @@ def test_a_server_dying_mid_frame_is_connection_lost_promptly():
     run_threads(lambda _: pytest.raises(ConnectionLost, conn.call, {"op": "echo"}), 1, timeout=10)
     server.join(10)
     listener.close()
+
+
+def test_metadata_that_cannot_be_encoded_is_refused_and_the_connection_goes_on(echo_conn):
+    from rgpu.errors import ProtocolError
+    for send in (echo_conn.post, echo_conn.request):
+        with pytest.raises(ProtocolError, match="metadata"):
+            send({"op": object()})
+    run_threads(lambda _: echo_conn.call({"op": "sizes"}), 1, timeout=10)

@@ -138,7 +138,12 @@ class Connection:
                 inline = True                     # nothing ahead of us: write on this thread
             elif views and not big and kind == MsgKind.REQUEST:
                 views = [memoryview(bytearray(v)) for v in views]  # queued: the caller may change its memory
-            parts = self.transport.frame_parts(kind, seq, 0, meta, views)
+            try:
+                parts = self.transport.frame_parts(kind, seq, 0, meta, views)
+            except BaseException:                 # metadata msgpack cannot encode: nothing was sent
+                if inline:
+                    self._send_lock.release()
+                raise
             if fut is not None:
                 fut.seq = seq
                 self._pending[seq] = fut
