@@ -37,7 +37,10 @@ def _size(text: str) -> int:
     """Bytes, with an optional K/M/G suffix (powers of two)."""
     t = text.strip().upper().removesuffix("B").removesuffix("I")
     scale = {"K": 1 << 10, "M": MiB, "G": GiB}.get(t[-1:], 1)
-    return int(float(t[:-1] if scale > 1 else t) * scale)
+    value = int(float(t[:-1] if scale > 1 else t) * scale)
+    if value < 0:
+        raise ValueError(f"a size cannot be negative: {text!r}")
+    return value
 
 
 def _optional(parse: Callable[[str], Any]) -> Callable[[str], Any]:

@@ -1,0 +1,148 @@
+"""Configuration: one table, read when asked (never at import), bad values named, overrides win."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rgpu import config
+from rgpu.config import GiB, MiB, TABLE, parse_address
+from rgpu.errors import AuthenticationError, ConfigError
+from rgpu.transport import tokens
+
+# a valid value for every variable, and what it parses to
+SAMPLES = {
+    "RGPU_SERVER": ("gpu-host:9000", "gpu-host:9000"),
+    "RGPU_HOST": ("0.0.0.0", "0.0.0.0"),
+    "RGPU_PORT": ("9999", 9999),
+    "RGPU_TOKEN": ("secret", "secret"),
+    "RGPU_TOKEN_FILE": ("/tmp/t", "/tmp/t"),
+    "RGPU_TRANSPORT": ("shm", "shm"),
+    "RGPU_TLS": ("yes", True),
+    "RGPU_TLS_CERT": ("/c.pem", "/c.pem"),
+    "RGPU_TLS_KEY": ("/k.pem", "/k.pem"),
+    "RGPU_TLS_CA": ("/ca.pem", "/ca.pem"),
+    "RGPU_TLS_FINGERPRINT": ("AB:CD", "AB:CD"),
+    "RGPU_DEVICE": ("cpu", "cpu"),
+    "RGPU_DEVICES": ("3", 3),
+    "RGPU_CUDA_DRIVER": ("fake", "fake"),
+    "RGPU_TF32": ("1", True),
+    "RGPU_SIM_RTT_MS": ("2.5", 2.5),
+    "RGPU_POST_BATCH_COUNT": ("64", 64),
+    "RGPU_POST_BATCH_BYTES": ("1M", MiB),
+    "RGPU_POST_COPY_BYTES": ("64k", 64 << 10),
+    "RGPU_QUEUE_MAX_BYTES": ("1.5G", int(1.5 * GiB)),
+    "RGPU_CONNECT_TIMEOUT": ("3", 3.0),
+    "RGPU_TIMEOUT": ("0.25", 0.25),
+    "RGPU_MAX_FRAME": ("512MiB", 512 * MiB),
+    "RGPU_MAX_META": ("1MB", MiB),
+    "RGPU_MAX_BUFFERS": ("10", 10),
+    "RGPU_MAX_SESSIONS": ("4", 4),
+    "RGPU_SPARE_WORKERS": ("0", 0),
+    "RGPU_DEBUG": ("on", True),
+}
+
+BAD = {
+    "RGPU_PORT": "ninety", "RGPU_TRANSPORT": "carrier-pigeon", "RGPU_TLS": "maybe", "RGPU_MAX_FRAME": "lots",
+    "RGPU_QUEUE_MAX_BYTES": "-1", "RGPU_TIMEOUT": "soon", "RGPU_DEVICE": "tpu", "RGPU_DEVICES": "1.5",
+}
+
+
+def test_with_no_environment_every_setting_has_its_default():
+    s = config.settings(environ={})
+    for item in TABLE:
+        assert getattr(s, item.field) == item.default, item.env
+
+
+@pytest.mark.parametrize("item", TABLE, ids=lambda i: i.env)
+def test_every_variable_in_the_table_is_read_and_parsed(item):
+    if item.env not in SAMPLES:
+        pytest.fail(f"{item.env} was added to the table without a sample here")
+    raw, parsed = SAMPLES[item.env]
+    assert getattr(config.settings(environ={item.env: raw}), item.field) == parsed
+
+
+@pytest.mark.parametrize("env, raw", list(BAD.items()))
+def test_a_bad_value_is_a_config_error_naming_the_variable(env, raw):
+    with pytest.raises(ConfigError, match=f"^{env}="):
+        config.settings(environ={env: raw})
+
+
+def test_keyword_overrides_win_over_the_environment_and_none_is_no_override():
+    s = config.settings(environ={"RGPU_PORT": "1000", "RGPU_HOST": "h"}, port=2000, host=None)
+    assert (s.port, s.host) == (2000, "h")
+    assert s.with_(port=3000).port == 3000 and s.port == 2000
+
+
+def test_settings_are_read_when_asked_not_at_import(monkeypatch):
+    monkeypatch.setenv("RGPU_PORT", "1234")
+    assert config.settings().port == 1234
+    monkeypatch.setenv("RGPU_PORT", "4321")
+    assert config.settings().port == 4321
+
+
+def test_importing_rgpu_reads_no_environment():
+    code = ("import rgpu, rgpu.config, rgpu.cli, rgpu.transport.client, rgpu.transport.connection, "
+            "rgpu.server.serve, rgpu.server.worker; print('ok')")
+    env = {**os.environ, "RGPU_PORT": "not-a-port", "RGPU_TRANSPORT": "nope", "RGPU_MAX_FRAME": "x"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.stdout.strip() == "ok", out.stderr
+
+
+@pytest.mark.parametrize("text, size", [("0", 0), ("4096", 4096), ("4k", 4096), ("4K", 4096), ("4KB", 4096),
+                                        ("4KiB", 4096), ("2m", 2 * MiB), ("1.5G", int(1.5 * GiB)), (" 8M ", 8 * MiB)])
+def test_sizes_take_binary_suffixes(text, size):
+    assert config._size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "M", "-1", "1T", "abc"])
+def test_a_size_that_is_not_one_is_refused(text):
+    with pytest.raises(ValueError):
+        config._size(text)
+
+
+@pytest.mark.parametrize("text, address", [("gpu:9000", ("gpu", 9000)), ("gpu", ("gpu", 9713)),
+                                           ("[::1]:9000", ("::1", 9000)), (":9000", ("127.0.0.1", 9000)),
+                                           ("10.0.0.2:1", ("10.0.0.2", 1))])
+def test_a_server_address_is_host_and_port_with_defaults(text, address):
+    assert parse_address(text) == address
+
+
+def test_a_server_address_with_a_bad_port_is_a_config_error():
+    with pytest.raises(ConfigError, match="RGPU_SERVER"):
+        config.settings(environ={"RGPU_SERVER": "gpu:http"}).server_address()
+
+
+def test_the_token_variable_wins_over_the_token_file(tmp_path):
+    path = tmp_path / "token"
+    path.write_text("from-file\n")
+    assert tokens.read_token(config.settings(environ={"RGPU_TOKEN_FILE": str(path)})) == b"from-file"
+    assert tokens.read_token(config.settings(environ={"RGPU_TOKEN_FILE": str(path), "RGPU_TOKEN": "env"})) == b"env"
+
+
+def test_no_token_anywhere_says_how_to_get_one(tmp_path):
+    with pytest.raises(AuthenticationError, match="set RGPU_TOKEN or RGPU_TOKEN_FILE"):
+        tokens.read_token(config.settings(environ={"RGPU_TOKEN_FILE": str(tmp_path / "missing")}))
+
+
+def test_the_server_creates_the_token_file_once_with_mode_0600(tmp_path):
+    s = config.settings(environ={"RGPU_TOKEN_FILE": str(tmp_path / "sub" / "token")})
+    token, path, created = tokens.ensure_token(s)
+    assert created and oct(path.stat().st_mode & 0o777) == "0o600" and path.read_text().strip().encode() == token
+    assert tokens.ensure_token(s) == (token, path, False)
+
+
+def test_the_markdown_table_has_a_row_for_every_variable():
+    table = config.markdown_table()
+    for item in TABLE:
+        assert f"| `{item.env}` |" in table
+
+
+def test_rgpu_config_prints_every_variable_and_its_value():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RGPU_")}
+    out = subprocess.run([sys.executable, "-m", "rgpu", "config"], capture_output=True, text=True,
+                         env={**env, "RGPU_PORT": "4444"}, check=True).stdout
+    assert "RGPU_PORT                4444" in out
+    assert all(item.env in out for item in TABLE)
