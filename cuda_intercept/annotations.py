@@ -17,6 +17,7 @@ C_ONLY = frozenset({
 # known), otherwise handed to Python.
 C_ANSWERED = frozenset({
     "cuDeviceGet", "cuDeviceGetCount", "cuDeviceGetAttribute", "cuLaunchKernel", "cuLaunchKernel_ptsz",
+    "cuPointerGetAttribute",
 })
 
 # Calls whose effect shows only at a later synchronisation: posted in batches,

@@ -28,12 +28,14 @@ class Allocations:
     def add(self, base: int, size: int, ctx: int, dev: int) -> None:
         bisect.insort(self.starts, base)
         self.info[base] = (size, ctx, dev, self.next_id)
+        client.get().lib.rgpu_alloc_note(base, size, ctx, dev, self.next_id)   # C answers pointer queries
         self.next_id += 1
 
     def remove(self, base: int) -> bool:
         if self.info.pop(base, None) is None:
             return False
         self.starts.remove(base)
+        client.get().lib.rgpu_alloc_forget(base)
         return True
 
     def find(self, ptr: int):
