@@ -5,7 +5,7 @@
 #
 # Writes $OUT/cuda_route.json (summary) and one log per step. Steps: install cffi (wheel) and rgpu; check
 # libpython is shared; build the interceptor; start the server on the real driver; run the CUDA C demo natively
-# and through the interceptor; run numba-cuda kernels through it (both driver bindings); the GPU-marked tests;
+# and through the interceptor; run numba-cuda kernels through it (both driver bindings); the GPU-marked test;
 # `rgpu bench cuda --json`. A failed step is recorded and the next one still runs.
 set -u
 cd "$(dirname "$0")/.."
@@ -24,18 +24,22 @@ step() {  # step NAME TIMEOUT_S COMMAND...: output to $OUT/NAME.log, status to $
 step install 180 bash -c 'pip install --no-deps wheels/cffi*.whl && pip install --no-deps --no-build-isolation -e .'
 step python 30 python -c '
 import json, sys, sysconfig, subprocess
-smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                     capture_output=True, text=True).stdout.strip()
+try:
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout.strip()
+except OSError as exc:
+    smi = f"nvidia-smi: {exc}"
 print(json.dumps({"python": sys.version, "shared": sysconfig.get_config_var("Py_ENABLE_SHARED"),
                   "libpython": sysconfig.get_config_var("INSTSONAME"), "nvidia_smi": smi}))'
 step build 120 python -m rgpu intercept build
-LIB=$(tail -n 1 "$OUT/build.log")
+LIB=$(grep -o '/[^ ]*libcuda\.so\.1$' "$OUT/build.log" | tail -n 1)
 LIBDIR=$(dirname "$LIB")
 nm -D --defined-only "$LIB" | grep -c ' T cu' >"$OUT/exports.txt" 2>&1
 
 # the server, on the real driver, on a free port, with a token of our own
 export RGPU_TOKEN=gpu-check-$RANDOM$RANDOM
-python -m rgpu serve --port 0 --cuda-driver real --preload "" >"$OUT/server.log" 2>&1 &
+# CHECK_DRIVER=fake runs this script on a machine without a GPU (a dry run of the script itself)
+python -m rgpu serve --port 0 --cuda-driver "${CHECK_DRIVER:-real}" --preload "" >"$OUT/server.log" 2>&1 &
 SERVER_PID=$!
 for _ in $(seq 100); do grep -q "listening on" "$OUT/server.log" && break; sleep 0.2; done
 export RGPU_SERVER=$(grep -o "listening on [^;]*" "$OUT/server.log" | head -1 | awk '{print $3}')
@@ -116,7 +120,11 @@ step numba_native 120 python "$OUT/numba_kernels.py"
 step numba_rgpu 150 env NUMBA_CUDA_USE_NVIDIA_BINDING=1 python -m rgpu intercept run -- python "$OUT/numba_kernels.py"
 step numba_rgpu_ctypes_binding 120 env NUMBA_CUDA_USE_NVIDIA_BINDING=0 \
   python -m rgpu intercept run -- python "$OUT/numba_kernels.py"
-step pytest_gpu 120 python -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda_real_driver.py
+# the GPU-marked test, called directly: the suite's conftest needs hypothesis, which this host lacks
+step real_driver 120 python -c "
+import sys; sys.path.insert(0, 'tests')
+import test_cuda_real_driver as t
+t.test_on_a_gpu_the_real_driver_runs_the_ptx_vector_add(); print('real driver: PTX vecAdd of 65536 floats OK')"
 step bench 240 python -m rgpu.bench.cuda --json --repeats 3 --server "$RGPU_SERVER"
 
 kill "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null
