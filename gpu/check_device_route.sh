@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# The device route on the GPU host, whole, in under 8 minutes; everything lands in $OUT.
+#   build     the C++ part against this torch (timed, cold), loaded by a client; the server must not load it
+#   correct   the 6-layer/384-wide nanoGPT step: 5 steps on rgpu against the same 5 natively on CUDA
+#   tests     the device test files against a CUDA server (the CPU reference tests run unchanged)
+#   bench     rgpu bench ops --json, rgpu bench train --json (client and server over loopback)
+#   profile   cProfile of rgpu steps on the client and in the server's executor, plus torch's CUDA profile
+set -u
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+T0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a "$OUT/log.txt"; }
+python3 -m pip install --no-deps --no-build-isolation -q -e . 2>&1 | grep -v WARNING | tail -5
+python3 -m pip install --no-deps -q wheels/*.whl 2>/dev/null | tail -1
+REPO=$PWD
+export XDG_CACHE_HOME=/tmp/rgpu-cold-cache-$$   # a cold build of the C++ part, timed
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.csv" 2>&1
+
+stamp build
+( cd /tmp && timeout 240 python3 - > "$OUT/build.json" 2> "$OUT/build.err" ) <<'PY'
+import json, sys, time
+r = {}
+import torch
+r["torch"], r["python"] = torch.__version__, sys.version.split()[0]
+import rgpu.server, rgpu.server.routes.ops
+from rgpu.device_backend import build
+r["server_import_loaded_cpp"] = build._module is not None
+t0 = time.perf_counter(); build.load(); r["build_s"] = time.perf_counter() - t0
+t0 = time.perf_counter()
+x = torch.randn(256, 256)
+y = x.to("rgpu")
+r["first_use_s"] = time.perf_counter() - t0
+r["matmul_err"] = float(((y @ y).relu().cpu() - (x @ x).relu()).abs().max())
+r["device_name"], r["device_count"] = torch.rgpu.get_device_name(), torch.rgpu.device_count()
+print(json.dumps(r, indent=1))
+PY
+cat "$OUT/build.json"; tail -5 "$OUT/build.err"
+
+stamp correct
+( cd /tmp && timeout 180 python3 - > "$OUT/correct.json" 2> "$OUT/correct.err" ) <<PY
+import json, sys, torch, rgpu
+sys.path.insert(0, "$REPO/examples/nanogpt")
+from model import GPT, GPTConfig
+torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+cfg = GPTConfig(vocab_size=97, block_size=256, n_layer=6, n_head=6, n_embd=384)
+gen = torch.Generator().manual_seed(1)
+batches = [torch.randint(0, 97, (64, 256), generator=gen) for _ in range(5)]
+losses = {}
+for dev in ("cuda", "rgpu"):
+    torch.manual_seed(0)
+    m = GPT(cfg).to(dev); opt = m.configure_optimizer(3e-4); out = []
+    for b in batches:
+        _, loss = m(b.to(dev), b.to(dev)); opt.zero_grad(set_to_none=True); loss.backward(); opt.step()
+        out.append(loss.item())
+    losses[dev] = out
+diff = max(abs(a - b) for a, b in zip(losses["cuda"], losses["rgpu"]))
+print(json.dumps({"losses": losses, "max_abs_diff": diff}, indent=1))
+PY
+cat "$OUT/correct.json"; tail -5 "$OUT/correct.err"
+
+stamp tests
+timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_device_registration.py tests/test_device_ops.py \
+  tests/test_device_streaming.py tests/test_device_nanogpt.py tests/test_device_executor.py > "$OUT/tests.txt" 2>&1
+tail -15 "$OUT/tests.txt"
+
+stamp bench ops
+( cd /tmp && (timeout 150 rgpu bench ops --json || timeout 150 python3 -m rgpu.bench.ops --json) > "$OUT/bench_ops.json" 2> "$OUT/bench_ops.err" )
+cat "$OUT/bench_ops.json"; tail -3 "$OUT/bench_ops.err"
+
+stamp bench train
+( cd /tmp && timeout 200 python3 -m rgpu.bench.train --json --profile "$OUT/train_profile.txt" > "$OUT/bench_train.json" 2> "$OUT/bench_train.err" )
+cat "$OUT/bench_train.json"; tail -3 "$OUT/bench_train.err"
+head -45 "$OUT/train_profile.txt"; head -45 "$OUT/train_profile.txt.server"
+
+stamp native profile
+( cd /tmp && timeout 90 python3 - > "$OUT/native_profile.txt" 2>&1 ) <<PY
+import sys, torch
+sys.path.insert(0, "$REPO/examples/nanogpt")
+from model import GPT, GPTConfig
+from torch.profiler import profile, ProfilerActivity
+m = GPT(GPTConfig(vocab_size=97, block_size=256, n_layer=6, n_head=6, n_embd=384)).cuda()
+opt = m.configure_optimizer(3e-4); b = torch.randint(0, 97, (64, 256), device="cuda")
+def step():
+    _, loss = m(b, b); opt.zero_grad(set_to_none=True); loss.backward(); opt.step(); loss.item()
+for _ in range(3): step()
+with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+    for _ in range(3): step()
+print(p.key_averages().table(sort_by="cuda_time_total", row_limit=25))
+PY
+head -40 "$OUT/native_profile.txt"
+stamp done
