@@ -119,8 +119,10 @@ def build(out_dir: str | os.PathLike | None = None, *, cuda_home: str | None = N
         shutil.copy2(built, partial)
         os.replace(partial, target)   # atomic: a concurrent build or run never sees half a file
     link = out / "libcuda.so"
-    if not link.exists():
-        link.symlink_to("libcuda.so.1")
+    try:
+        link.symlink_to("libcuda.so.1")     # for linkers (-lcuda)
+    except FileExistsError:                # there already, or a concurrent build made it
+        pass
     return target
 
 
