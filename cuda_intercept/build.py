@@ -77,6 +77,16 @@ def _libpython() -> tuple[str, str]:
     return libdir, os.path.join(libdir, soname)
 
 
+def _dev_link(tmp: str, libpython: str) -> str:
+    """A folder with libpythonX.Y.so for -lpythonX.Y where only the runtime .so.1.0 is installed (no -dev package)."""
+    name = f"libpython{sys.version_info[0]}.{sys.version_info[1]}{getattr(sys, 'abiflags', '')}.so"
+    folder = os.path.join(tmp, "pylib")
+    os.makedirs(folder, exist_ok=True)
+    if os.path.exists(libpython) and not os.path.exists(os.path.join(os.path.dirname(libpython), name)):
+        os.symlink(libpython, os.path.join(folder, name))
+    return folder
+
+
 def build_key(api: model.Api) -> str:
     h = hashlib.sha256()
     for part in (api.header.text, sys.version, __import__("cffi").__version__):
@@ -109,11 +119,11 @@ def build(out_dir: str | os.PathLike | None = None, *, cuda_home: str | None = N
         *((HERE / f).read_text() for f in C_SOURCES),
         cgen.wrappers(api),
     ])
-    ffi.set_source(MODULE, source, libraries=["pthread", "dl"], library_dirs=[libdir],
-                   extra_compile_args=["-O2", "-Wno-unused-function", "-Wno-unused-variable"],
-                   extra_link_args=[f"-Wl,-rpath,{libdir}", "-Wl,-soname,libcuda.so.1"])
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="rgpu-intercept-build-") as tmp:
+        ffi.set_source(MODULE, source, libraries=["pthread", "dl"], library_dirs=[libdir, _dev_link(tmp, libpython)],
+                       extra_compile_args=["-O2", "-Wno-unused-function", "-Wno-unused-variable"],
+                       extra_link_args=[f"-Wl,-rpath,{libdir}", "-Wl,-soname,libcuda.so.1"])
         built = ffi.compile(tmpdir=tmp, target="libcuda.so.1")
         partial = out / f".libcuda.so.1.{os.getpid()}"
         shutil.copy2(built, partial)

@@ -57,6 +57,7 @@ class StreamReader:
     """
 
     STAGE = 256 << 10
+    SMALL = 64 << 10   # buffers up to this size get their own bytearray: no pool lock, no lease to release
 
     def __init__(self, recv_into):
         self._recv_into = recv_into          # fills up to len(view) bytes, returns count (0 = EOF)
@@ -110,14 +111,23 @@ class StreamReader:
     def read_frame(self, limits: Limits, pool: BufferPool, into: Into | None = None) -> Frame:
         h = decode_header(self._take(HEADER.size), limits)
         lengths = decode_lengths(self._take(8 * h.nbufs), h.nbufs, h.meta_len, limits) if h.nbufs else []
-        meta = unpack_meta(self._take(h.meta_len), limits)
-        targets = into(h.kind, h.seq, lengths) if (into is not None and lengths) else None
+        meta = unpack_meta(self._take(h.meta_len), limits) if h.meta_len else None
+        if not lengths:
+            return Frame(h.kind, h.seq, h.ack, meta)
+        targets = into(h.kind, h.seq, lengths) if into is not None else None
         if targets is not None and [v.nbytes for v in targets] != lengths:
             targets = None  # not the reply the caller prepared for (an error, say): use the pool
         bufs, leases = [], []
         for i, n in enumerate(lengths):
             if targets is not None:
                 dest = targets[i]
+            elif n <= self.SMALL:
+                if self._end - self._start >= n:  # all staged already: one copy out
+                    dest = memoryview(bytearray(self._view[self._start:self._start + n]))
+                    self._start += n
+                    bufs.append(dest)
+                    continue
+                dest = memoryview(bytearray(n))
             else:
                 dest, token = pool.lease(n)
                 leases.append(token)
