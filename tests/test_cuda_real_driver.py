@@ -141,3 +141,19 @@ def test_on_a_gpu_nvcc_is_there_for_the_c_program():
     if shutil.which("nvidia-smi") is None:
         pytest.skip("needs an NVIDIA GPU (runs through the device tool, not in CI)")
     assert real_api.candidates()
+
+
+def test_real_driver_falls_back_to_kernelParams_pointing_into_the_packed_buffer(over_shim):
+    drv = over_shim
+    drv.init(4)
+    drv.set_current(drv.primary_ctx_retain(0))
+    mod, *_ = drv.module_load({}, memoryview(_ptx()))
+    f = drv.module_get_function(mod, "vecAdd")
+    drv.param_layout(f)
+    drv.code.by_params.add(f)                   # as after a driver refused the buffer through extra
+    n = 16
+    a = np.arange(n, dtype=np.float32)
+    pa, pc = drv.mem_alloc(4 * n), drv.mem_alloc(4 * n)
+    drv.memcpy_htod(pa, None, memoryview(a.tobytes()))
+    drv.launch(f, (1, 1, 1), (n, 1, 1), 0, 0, None, struct.pack("<QQQI", pa, pa, pc, n))
+    assert np.array_equal(np.frombuffer(bytes(drv.memcpy_dtoh(pc, 4 * n, None)), np.float32), 2 * a)

@@ -120,7 +120,9 @@ class Connection:
 
     def _submit(self, kind: MsgKind, meta, buffers: Sequence, fut: Future | None) -> int:
         views = [as_bytes_view(b) for b in buffers]
-        nbytes = sum(v.nbytes for v in views)
+        nbytes = 0
+        for v in views:
+            nbytes += v.nbytes
         big = nbytes > self.settings.post_copy_bytes
         if views and not big and kind == MsgKind.POST:
             views = [memoryview(bytearray(v)) for v in views]  # the caller may change its memory once we return
@@ -275,7 +277,8 @@ class Connection:
         return fut.into if fut is not None else None
 
     def _dispatch(self, frame: Frame) -> None:
-        self.stats["bytes_in"] += sum(b.nbytes for b in frame.buffers)
+        if frame.buffers:
+            self.stats["bytes_in"] += sum([b.nbytes for b in frame.buffers])
         if frame.kind == MsgKind.REPLY or frame.kind == MsgKind.ERROR:
             fut = self._pending.pop(frame.seq, None)
             if fut is None:

@@ -64,7 +64,7 @@ class TcpTransport(Transport):
             self.sock.sendall(pending)
 
     def _sendmsg_all(self, parts: Sequence) -> None:
-        pending = [memoryview(p).cast("B") for p in parts if len(p)]
+        pending = [p if type(p) is bytes else memoryview(p).cast("B") for p in parts if len(p)]
         on_block = self.on_block
         # with an on_block hook, never sleep inside sendmsg: a full socket hands control to the hook
         flags = socket.MSG_DONTWAIT if on_block is not None else 0
@@ -76,8 +76,8 @@ class TcpTransport(Transport):
                 sent = 0
             while sent:  # drop what went out, keep the tail of a part sent in half
                 head = pending[i]
-                if sent >= head.nbytes:
-                    sent -= head.nbytes
+                if sent >= len(head):  # bytes or a 1-D byte view: len is the byte count
+                    sent -= len(head)
                     i += 1
                 else:
                     pending[i] = head[sent:]

@@ -30,6 +30,8 @@ class RealCode:
         self._extra = (c_void_p * 5)(CU_LAUNCH_PARAM_BUFFER_POINTER, None, CU_LAUNCH_PARAM_BUFFER_SIZE,
                                      ctypes.addressof(self._size), CU_LAUNCH_PARAM_END)
         self._launch = self.api.lib.cuLaunchKernel
+        self.layouts: dict[int, list] = {}          # function -> [[offset, size], ...] as the client was told
+        self.by_params: set[int] = set()            # functions whose launches need kernelParams, not extra
 
     def _function(self, handle: int) -> int:
         """A CUfunction for a CUfunction or CUkernel handle (in the current context)."""
@@ -65,6 +67,7 @@ class RealCode:
         while getattr(self.api.lib, fn)(handle, i, byref(off), byref(size)) == 0:
             out.append([off.value, size.value])
             i += 1
+        self.layouts[handle] = out
         return out
 
     def func_name(self, handle: int) -> str:
@@ -135,9 +138,22 @@ class RealCode:
     # ---- launches ----------------------------------------------------------------------
     def launch_at(self, func, gx, gy, gz, bx, by, bz, shared, stream, args_addr: int, nargs: int) -> None:
         """cuLaunchKernel with the packed arguments at ``args_addr`` (the hot path: no copies)."""
+        if func in self.by_params:
+            return self._launch_params(func, gx, gy, gz, bx, by, bz, shared, stream, args_addr)
         self._extra[1] = args_addr
         self._size.value = nargs
         rc = self._launch(func, gx, gy, gz, bx, by, bz, shared, stream, None, self._extra if nargs else None)
+        if rc == CUDA_ERROR_INVALID_VALUE and nargs and func in self.layouts:
+            # a driver that will not take this buffer through extra: point kernelParams into it instead
+            self.by_params.add(func)
+            return self._launch_params(func, gx, gy, gz, bx, by, bz, shared, stream, args_addr)
+        if rc:
+            raise CudaDriverError(rc, f"cuLaunchKernel: {self.api.error_name(rc)}")
+
+    def _launch_params(self, func, gx, gy, gz, bx, by, bz, shared, stream, args_addr: int) -> None:
+        offsets = [off for off, _ in self.layouts[func]]
+        params = (c_void_p * max(1, len(offsets)))(*[args_addr + off for off in offsets])
+        rc = self._launch(func, gx, gy, gz, bx, by, bz, shared, stream, params, None)
         if rc:
             raise CudaDriverError(rc, f"cuLaunchKernel: {self.api.error_name(rc)}")
 
