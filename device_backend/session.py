@@ -14,7 +14,11 @@ import torch
 
 from rgpu.server.ops.protocol import Msg
 
+from rgpu.transport.buffers import as_bytes_view
+
 from . import build
+
+UPLOAD_PIECE_BYTES = 8 << 20  # bigger uploads go in pieces of this size (to a contiguous destination)
 
 _lock = threading.RLock()
 _session: "Session | None" = None
@@ -53,8 +57,17 @@ class Session:
         return reply.meta[0]
 
     def upload(self, desc, data) -> None:
-        with self.lock:
-            self.conn.post([Msg.UPLOAD, self.C.drain_events(), desc], [data])
+        view = as_bytes_view(data)
+        if view.nbytes <= UPLOAD_PIECE_BYTES or not _contiguous(desc[3], desc[4]):
+            with self.lock:
+                self.conn.post([Msg.UPLOAD, self.C.drain_events(), desc], [view])
+            return
+        # in pieces, the lock let go between them: other threads' ops never wait for the whole upload,
+        # and the server copies each piece to the device while the next one arrives
+        for offset in range(0, view.nbytes, UPLOAD_PIECE_BYTES):
+            with self.lock:
+                self.conn.post([Msg.UPLOAD_PART, self.C.drain_events(), desc, offset],
+                               [view[offset:offset + UPLOAD_PIECE_BYTES]])
 
     def download(self, desc, into: memoryview) -> None:
         with self.lock:
@@ -92,6 +105,15 @@ class Session:
             self.conn.close()
         except Exception:  # the server may already be gone at exit
             pass
+
+
+def _contiguous(sizes, strides) -> bool:
+    expected = 1
+    for size, stride in zip(reversed(sizes), reversed(strides)):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def current() -> Session | None:

@@ -13,6 +13,7 @@ import torch
 
 from rgpu.server.ops.codec import CODE_BY_DTYPE, Decoder, encode_result, flatten
 from rgpu.server.ops.graphs import Graphs
+from rgpu.server.ops.uploads import Uploads
 from rgpu.server.ops.handles import DTYPE_BY_CODE, HandleTable, Poisoned
 from rgpu.server.ops.protocol import Msg
 from rgpu.server.ops.resolve import OpRefused, resolve
@@ -65,7 +66,8 @@ class Executor(BaseExecutor):
         # session's own, so the process-wide default generators are per-session as well.)
         self.gens = [torch.Generator() for _ in devices] if self.kind == "cpu" else None
         self.graphs = Graphs(self.table, self._resolved, self.kind == "cuda")  # torch.compile(backend="rgpu")
-        self.handlers = {Msg.GRAPH: self.graphs.define, Msg.RUN: self.graphs.run,
+        self.uploads = Uploads(self.table, self.kind == "cuda")  # big uploads in pieces, staged through pinned memory
+        self.handlers = {Msg.GRAPH: self.graphs.define, Msg.RUN: self.graphs.run, Msg.UPLOAD_PART: self.uploads.part,
                          Msg.GRAPH_FREE: self.graphs.free, Msg.GRAPH_INFO: self.graphs.info,
                          Msg.DEFINE: self._define, Msg.OP: self._op, Msg.CALL: self._call,
                          Msg.UPLOAD: self._upload, Msg.DOWNLOAD: self._download, Msg.EVENTS: self._events,

@@ -1,0 +1,94 @@
+"""Big uploads in pieces (``Msg.UPLOAD_PART``): each piece lands at its byte offset as it arrives.
+
+Why pieces: a gigabyte sent as one frame holds every small op behind it until the
+last byte is in, and the copy to the GPU could only start then. In pieces of at
+most 8 MiB, ops interleave with them, and on a GPU each piece goes through a
+pinned staging slot: copied there on the host, then to the device asynchronously,
+so the next piece is received and staged while the previous one crosses PCIe.
+
+The shm hook: where a piece already lies in host memory the GPU can read
+directly (a shm segment registered with ``cudaHostRegister``), ``pinned_view``
+returns it and the staging copy is skipped; it returns None until the shm
+transport keeps a piece's memory alive past the call (frames are released
+when ``handle`` returns, so a DMA from them would have to finish first).
+"""
+from __future__ import annotations
+
+import torch
+
+from .handles import HandleTable, Poisoned
+
+SLOTS = 3                 # staging slots: one being filled, one crossing PCIe, one spare
+SLOT_BYTES = 8 << 20      # the client's largest piece
+
+
+class UploadError(Exception):
+    """A piece this server will not take; ``op`` names the message."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.op = "upload"
+
+
+def pinned_view(buf: memoryview) -> torch.Tensor | None:
+    """The shm hook: ``buf`` as a pinned CPU tensor when the GPU can read it in place; None for now."""
+    return None
+
+
+class _Slot:
+    __slots__ = ("host", "done")
+
+    def __init__(self):
+        self.host = torch.empty(SLOT_BYTES, dtype=torch.uint8, pin_memory=True)
+        self.done: torch.cuda.Event | None = None
+
+
+class Uploads:
+    """The session's piecewise uploads (pinned staging slots made on the first piece, on a GPU)."""
+
+    def __init__(self, table: HandleTable, on_gpu: bool):
+        self.table, self.on_gpu = table, on_gpu
+        self.slots: list[_Slot] = []
+        self.next = 0
+
+    def part(self, meta, buffers):
+        _, events, desc, offset = meta
+        self.table.apply_events(events)
+        if len(buffers) != 1 or type(offset) is not int or offset < 0:
+            raise UploadError("UPLOAD_PART: [events, tensor, byte offset] and one buffer")
+        try:
+            dst = self.table.tensor(desc)
+        except Poisoned:  # new bytes replace a failed op's result
+            self.table.free(desc[0])
+            dst = self.table.tensor(desc)
+        n = buffers[0].nbytes
+        if not dst.is_contiguous() or offset + n > dst.numel() * dst.element_size():
+            raise UploadError(f"upload piece of {n} bytes at {offset} does not fit its (contiguous) tensor")
+        if n == 0:
+            return None
+        into = dst.view(-1).view(torch.uint8)[offset:offset + n]
+        src = torch.frombuffer(buffers[0], dtype=torch.uint8)
+        if not self.on_gpu or into.device.type != "cuda":
+            into.copy_(src)
+            return None
+        pinned = pinned_view(buffers[0])
+        if pinned is not None:
+            into.copy_(pinned)  # synchronous: the frame's memory goes back when we return
+            return None
+        self._staged(into, src)
+        return None
+
+    def _staged(self, into: torch.Tensor, src: torch.Tensor) -> None:
+        if not self.slots:
+            self.slots = [_Slot() for _ in range(SLOTS)]
+        for start in range(0, src.numel(), SLOT_BYTES):
+            piece = src[start:start + SLOT_BYTES]
+            slot = self.slots[self.next]
+            self.next = (self.next + 1) % len(self.slots)
+            if slot.done is not None:
+                slot.done.synchronize()  # its previous piece has left the slot
+            host = slot.host[:piece.numel()]
+            host.copy_(piece)
+            into[start:start + piece.numel()].copy_(host, non_blocking=True)
+            slot.done = torch.cuda.Event()
+            slot.done.record()

@@ -1,0 +1,60 @@
+"""Big uploads go in pieces that land at their offsets; small ones and odd destinations go whole."""
+from __future__ import annotations
+
+import pytest
+import torch
+from device_helpers import rgpu_device  # noqa: F401
+
+import rgpu
+from rgpu import config
+from rgpu.device_backend.session import UPLOAD_PIECE_BYTES
+from rgpu.server.ops.codec import CODE_BY_DTYPE
+from rgpu.server.ops.protocol import Msg
+from rgpu.server.routes.base import Session
+from rgpu.server.routes.ops import Executor
+
+
+def test_a_big_upload_goes_in_pieces_and_arrives_whole(rgpu_device):
+    src = torch.randn(2 * UPLOAD_PIECE_BYTES // 4 + 1000)  # two full pieces and a bit
+    torch.rgpu.synchronize()
+    rgpu.stats(reset=True)
+    dst = src.to("rgpu")
+    sent = rgpu.stats()
+    assert sent["messages"] == 3 and sent["bytes_out"] == src.numel() * 4, sent
+    assert torch.equal(dst.cpu(), src)
+
+
+def test_later_changes_to_the_source_of_a_big_upload_never_arrive(rgpu_device):
+    src = torch.ones(UPLOAD_PIECE_BYTES // 4 * 2)
+    dst = src.to("rgpu")
+    src.fill_(7.0)
+    assert dst.sum().item() == src.numel()
+
+
+def test_an_upload_into_a_strided_destination_goes_whole(rgpu_device):
+    dst = torch.zeros(UPLOAD_PIECE_BYTES // 4, 3).to("rgpu").t()  # not contiguous
+    src = torch.arange(3.0 * (UPLOAD_PIECE_BYTES // 4)).view(3, -1)
+    torch.rgpu.synchronize()
+    rgpu.stats(reset=True)
+    dst.copy_(src)
+    assert rgpu.stats()["messages"] == 1
+    assert torch.equal(dst.cpu(), src)
+
+
+def _executor() -> Executor:
+    return Executor(Session(id="t", route="ops", settings=config.settings(environ={}, device="cpu")))
+
+
+def test_pieces_land_at_their_offsets_and_one_past_the_end_is_refused():
+    ex = _executor()
+    desc = [1, 64, CODE_BY_DTYPE[torch.float32], [16], [1], 0, 0]
+    for k in range(4):  # four pieces of four floats, out of order
+        piece = torch.full((4,), float(k))
+        ex.handle([Msg.UPLOAD_PART, [], desc, k * 16], [memoryview(piece.numpy()).cast("B")], False)
+    _, bufs = ex.handle([Msg.DOWNLOAD, [], desc], [], True)
+    got = torch.frombuffer(bytearray(bufs[0]), dtype=torch.float32)
+    assert torch.equal(got, torch.arange(4.0).repeat_interleave(4))
+    with pytest.raises(Exception, match="does not fit"):
+        ex.handle([Msg.UPLOAD_PART, [], desc, 60], [memoryview(bytes(8))], False)
+    with pytest.raises(Exception, match="byte offset"):
+        ex.handle([Msg.UPLOAD_PART, [], desc, -4], [memoryview(bytes(4))], False)
