@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from rgpu.server.ops.substitutes import SUBSTITUTES
+
 from . import optable
 from .encode import CODE
 
@@ -55,7 +57,13 @@ def make_plan(op, info: optable.OpInfo, args, kwargs, devtype: str) -> Plan:
     """Run the meta kernel on stand-ins of the inputs (raises what the op would raise on shapes/dtypes)."""
     margs = _to_meta(args, devtype)
     mkwargs = {k: _to_meta(v, devtype) for k, v in kwargs.items()}
-    result = op(*margs, **mkwargs)
+    sub = SUBSTITUTES.get(info.name)
+    if sub is not None:  # size outputs as the op the server will run instead
+        name, adapt = sub
+        target = getattr(getattr(torch.ops.aten, name.split(".")[0]), name.split(".")[1])
+        result = target(*(adapt(margs) if adapt else margs), **mkwargs)
+    else:
+        result = op(*margs, **mkwargs)
     resize = []
     for loc in info.outs:
         real, fake = optable.locate(loc, args, kwargs), optable.locate(loc, margs, mkwargs)

@@ -8,6 +8,8 @@ Kinds (``OpInfo.kind``):
 """
 from __future__ import annotations
 
+from rgpu.server.ops.substitutes import SUBSTITUTES
+
 # Ops whose result is data the client must wait for, though their meta kernels answer.
 DATA = {"equal", "is_nonzero", "is_set_to", "_local_scalar_dense", "allclose", "_nnz"}
 
@@ -23,6 +25,7 @@ LOCAL = {
 CLAIMED = (
     "native_layer_norm.default", "native_layer_norm_backward.default",
     "_has_compatible_shallow_copy_type.default",  # else Module.to makes new Parameters (breaks weight tying)
+    *SUBSTITUTES,  # kernels that only raise for a third-party device (convolution)
 )
 CLAIMED_PREFIXES = ("_foreach_",)
 

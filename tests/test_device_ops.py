@@ -1,6 +1,8 @@
 """Ops on the rgpu device give the CPU's values: views alias exactly, in-place ops, data, copies, errors."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from device_helpers import rgpu_device  # noqa: F401
@@ -119,3 +121,19 @@ def test_ops_that_touch_files_are_refused(rgpu_device):
     s.post([Msg.OP, [], 10_001, ["/etc/passwd"], {}, None])
     with pytest.raises(rgpu.RemoteError, match="reads a file"):
         torch.rgpu.synchronize()
+
+
+def test_convolutions_and_their_gradients_match_the_cpu(rgpu_device):
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                              torch.nn.ConvTranspose2d(8, 4, 2, stride=2, groups=2), torch.nn.AdaptiveAvgPool2d(1),
+                              torch.nn.Flatten(), torch.nn.Linear(4, 2))
+    x = torch.randn(2, 3, 8, 8)
+    results = []
+    for dev in ("cpu", "rgpu"):
+        model = copy.deepcopy(net).to(dev)
+        out = model(x.to(dev))
+        out.sum().backward()
+        results.append([out.detach().cpu()] + [p.grad.cpu() for p in model.parameters()])
+    for a, b in zip(*results):
+        assert torch.allclose(a, b, atol=1e-5)

@@ -36,6 +36,9 @@ def as_bytes_view(obj) -> memoryview:
         raise TypeError(f"cannot send a {type(obj).__name__}: expected bytes, memoryview, numpy array or CPU tensor") from None
 
 
+_NUMPY_DTYPES = None  # torch dtypes numpy holds and a memoryview casts to bytes (filled on first use)
+
+
 def _tensor_view(t) -> memoryview:
     import torch  # only reached when a tensor is passed, so torch is already loaded
 
@@ -43,11 +46,12 @@ def _tensor_view(t) -> memoryview:
         raise TypeError(f"only CPU tensors can be sent as buffers, got one on {t.device}")
     if t.requires_grad:
         t = t.detach()
-    if t.is_contiguous() and not t.is_conj() and not t.is_neg():
-        try:
-            return memoryview(t.numpy()).cast("B")  # the common dtypes, without a reshape or a uint8 view
-        except (TypeError, ValueError, RuntimeError):
-            pass  # bfloat16, float8, complex, 0-d: through the uint8 view below
+    global _NUMPY_DTYPES
+    if _NUMPY_DTYPES is None:
+        _NUMPY_DTYPES = {torch.float32, torch.float64, torch.float16, torch.int64, torch.int32, torch.int16,
+                         torch.int8, torch.uint8, torch.bool}
+    if t.dtype in _NUMPY_DTYPES and t.dim() and t.numel() and t.is_contiguous() and not t.is_neg():
+        return memoryview(t.numpy()).cast("B")  # the common dtypes, without a reshape or a uint8 view
     if not t.is_contiguous():
         t = t.contiguous()
     if t.is_conj():

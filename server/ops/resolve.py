@@ -10,6 +10,8 @@ import re
 
 import torch
 
+from .substitutes import SUBSTITUTES
+
 # Ops a client may never run on the server, and why.
 BLOCKED = {
     "from_file": "reads a file on the server",
@@ -34,12 +36,12 @@ class OpRefused(Exception):
 
 
 class Resolved:
-    """A runnable op and what the executor needs to know of its schema."""
+    """A runnable op and what the executor needs to know of its schema (``adapt``: see substitutes)."""
 
-    __slots__ = ("name", "op", "mutable", "generator")
+    __slots__ = ("name", "op", "mutable", "generator", "adapt")
 
-    def __init__(self, name: str, op):
-        self.name, self.op = name, op
+    def __init__(self, name: str, op, run=None, adapt=None):
+        self.name, self.op, self.adapt = name, run or op, adapt
         args = op._schema.arguments
         # positions and keyword names of arguments the op writes: they share the fate of a failure
         self.mutable = [(i, a.name, a.kwarg_only) for i, a in enumerate(args)
@@ -62,4 +64,8 @@ def resolve(qualified: str, schema: str) -> Resolved:
     if mine != schema:
         raise OpRefused(qualified, f"schema differs between client and server (torch {torch.__version__}): "
                                    f"client {schema!r}, server {mine!r}")
+    sub = SUBSTITUTES.get(qualified)
+    if sub is not None:
+        name, overload = sub[0].split(".")
+        return Resolved(f"aten.{qualified}", op, getattr(getattr(torch.ops.aten, name), overload), sub[1])
     return Resolved(f"aten.{qualified}", op)

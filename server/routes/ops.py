@@ -110,6 +110,8 @@ class Executor(BaseExecutor):
     def _run(self, r, args, kwargs, dec: Decoder):
         a = dec.value(args)
         k = dec.kwargs(kwargs)
+        if r.adapt is not None:
+            a = r.adapt(a)
         if self.kind == "cpu" and r.name in CPU_ADAPT:
             a = CPU_ADAPT[r.name](a)
         if self.gens is not None and r.generator and k.get("generator") is None:
