@@ -29,11 +29,12 @@ def _serve(args) -> int:
 def _bench(args) -> int:
     from rgpu.bench import harness
 
-    rows = harness.run_suite(args.suite, args)
-    if args.suite == "transport" and args.tls:  # two servers of its own, one --tls: rows beside plain tcp
-        from rgpu.bench import tls
+    if args.suite == "transport" and args.tls:
+        from rgpu.bench import tls  # registers the "tcp+tls" transport: rgpu over TLS beside plain rgpu tcp
 
-        rows += tls.rows(args)
+        if args.transport:
+            args.transport += f",{tls.NAME}"
+    rows = harness.run_suite(args.suite, args)
     if args.json:
         print(json.dumps(rows, indent=1))
     else:
