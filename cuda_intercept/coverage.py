@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from . import calls_code, calls_device, calls_launch, calls_memory, calls_order, calls_pointer  # noqa: F401 (register)
+from . import calls_code, calls_device, calls_launch, calls_link, calls_memory, calls_order, calls_pointer  # noqa: F401 (register)
 from . import header, model
 from .annotations import C_ANSWERED, C_ONLY, QUEUED, REFUSED, SYNCHRONISING, base_of
 from .registry import IMPLS

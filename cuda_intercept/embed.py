@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import atexit
 
-from . import calls_code, calls_device, calls_launch, calls_memory, calls_order, calls_pointer  # noqa: F401 (register)
+from . import calls_code, calls_device, calls_launch, calls_link, calls_memory, calls_order, calls_pointer  # noqa: F401 (register)
 from . import client
 from .registry import CUDA_SUCCESS, handler
 

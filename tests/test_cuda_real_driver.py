@@ -16,7 +16,7 @@ import pytest
 
 from rgpu.errors import ConfigError
 from rgpu.server.cuda_driver import open_driver, real, real_api
-from test_cuda_support import VECADD_C, shim_in_process
+from test_cuda_support import shim_in_process
 
 
 def _ptx() -> bytes:

@@ -14,8 +14,8 @@ import time
 
 from .base import (CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_DEVICE,
                    CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_READY,
-                   CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, CudaDriverError,
-                   Driver, check)
+                   CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, Driver,
+                   check)
 from .fake_code import FakeCode
 from .fake_memory import FakeMemory
 

@@ -7,7 +7,7 @@ effect (context creation) put it back, so the executor's idea of it stays true.
 from __future__ import annotations
 
 import ctypes
-from ctypes import byref, c_float, c_int, c_size_t, c_uint, c_ulonglong, c_void_p
+from ctypes import byref, c_int, c_size_t, c_uint, c_ulonglong, c_void_p
 
 import numpy as np
 
