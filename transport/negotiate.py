@@ -52,10 +52,14 @@ def unavailable(name: str) -> str | None:
     """None when this end can use transport ``name``, else why not."""
     if name == "shm":
         return shm.available()
-    if name == "ucx":
-        if importlib.util.find_spec("ucxx") is None:
-            return "UCXX is not installed here (pip install 'rgpu[ucx]')"
+    if name == "ucx" and not has_module("ucxx"):
+        return "UCXX is not installed here (pip install 'rgpu[ucx]')"
     return None
+
+
+def has_module(name: str) -> bool:
+    """Whether ``name`` could be imported, without importing it (UCXX takes about a second)."""
+    return importlib.util.find_spec(name) is not None
 
 
 def client_offer(settings, tls: bool = False) -> list[str]:
@@ -228,8 +232,10 @@ def _server_shm(t: Transport, msg: dict, settings) -> Transport | None:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise ConnectionLost("the client neither connected to the shm socket nor said why")
-            ready, _, _ = select.select([offer.listener, t.sock], [], [], left)
-            if offer.listener in ready:
+            poller = select.poll()     # not select(): descriptors past FD_SETSIZE
+            poller.register(offer.listener, select.POLLIN)
+            poller.register(t.sock, select.POLLIN)
+            if any(fd == offer.listener.fileno() for fd, _ in poller.poll(left * 1000)):
                 offer.accept(max(0.1, deadline - time.monotonic()))
                 break
         proof = _recv(t, "shm")

@@ -262,7 +262,10 @@ class ShmTransport(Transport):
             os.eventfd_write(self._data_out, 1)
 
     def _wait_space(self, ready) -> None:
-        """Until ``ready()``: the receiver frees ring space or heap slots (it wakes us when we say we wait)."""
+        """Until ``ready()``: the receiver frees ring space or heap slots (it wakes us when we say we wait).
+
+        Meanwhile ``on_block`` (a connection's) may read replies the peer is blocked on.
+        """
         q = self._q
         end = time.perf_counter() + self.spin_s
         while time.perf_counter() < end:
@@ -272,12 +275,19 @@ class ShmTransport(Transport):
         while True:
             if self._closed:
                 raise ConnectionLost("connection closed")
+            wait = BACKSTOP_S
+            if self.on_block is not None:
+                want = self.on_block()
+                if want is not None:
+                    if ready():
+                        return
+                    wait = 0.002 if want else 0.01     # a reply may be due: look again soon
             q[self._waiting_out] = 1
             _fence()
             if ready():
                 q[self._waiting_out] = 0
                 return
-            events = self._poll_space.poll(BACKSTOP_S * 1000)
+            events = self._poll_space.poll(wait * 1000)
             q[self._waiting_out] = 0
             for fd, ev in events:
                 if fd == self._space_out:
@@ -300,6 +310,8 @@ class ShmTransport(Transport):
         with self._recv_lock:
             try:
                 return self._wait_data(time.monotonic() + max(0.0, timeout))
+            except ConnectionLost:
+                return True            # recv_frame says so
             except (OSError, ValueError) as exc:
                 raise self._lost(exc, "receiving") from None
 
@@ -315,6 +327,8 @@ class ShmTransport(Transport):
         if q[tail] != head:
             return True
         end = time.perf_counter() + self.spin_s
+        if deadline is not None:
+            end = min(end, time.perf_counter() + deadline - time.monotonic())
         yld = os.sched_yield if self.spin_yield else (lambda: None)
         while time.perf_counter() < end:
             if q[tail] != head:

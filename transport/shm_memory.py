@@ -108,14 +108,13 @@ class Heap:
 
     def alloc(self, sizes: list[int]) -> tuple[int, list[tuple[int, int]]] | None:
         """(slot, [(segment id, offset)]) for a frame's buffers, or None until the receiver lets go of some."""
-        if not self._free_slots and not self.reap():
+        self.reap()   # first, so that the lowest (warm, already faulted-in) memory is used again
+        if not self._free_slots:
             return None
         places: list[tuple[int, int, int]] = []
         for n in sizes:
             n = round_up(max(n, 1), ALIGN)
             where = self._take(n)
-            if where is None and self.reap():
-                where = self._take(n)
             if where is None:
                 where = self._grow(n)
             if where is None:

@@ -141,7 +141,7 @@ class UcxTransport(Transport):
                         arr = self._Array(part)
                         keep.append(arr)
                         reqs.append(self._ep.tag_send(arr, self._tag))
-                self._wait(lambda: all(r.completed for r in reqs))
+                self._wait(lambda: all(r.completed for r in reqs), blocked=self.on_block)
                 for r in reqs:
                     r.check_error()
             except Exception as exc:
@@ -203,9 +203,16 @@ class UcxTransport(Transport):
         for r in reqs:
             r.check_error()
 
-    def _wait(self, done, deadline: float | None = None) -> bool:
-        """Progress the worker until ``done()``; spin briefly, then sleep on its event fd and the carrier."""
+    def _wait(self, done, deadline: float | None = None, blocked=None) -> bool:
+        """Progress the worker until ``done()``; spin briefly, then sleep on its event fd and the carrier.
+
+        ``blocked`` (a send's ``on_block``) may read frames meanwhile: a big send completes
+        only once the peer receives it, and the peer may itself be blocked sending us a reply.
+        """
         spin_end = time.perf_counter() + SPIN_S
+        poller = select.poll()     # not select(): descriptors past FD_SETSIZE
+        poller.register(self._efd, select.POLLIN)
+        poller.register(self._sock, select.POLLIN)
         while True:
             with self._ucx_lock:
                 self._worker.progress()
@@ -215,16 +222,18 @@ class UcxTransport(Transport):
                 raise ConnectionLost("connection closed")
             if time.perf_counter() < spin_end:
                 continue
+            wait = BACKSTOP_S if deadline is None else min(BACKSTOP_S, deadline - time.monotonic())
+            if wait <= 0:
+                return False
+            if blocked is not None and blocked() is not None:
+                wait = min(wait, 0.002)
             with self._ucx_lock:
                 armed = self._worker.arm()       # False: events are pending, progress again
             if not armed:
                 continue
-            wait = BACKSTOP_S if deadline is None else min(BACKSTOP_S, deadline - time.monotonic())
-            if wait <= 0:
-                return False
-            ready, _, _ = select.select([self._efd, self._sock], [], [], wait)
-            if self._sock in ready:
-                self._check_carrier()
+            for fd, _ in poller.poll(wait * 1000):
+                if fd == self._sock.fileno():
+                    self._check_carrier()
 
     def _check_carrier(self) -> None:
         if self._closed:

@@ -1,0 +1,234 @@
+"""The transport contract, the same cases for every transport: tcp, shm, ucx (where UCXX is installed).
+
+send(parts) with parts from frame_parts; recv_frame(limits, pool, into); close; abort.
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from rgpu.errors import ConnectionLost, ProtocolError
+from rgpu.transport.buffers import BufferPool, as_bytes_view
+from rgpu.transport.wire import Limits, MsgKind
+from transport_pairs import NAMES, pair, skip_reason
+
+MiB = 1 << 20
+LIMITS = Limits()
+
+
+@pytest.fixture(params=NAMES)
+def ends(request):
+    why = skip_reason(request.param)
+    if why:
+        pytest.skip(why)
+    with pair(request.param) as p:
+        yield p
+
+
+def send(t, kind, seq, meta=None, bufs=(), ack=0):
+    """Send on a thread, as the peer is another process: a big send may wait for the receiver (ucx)."""
+    parts = t.frame_parts(kind, seq, ack, meta, [as_bytes_view(b) for b in bufs])  # memoryviews, as a connection passes
+    return in_thread(lambda: t.send(parts))
+
+
+def recv(t, pool=None, into=None, limits=LIMITS):
+    return t.recv_frame(limits, pool or BufferPool(), into)
+
+
+def pattern(n: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
+
+
+def in_thread(fn):
+    """Run ``fn`` on a thread; returns a callable giving its result or raising its exception."""
+    box = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # handed to the test
+            box["error"] = exc
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+
+    def result(timeout=60):
+        th.join(timeout)
+        assert not th.is_alive(), "the thread is still blocked"
+        if "error" in box:
+            raise box["error"]
+        return box.get("value")
+    return result
+
+
+def test_a_frame_arrives_whole_with_its_metadata_and_every_buffer(ends):
+    client, server = ends
+    sizes = [0, 1, 100, 16 << 10, (16 << 10) + 1, 300 << 10, 3 * MiB]
+    bufs = [pattern(n, i) for i, n in enumerate(sizes)]
+    meta = {"op": "x", "nested": [1, 2.5, None, True, b"raw", "text"]}
+    sent = send(client, MsgKind.REQUEST, 7, meta, bufs, ack=3)
+    frame = recv(server)
+    sent()
+    assert (frame.kind, frame.seq, frame.ack, frame.meta) == (MsgKind.REQUEST, 7, 3, meta)
+    assert [b.nbytes for b in frame.buffers] == sizes
+    for got, want in zip(frame.buffers, bufs):
+        assert np.array_equal(np.frombuffer(got, np.uint8), want)
+    frame.release()
+    frame.release()  # twice is harmless
+
+
+def test_frames_joined_in_one_send_arrive_in_order(ends):
+    client, server = ends
+    parts = []
+    for i in range(60):
+        parts += client.frame_parts(MsgKind.POST, i + 1, 0, {"i": i}, [as_bytes_view(pattern(i * 997, i))])
+    sent = in_thread(lambda: client.send(parts))
+    pool = BufferPool()
+    for i in range(60):
+        f = recv(server, pool)
+        assert (f.seq, f.meta) == (i + 1, {"i": i})
+        assert np.array_equal(np.frombuffer(f.buffers[0], np.uint8), pattern(i * 997, i))
+        f.release()
+    sent()
+
+
+def test_the_sender_may_change_its_buffers_once_send_returns(ends):
+    client, server = ends
+    for n in (64, 1 * MiB):
+        buf = np.full(n, 5, np.uint8)
+        sent = send(client, MsgKind.POST, 1, None, [buf])
+        f = recv(server)
+        sent()
+        buf[:] = 9
+        assert np.all(np.frombuffer(f.buffers[0], np.uint8) == 5)
+        f.release()
+        if n == 64:   # small: send has returned before anything was read; change it, send again
+            buf = np.full(n, 5, np.uint8)
+            client.send(client.frame_parts(MsgKind.POST, 2, 0, None, [as_bytes_view(buf)]))
+            buf[:] = 9
+            f = recv(server)
+            assert np.all(np.frombuffer(f.buffers[0], np.uint8) == 5)
+            f.release()
+
+
+def test_buffers_land_in_caller_memory_when_the_sizes_match_and_in_the_pool_otherwise(ends):
+    client, server = ends
+    src = [pattern(1000, 1), pattern(2 * MiB, 2)]
+    dest = [np.zeros(1000, np.uint8), np.zeros(2 * MiB, np.uint8)]
+    sent = send(server, MsgKind.REPLY, 5, None, src)
+    f = recv(client, into=lambda kind, seq, lengths: [memoryview(d) for d in dest])
+    sent()
+    assert all(b.obj is d for b, d in zip(f.buffers, dest))
+    assert all(np.array_equal(d, s) for d, s in zip(dest, src))
+    f.release()
+    sent = send(server, MsgKind.REPLY, 6, None, [pattern(10)])       # not the size the caller prepared
+    f = recv(client, into=lambda kind, seq, lengths: [memoryview(np.zeros(11, np.uint8))])
+    sent()
+    assert bytes(f.buffers[0]) == pattern(10).tobytes()
+    f.release()
+
+
+def test_big_buffers_cross_both_ways_intact(ends):
+    client, server = ends
+    big = pattern(64 * MiB, 3)
+    sent = send(client, MsgKind.REQUEST, 1, None, [big])
+    f = recv(server)
+    sent()
+    sent = send(server, MsgKind.REPLY, 1, None, f.buffers)     # echo straight from what arrived
+    back = recv(client)
+    sent()
+    f.release()
+    assert np.array_equal(np.frombuffer(back.buffers[0], np.uint8), big)
+    back.release()
+
+
+def test_numpy_arrays_of_any_dtype_go_as_their_bytes(ends):
+    client, server = ends
+    arrays = [np.arange(1000, dtype=np.float32), np.arange(30000, dtype=np.int64).reshape(100, 300)[:, ::2]]
+    sent = send(client, MsgKind.POST, 1, None, arrays)
+    f = recv(server)
+    sent()
+    assert bytes(f.buffers[0]) == arrays[0].tobytes()
+    assert bytes(f.buffers[1]) == np.ascontiguousarray(arrays[1]).tobytes()
+    f.release()
+
+
+def test_frames_flow_both_ways_at_once(ends):
+    client, server = ends
+    n = 200
+
+    def sender(t, tag):
+        for i in range(n):
+            t.send(t.frame_parts(MsgKind.POST, i + 1, 0, tag, [as_bytes_view(pattern((i % 7) * 20000, i))]))
+
+    def receiver(t, tag):
+        pool = BufferPool()
+        for i in range(n):
+            f = recv(t, pool)
+            assert (f.seq, f.meta) == (i + 1, tag)
+            assert np.array_equal(np.frombuffer(f.buffers[0], np.uint8), pattern((i % 7) * 20000, i))
+            f.release()
+    waits = [in_thread(lambda: sender(client, "c")), in_thread(lambda: sender(server, "s")),
+             in_thread(lambda: receiver(server, "c")), in_thread(lambda: receiver(client, "s"))]
+    for w in waits:
+        w()
+
+
+def test_a_frame_beyond_the_receivers_limits_is_a_protocol_error(ends):
+    client, server = ends
+    sent = send(client, MsgKind.POST, 1, None, [b"a"] * 5)
+    with pytest.raises(ProtocolError, match="nbufs"):
+        recv(server, limits=Limits(max_buffers=2))
+    sent()
+
+
+def test_metadata_beyond_the_limit_is_a_protocol_error(ends):
+    client, server = ends
+    sent = send(client, MsgKind.POST, 1, "m" * 5000)
+    with pytest.raises(ProtocolError, match="meta_len"):
+        recv(server, limits=Limits(max_meta_bytes=1000))
+    sent()
+
+
+def test_the_peer_closing_is_connection_lost_for_a_blocked_receiver(ends):
+    client, server = ends
+    waiting = in_thread(lambda: recv(client))
+    server.close()
+    with pytest.raises(ConnectionLost):
+        waiting()
+
+
+def test_frames_sent_before_the_peer_closed_are_still_delivered(ends):
+    client, server = ends
+    send(server, MsgKind.REPLY, 1, "last words")()
+    server.close()
+    f = recv(client)
+    assert f.meta == "last words"
+    with pytest.raises(ConnectionLost):
+        recv(client)
+
+
+def test_abort_wakes_a_thread_blocked_in_receive(ends):
+    client, _ = ends
+    waiting = in_thread(lambda: recv(client))
+    client.abort()
+    with pytest.raises(ConnectionLost):
+        waiting()
+
+
+def test_sending_after_close_is_connection_lost(ends):
+    client, _ = ends
+    client.close()
+    with pytest.raises(ConnectionLost):
+        send(client, MsgKind.POST, 1)()
+
+
+def test_readable_says_whether_a_frame_is_waiting(ends):
+    client, server = ends
+    if not hasattr(server, "readable"):
+        pytest.skip(f"{type(server).__name__} has no readable()")
+    assert not server.readable(0.05)
+    send(client, MsgKind.POST, 1, "here")()
+    assert server.readable(10)
+    assert recv(server).meta == "here"

@@ -1,0 +1,71 @@
+"""Connected pairs of transports in one process, for the contract and per-transport tests.
+
+    with pair("shm") as (client, server): ...     # each end a Transport; both closed after
+
+tcp: a loopback TCP connection. shm: the server's offer and the client's attach
+(on a thread, as they would be two processes). ucx: two UCXX workers joined by
+worker addresses, each with a tcp carrier as in a real session.
+"""
+from __future__ import annotations
+
+import importlib.util
+import socket
+import threading
+from contextlib import contextmanager
+
+from rgpu.transport.tcp import TcpTransport, tune
+
+NAMES = ("tcp", "shm", "ucx")
+
+
+def skip_reason(name: str) -> str | None:
+    if name == "ucx" and importlib.util.find_spec("ucxx") is None:
+        return "UCXX is not installed (pip install 'rgpu[ucx]', i.e. ucxx-cu12==0.52.*)"
+    if name == "shm":
+        from rgpu.transport import shm
+        return shm.available()
+    return None
+
+
+def tcp_pair() -> tuple[TcpTransport, TcpTransport]:
+    listener = socket.create_server(("127.0.0.1", 0))
+    a = socket.create_connection(listener.getsockname())
+    b, _ = listener.accept()
+    listener.close()
+    for s in (a, b):
+        tune(s)
+    return TcpTransport(a), TcpTransport(b)
+
+
+def shm_pair():
+    from rgpu.transport import shm
+
+    offer = shm.ShmOffer()
+    got = {}
+    th = threading.Thread(target=lambda: got.update(pair=shm.attach(offer.details(), 10)))
+    th.start()
+    offer.accept(10)
+    th.join()
+    client, nonce = got["pair"]
+    assert offer.proven(nonce)
+    return client, offer.transport()
+
+
+def ucx_pair():
+    from rgpu.transport import ucx
+
+    carrier_c, carrier_s = tcp_pair()
+    client, server = ucx.UcxTransport(carrier_c), ucx.UcxTransport(carrier_s)
+    client.connect(server.address)
+    server.connect(client.address)
+    return client, server
+
+
+@contextmanager
+def pair(name: str):
+    client, server = {"tcp": tcp_pair, "shm": shm_pair, "ucx": ucx_pair}[name]()
+    try:
+        yield client, server
+    finally:
+        client.close()
+        server.close()
