@@ -1,6 +1,13 @@
 """``rgpu bench train``: the nanoGPT-class training step on rgpu beside the same step native, same run.
 
     rgpu bench train --json      (harness)    python -m rgpu.bench.train --json [--quick] [--profile FILE]
+    rgpu bench train --compile [reduce-overhead] --sim-rtt 1,10,30 --json
+
+``--compile``: the same step with the model under ``torch.compile(backend="rgpu")``
+(forward and backward shipped once, one message each per step), interleaved with
+the others. ``--sim-rtt MS,...``: each step again behind a delay line of that
+round trip (``RGPU_SIM_RTT_MS``, switched on the live connection), against the
+step at 0 ms plus one round trip, the two interleaved.
 
 Model: 6 layers, 6 heads, 384 wide, block 256, batch 64, character vocabulary,
 dropout 0, fp32, TF32 as ``RGPU_TF32`` on both sides, AdamW (foreach),
@@ -65,9 +72,13 @@ def rows(args=None, profile: str | None = None) -> list[dict]:
     gen = torch.Generator().manual_seed(1)
     batches = [(torch.randint(0, vocab, (p["batch"], p["block_size"]), generator=gen),) * 2 for _ in range(4)]
     runs = {dev: _setup(dev, p, vocab) for dev in ("rgpu", native)}
-    for dev, (model, opt) in runs.items():  # warm: kernels, allocator, op definitions, meta cache
+    mode = getattr(args, "compile", None)
+    if mode:  # the same step, the model under torch.compile(backend="rgpu")
+        model, opt = _setup("rgpu", p, vocab)
+        runs[COMPILED] = (torch.compile(model, backend="rgpu", mode=None if mode == "default" else mode), opt)
+    for dev, (model, opt) in runs.items():  # warm: kernels, allocator, op definitions, meta cache (and compile)
         for b in batches[:3]:
-            _step(model, opt, *b, dev)
+            _step(model, opt, *b, _device(dev))
     sync = torch.cuda.synchronize if native == "cuda" else (lambda: None)
     per_step = {dev: [] for dev in runs}
     for _ in range(blocks):
@@ -75,7 +86,7 @@ def rows(args=None, profile: str | None = None) -> list[dict]:
             sync()
             t0 = time.perf_counter()
             for i in range(steps):
-                _step(model, opt, *batches[i % 4], dev)
+                _step(model, opt, *batches[i % 4], _device(dev))
             per_step[dev].append((time.perf_counter() - t0) / steps * 1e3)
     model, opt = runs["rgpu"]
     timings: list = []
@@ -97,7 +108,7 @@ def rows(args=None, profile: str | None = None) -> list[dict]:
                 "baseline_name": baseline_name, "baseline": baseline,
                 "ratio": value / baseline if baseline else None, "spread": spread}
 
-    return [
+    out = [
         row("training step", "ms", med["rgpu"], base, med[native], [min(per_step["rgpu"]), max(per_step["rgpu"])]),
         row("round trips per step", "count", counts["round_trips"] / steps, "expected", 1),
         row("messages per step", "count", counts["messages"] / steps),
@@ -105,6 +116,77 @@ def rows(args=None, profile: str | None = None) -> list[dict]:
         row("client time to enqueue a step (forward, backward, AdamW)", "ms", enqueue, base + " step", med[native]),
         row("wait at loss.item()", "ms", wait),
     ]
+    if COMPILED in runs:
+        out += _compiled_rows(runs[COMPILED], batches, steps, per_step, med[native], base, row)
+    for ms in _rtts(getattr(args, "sim_rtt", None)):
+        for key in ("rgpu", COMPILED):
+            if key in runs:
+                out.append(_sim_rtt_row(runs[key], key, ms, batches, steps, blocks, t, size))
+    return out
+
+
+COMPILED = "rgpu, torch.compile(backend='rgpu')"
+
+
+def _device(key: str) -> str:
+    return "rgpu" if key.startswith("rgpu") else key
+
+
+def _rtts(text) -> list[float]:
+    if not text:
+        return []
+    return [float(v) for v in str(text).split(",") if v.strip()]
+
+
+def _compiled_rows(run, batches, steps, per_step, native_ms, base, row) -> list[dict]:
+    import rgpu
+    from rgpu.device_backend import compile as rcompile
+
+    model, opt = run
+    rgpu.stats(reset=True)
+    for i in range(steps):
+        _step(model, opt, *batches[i % 4], "rgpu")
+    counts = rgpu.stats()
+    ms = per_step[COMPILED]
+    backends = sorted({i.get("backend") or "?" for i in rcompile.info() if i.get("runs")})
+    errors = sorted({i["error"][:300] for i in rcompile.info() if i.get("error")})
+    return [
+        row("training step, torch.compile(backend='rgpu')", "ms", statistics.median(ms), base, native_ms,
+            [min(ms), max(ms)]),
+        row("round trips per compiled step", "count", counts["round_trips"] / steps, "expected", 1),
+        row("messages per compiled step", "count", counts["messages"] / steps),
+        row("graphs shipped; server backend: " + ", ".join(backends) + (
+            f"; compile errors: {' | '.join(errors)}" if errors else ""), "count",
+            rcompile.stats()["graphs_shipped"]),
+    ]
+
+
+def _sim_rtt_row(run, key, ms, batches, steps, blocks, transport, size) -> dict:
+    """Steps behind a delay line of ``ms`` against steps with none plus ``ms``, interleaved."""
+    from rgpu.bench import harness
+    from rgpu.device_backend import session
+    from rgpu.transport.delay import set_rtt
+
+    model, opt = run
+    conn = session.get().conn
+
+    def steps_at(rtt):
+        def run_steps():
+            set_rtt(conn, rtt)
+            try:
+                t0 = time.perf_counter()
+                for i in range(steps):
+                    _step(model, opt, *batches[i % 4], "rgpu")
+                return (time.perf_counter() - t0) / steps * 1e3
+            finally:
+                set_rtt(conn, 0)
+        return run_steps
+
+    at_zero = steps_at(0)
+    result = harness.compare(steps_at(ms), lambda: at_zero() + ms, repeats=blocks)
+    what = "compiled step" if key == COMPILED else "training step"
+    return harness.row("train", transport, f"{what} at a simulated {ms:g} ms round trip", size, result,
+                       f"{what} at 0 ms + 1 round trip", unit="ms")
 
 
 def _profile(path: str, run) -> None:
@@ -134,6 +216,9 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--profile", default=None, help="write a cProfile of rgpu steps (client side) here")
+    ap.add_argument("--compile", nargs="?", const="default", default=None,
+                    help="also the step under torch.compile(backend='rgpu') [mode, e.g. reduce-overhead]")
+    ap.add_argument("--sim-rtt", default=None, help="comma list of simulated round trips in ms, e.g. 1,10,30")
     args = ap.parse_args(argv)
     out = rows(args, args.profile)
     print(json.dumps(out, indent=1) if args.json else "\n".join(

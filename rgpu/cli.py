@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="fewer sizes and repeats")
     p.add_argument("--plot", default=None, help="write a bandwidth-against-size PNG here")
     p.add_argument("--server", default=None, help="host:port of a running server (default: start a local one)")
+    p.add_argument("--compile", nargs="?", const="default", default=None,
+                   help="train: also the step under torch.compile(backend='rgpu') [mode, e.g. reduce-overhead]")
+    p.add_argument("--sim-rtt", default=None, help="train: comma list of simulated round trips in ms, e.g. 1,10,30")
     p.add_argument("--tls", action="store_true", help="transport: add TLS rows beside plain tcp (what TLS costs)")
     p.set_defaults(func=_bench)
 
