@@ -53,7 +53,7 @@ def stream(s, op, i, args, kwargs, mixed_ok: bool = False):
     enc = Encoder(s.C.describe, s.devtype, i.by_type, mixed_ok)
     wargs, wkwargs = enc.value(args), enc.kwargs(kwargs)
     try:
-        plan = meta.plan_for(op, i, (op, tuple(enc.key)), args, kwargs, s.devtype)
+        plan = meta.plan_for(op, i, (op, tuple(enc.key)), args, kwargs, s.devtype, s.kind)
     except NotImplementedError:  # no meta kernel, or a data-dependent shape: the server sizes it
         i.kind = "call"
         return call(s, op, i, args, kwargs)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from rgpu.server.ops.substitutes import SUBSTITUTES
+from rgpu.server.ops.substitutes import substitute
 
 from . import optable
 from .encode import CODE
@@ -30,13 +30,18 @@ class Plan:
 _plans: dict = {}
 
 
-def plan_for(op, info: optable.OpInfo, key, args, kwargs, devtype: str) -> Plan:
+def plan_for(op, info: optable.OpInfo, key, args, kwargs, devtype: str, kind: str) -> Plan:
     plan = _plans.get(key)
     if plan is None:
         if len(_plans) >= MAX_PLANS:
             _plans.clear()
-        plan = _plans[key] = make_plan(op, info, args, kwargs, devtype)
+        plan = _plans[key] = make_plan(op, info, args, kwargs, devtype, kind)
     return plan
+
+
+def clear() -> None:
+    """Forget every plan (a new session may run on another kind of device)."""
+    _plans.clear()
 
 
 def _to_meta(v, devtype):
@@ -53,17 +58,15 @@ def _to_meta(v, devtype):
     return v
 
 
-def make_plan(op, info: optable.OpInfo, args, kwargs, devtype: str) -> Plan:
-    """Run the meta kernel on stand-ins of the inputs (raises what the op would raise on shapes/dtypes)."""
+def make_plan(op, info: optable.OpInfo, args, kwargs, devtype: str, kind: str) -> Plan:
+    """Run the meta kernel on stand-ins of the inputs (raises what the op would raise on shapes/dtypes).
+
+    ``kind`` is the server's device kind: an op the server runs as a substitute
+    is sized by that substitute (see rgpu.server.ops.substitutes).
+    """
     margs = _to_meta(args, devtype)
     mkwargs = {k: _to_meta(v, devtype) for k, v in kwargs.items()}
-    sub = SUBSTITUTES.get(info.name)
-    if sub is not None:  # size outputs as the op the server will run instead
-        name, adapt = sub
-        target = getattr(getattr(torch.ops.aten, name.split(".")[0]), name.split(".")[1])
-        result = target(*(adapt(margs) if adapt else margs), **mkwargs)
-    else:
-        result = op(*margs, **mkwargs)
+    result = (substitute(info.name, kind) or op)(*margs, **mkwargs)
     resize = []
     for loc in info.outs:
         real, fake = optable.locate(loc, args, kwargs), optable.locate(loc, margs, mkwargs)

@@ -25,7 +25,7 @@ LOCAL = {
 CLAIMED = (
     "native_layer_norm.default", "native_layer_norm_backward.default",
     "_has_compatible_shallow_copy_type.default",  # else Module.to makes new Parameters (breaks weight tying)
-    *SUBSTITUTES,  # kernels that only raise for a third-party device (convolution)
+    *SUBSTITUTES,  # kernels that only raise for a third-party device (convolution, fused attention)
 )
 CLAIMED_PREFIXES = ("_foreach_",)
 

@@ -141,6 +141,9 @@ def use(conn, C=None) -> Session:
         old, _session = _session, Session(conn, C or build.load())
         if old is not None:
             old.close()
+            from . import meta
+
+            meta.clear()
         else:
             from . import registration
 

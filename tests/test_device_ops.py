@@ -137,3 +137,19 @@ def test_convolutions_and_their_gradients_match_the_cpu(rgpu_device):
         results.append([out.detach().cpu()] + [p.grad.cpu() for p in model.parameters()])
     for a, b in zip(*results):
         assert torch.allclose(a, b, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape, causal", [((2, 3, 16, 8), True), ((1, 2, 33, 16), False)])
+def test_attention_runs_fused_on_the_server_with_the_cpus_values_and_gradients(rgpu_device, shape, causal):
+    torch.manual_seed(0)
+    qkv = [torch.randn(*shape) for _ in range(3)]
+    results = []
+    for dev in ("cpu", "rgpu"):
+        q, k, v = (t.to(dev).requires_grad_() for t in qkv)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        out.sum().backward()
+        results.append([out.detach().cpu(), q.grad.cpu(), k.grad.cpu(), v.grad.cpu()])
+        if dev == "rgpu":  # not the math path's T x T matrices
+            assert "FusedAttentionOverrideable" in type(out.grad_fn).__name__
+    for a, b in zip(*results):
+        assert torch.allclose(a, b, atol=1e-5)

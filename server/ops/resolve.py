@@ -10,7 +10,7 @@ import re
 
 import torch
 
-from .substitutes import SUBSTITUTES
+from .substitutes import substitute
 
 # Ops a client may never run on the server, and why.
 BLOCKED = {
@@ -36,12 +36,12 @@ class OpRefused(Exception):
 
 
 class Resolved:
-    """A runnable op and what the executor needs to know of its schema (``adapt``: see substitutes)."""
+    """A runnable op (the op, or its substitute here) and what the executor needs to know of its schema."""
 
-    __slots__ = ("name", "op", "mutable", "generator", "adapt")
+    __slots__ = ("name", "op", "mutable", "generator")
 
-    def __init__(self, name: str, op, run=None, adapt=None):
-        self.name, self.op, self.adapt = name, run or op, adapt
+    def __init__(self, name: str, op, run=None):
+        self.name, self.op = name, run or op
         args = op._schema.arguments
         # positions and keyword names of arguments the op writes: they share the fate of a failure
         self.mutable = [(i, a.name, a.kwarg_only) for i, a in enumerate(args)
@@ -49,8 +49,9 @@ class Resolved:
         self.generator = any(a.name == "generator" for a in args)
 
 
-def resolve(qualified: str, schema: str) -> Resolved:
-    """``qualified`` is "name.overload" in the aten namespace; ``schema`` the client's ``str(op._schema)``."""
+def resolve(qualified: str, schema: str, kind: str = "cpu") -> Resolved:
+    """``qualified`` is "name.overload" in the aten namespace; ``schema`` the client's ``str(op._schema)``;
+    ``kind`` the server's device kind (which substitute runs an overrideable op)."""
     if not isinstance(qualified, str) or not _NAME.match(qualified):
         raise OpRefused(str(qualified)[:80], "not an aten op name")
     name, overload = qualified.split(".")
@@ -64,8 +65,4 @@ def resolve(qualified: str, schema: str) -> Resolved:
     if mine != schema:
         raise OpRefused(qualified, f"schema differs between client and server (torch {torch.__version__}): "
                                    f"client {schema!r}, server {mine!r}")
-    sub = SUBSTITUTES.get(qualified)
-    if sub is not None:
-        name, overload = sub[0].split(".")
-        return Resolved(f"aten.{qualified}", op, getattr(getattr(torch.ops.aten, name), overload), sub[1])
-    return Resolved(f"aten.{qualified}", op)
+    return Resolved(f"aten.{qualified}", op, substitute(qualified, kind))

@@ -95,7 +95,7 @@ class Executor(BaseExecutor):
     def _define(self, meta, buffers):
         _, index, name, schema = meta
         try:
-            self.ops[index] = resolve(name, schema)
+            self.ops[index] = resolve(name, schema, self.kind)
         except OpRefused as exc:
             self.ops[index] = exc  # refused on every use, by name
 
@@ -110,8 +110,6 @@ class Executor(BaseExecutor):
     def _run(self, r, args, kwargs, dec: Decoder):
         a = dec.value(args)
         k = dec.kwargs(kwargs)
-        if r.adapt is not None:
-            a = r.adapt(a)
         if self.kind == "cpu" and r.name in CPU_ADAPT:
             a = CPU_ADAPT[r.name](a)
         if self.gens is not None and r.generator and k.get("generator") is None:
