@@ -145,7 +145,7 @@ def test_attention_runs_fused_on_the_server_with_the_cpus_values_and_gradients(r
     qkv = [torch.randn(*shape) for _ in range(3)]
     results = []
     for dev in ("cpu", "rgpu"):
-        q, k, v = (t.to(dev).requires_grad_() for t in qkv)
+        q, k, v = (t.detach().to(dev).requires_grad_() for t in qkv)
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
         out.sum().backward()
         results.append([out.detach().cpu(), q.grad.cpu(), k.grad.cpu(), v.grad.cpu()])
