@@ -14,6 +14,7 @@ when ``handle`` returns, so a DMA from them would have to finish first).
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .handles import HandleTable, Poisoned
@@ -67,10 +68,11 @@ class Uploads:
         if n == 0:
             return None
         into = dst.view(-1).view(torch.uint8)[offset:offset + n]
-        src = torch.frombuffer(buffers[0], dtype=torch.uint8)
         if not self.on_gpu or into.device.type != "cuda":
-            into.copy_(src)
+            # one thread: a parallel copy per piece costs a thread-pool barrier per piece, a stall on a busy host
+            np.copyto(into.numpy(), np.frombuffer(buffers[0], dtype=np.uint8))
             return None
+        src = torch.frombuffer(buffers[0], dtype=torch.uint8)
         pinned = pinned_view(buffers[0])
         if pinned is not None:
             into.copy_(pinned)  # synchronous: the frame's memory goes back when we return

@@ -1,0 +1,86 @@
+"""``rgpu bench upload``: bytes from this process into device memory, beside the server host's own copy.
+
+    rgpu bench upload --json [--sizes 1G] [--repeats 5] [--quick]     python -m rgpu.bench.upload --json
+
+Value: GB/s of ``dst.copy_(src)`` from a CPU tensor into a preallocated rgpu
+tensor, timed to ``torch.rgpu.synchronize()`` (big uploads go in 8 MiB pieces,
+staged through pinned memory on a GPU server). Baseline, measured in the same
+run and interleaved: on a GPU host (client and server share it), a pinned
+host-to-device copy of the same size in this process; with a CPU server, a
+memcpy of the same size into a preallocated buffer (``numpy.copyto``).
+Default size 1 GiB (``--quick``: 64 MiB).
+"""
+from __future__ import annotations
+
+import time
+
+from rgpu.bench import harness
+
+
+def rows(args=None) -> list[dict]:
+    import numpy as np
+    import torch
+
+    from rgpu.device_backend import session
+
+    quick = getattr(args, "quick", False)
+    sizes = harness.parse_sizes(getattr(args, "sizes", None), [64 << 20] if quick else [1 << 30])
+    repeats = 3 if quick else harness.repeats_of(args)
+    s = session.get()
+    on_gpu = torch.cuda.is_available() and s.kind == "cuda"
+    out = []
+    for n in sizes:
+        src = torch.ones(n // 4, dtype=torch.float32)
+        dst = torch.empty(n // 4, dtype=torch.float32, device="rgpu")
+
+        def upload():
+            torch.rgpu.synchronize()
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            torch.rgpu.synchronize()
+            return n / (time.perf_counter() - t0) / 1e9
+
+        if on_gpu:
+            pinned, device = src.pin_memory(), torch.empty(n // 4, dtype=torch.float32, device="cuda")
+            name = "pinned host-to-device copy on the GPU host (this process)"
+
+            def baseline():
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                device.copy_(pinned, non_blocking=True)
+                torch.cuda.synchronize()
+                return n / (time.perf_counter() - t0) / 1e9
+        else:
+            a, b = src.numpy(), np.empty(n // 4, dtype=np.float32)
+            name = "memcpy of the same size (numpy.copyto, this process)"
+
+            def baseline():
+                t0 = time.perf_counter()
+                np.copyto(b, a)
+                return n / (time.perf_counter() - t0) / 1e9
+
+        upload(), baseline()  # warm: pieces' staging slots, pages, the copy path
+        result = harness.compare(upload, baseline, repeats)
+        out.append(harness.row("upload", s.conn.transport_name, "bandwidth", n, result, name,
+                               server=s.kind))
+        del dst
+    return out
+
+
+def main(argv=None) -> int:
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--sizes", default=None, help="comma list, e.g. 256M,1G")
+    args = ap.parse_args(argv)
+    out = rows(args)
+    print(json.dumps(out, indent=1) if args.json else harness.format_table(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
