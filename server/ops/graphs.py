@@ -215,7 +215,7 @@ class Graph:
         self.runs += 1
         if self.compiled is not None:
             try:
-                out = self.compiled(list(inputs))
+                out = self.compiled(*inputs)
                 if self.options.get("mode") in ("reduce-overhead", "max-autotune"):
                     # CUDA-graph outputs live in a pool the next replay overwrites; the
                     # session keeps them as long as the client holds them
