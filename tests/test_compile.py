@@ -199,3 +199,25 @@ def test_the_server_refuses_a_malformed_graph_and_says_why(wire, why):
         g.define([11, 1, {}, wire], [])
     info, _ = g.info([14, 1], [])
     assert why in info["error"]
+
+
+@pytest.mark.slow
+def test_a_gpu_server_compiles_shipped_graphs_with_inductor_and_matches_the_interpreter():
+    # on_gpu=True on CPU tensors: the Inductor path of a GPU server, run here with its CPU backend
+    aten = torch.ops.aten
+    ops = {i: type("R", (), {"name": str(op), "op": op})()
+           for i, op in enumerate((aten.t.default, aten.addmm.default, aten.relu.default), start=1)}
+    wire = {"inputs": 3, "nodes": [[1, [{"n": 1}], {}], [2, [{"n": 2}, {"n": 0}, {"n": 3}], {}],
+                                   [3, [{"n": 4}], {}]], "outputs": [5, 4]}
+    x, w, b = torch.randn(2, 4), torch.randn(3, 4), torch.randn(3)
+    results = {}
+    for on_gpu in (False, True):
+        g = Graphs(HandleTable([torch.device("cpu")]), ops.__getitem__, on_gpu=on_gpu)
+        g.define([11, 1, {}, wire], [])
+        with torch.inference_mode():
+            results[on_gpu] = g.graphs[1].run([x, w, b])
+        info, _ = g.info([14, 1], [])
+        assert info["backend"] == ("inductor (default)" if on_gpu else "interpreted"), info
+    for a, b_ in zip(results[False], results[True]):
+        torch.testing.assert_close(a, b_)
+    torch.testing.assert_close(results[True][0], torch.relu(x @ w.t() + b))
