@@ -76,9 +76,9 @@ def rows(args=None, profile: str | None = None) -> list[dict]:
     if mode:  # the same step, the model under torch.compile(backend="rgpu")
         model, opt = _setup("rgpu", p, vocab)
         runs[COMPILED] = (torch.compile(model, backend="rgpu", mode=None if mode == "default" else mode), opt)
+    warm = {}  # the same init and batches everywhere: the warm-up losses double as a correctness check
     for dev, (model, opt) in runs.items():  # warm: kernels, allocator, op definitions, meta cache (and compile)
-        for b in batches[:3]:
-            _step(model, opt, *b, _device(dev))
+        warm[dev] = [_step(model, opt, *b, _device(dev)) for b in batches[:3]]
     sync = torch.cuda.synchronize if native == "cuda" else (lambda: None)
     per_step = {dev: [] for dev in runs}
     for _ in range(blocks):
@@ -116,8 +116,11 @@ def rows(args=None, profile: str | None = None) -> list[dict]:
         row("client time to enqueue a step (forward, backward, AdamW)", "ms", enqueue, base + " step", med[native]),
         row("wait at loss.item()", "ms", wait),
     ]
+    out.append(row("max |loss - native loss| over 3 warm-up steps", "abs", _max_diff(warm["rgpu"], warm[native])))
     if COMPILED in runs:
         out += _compiled_rows(runs[COMPILED], batches, steps, per_step, med[native], base, row)
+        out.append(row("max |loss - native loss| over 3 warm-up steps, compiled", "abs",
+                       _max_diff(warm[COMPILED], warm[native])))
     for ms in _rtts(getattr(args, "sim_rtt", None)):
         for key in ("rgpu", COMPILED):
             if key in runs:
@@ -130,6 +133,10 @@ COMPILED = "rgpu, torch.compile(backend='rgpu')"
 
 def _device(key: str) -> str:
     return "rgpu" if key.startswith("rgpu") else key
+
+
+def _max_diff(a: list, b: list) -> float:
+    return max(abs(x - y) for x, y in zip(a, b))
 
 
 def _rtts(text) -> list[float]:
