@@ -1,311 +1,208 @@
-"""The zero-copy transports beside their baselines, same run, interleaved: shm and ucx.
+"""shm and ucx for ``rgpu bench transport``, each beside its own baseline; and the parallel copy beside copyto.
 
-    rgpu bench transport --transport shm,ucx --json       (harness: these rows beside the tcp rows)
-    python -m rgpu.bench.transport_fast [--json] [--quick] [--repeats N] [--transport tcp,shm,ucx] [--plot F]
+    rgpu bench transport --transport tcp,shm,ucx [--json] [--quick] [--plot PNG]   (rows from bench/transport.py)
+    python -m rgpu.bench.transport_fast [--json] [--quick] [--repeats N] [--copy] [--plot PNG]
 
-One local server (echo route); one client connection per transport, forced by
-name. Figures, each the median of ``repeats`` interleaved runs (``spread`` is
-[min, max]):
+Registered with ``bench/transport.py`` (same harness, same rows, client and server
+pinned to different cores, rgpu and baseline interleaved):
 
-- upload N bytes (``checksum`` reading one byte: the bytes go one way, the server
-  reads them in place where the transport allows) per transport and size, beside
-  one-thread ``numpy.copyto`` of the same buffer into a warm destination: shm
-  copies each byte once, so the ideal ratio is 1;
-- round trip of a request carrying 64 B, shm beside rgpu's own tcp;
-- ucx upload beside raw UCXX at its best setting here (worker-address endpoints,
-  no error handling, a child process receiving into one preallocated buffer);
-- the parallel copy (numba ``prange``) beside ``numpy.copyto``, 64 MiB.
+- ``shm``: bandwidth (upload, the server sums sampled bytes where they arrived:
+  in place) and download (``fill`` into a caller buffer: the copy out is counted)
+  beside one-thread ``numpy.copyto`` of the same buffer into a warm destination
+  that then sums the same samples: shm copies each uploaded byte once, so the
+  ideal ratio is 1. rtt beside rgpu's own tcp.
+- ``ucx``: the same verbs beside raw UCXX at its best setting here
+  (worker-address endpoints, no error handling, polling progress, a child
+  process receiving into one preallocated buffer).
+
+``--copy`` rows: the jitted ``prange`` copy (``transport/fastcopy.py``) beside
+one-thread ``numpy.copyto``, 4-256 MiB; ``used_by_shm`` says whether this host's
+shm uses it (cores >= fastcopy.MIN_CORES).
 """
 from __future__ import annotations
 
 import json
-import os
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
 
-SIZES = (64 << 10, 1 << 20, 16 << 20, 64 << 20)
-QUICK_SIZES = (1 << 20, 64 << 20)
-RTT_CALLS = 400
+from . import harness
+from . import transport as tb
+
+COPY_SIZES = (4 << 20, 16 << 20, 64 << 20, 256 << 20)
 
 
-def label(n: int) -> str:
-    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB" if n >= 1 << 10 else f"{n} B"
+class CopyBaseline(tb.Backend):
+    """What one copy costs: ``numpy.copyto`` on one thread into memory reused run after run."""
+
+    name = "numpy.copyto (one thread)"
+
+    def __init__(self):
+        self._dst = np.empty(0, np.uint8)
+        self._fill = np.empty(0, np.uint8)
+
+    def upload(self, src, stride):
+        n = src.nbytes
+        if self._dst.nbytes < n:
+            self._dst = np.empty(n, np.uint8)
+            self._dst[:] = 0                     # faulted in once, as the segment's pages are
+        dst = self._dst[:n]
+        np.copyto(dst, np.frombuffer(src, np.uint8))
+        return tb.sampled_sum(dst, stride)
+
+    def download(self, dest):
+        n = dest.nbytes
+        if self._fill.nbytes < n:
+            self._fill = np.arange(n, dtype=np.uint8)
+        np.copyto(np.frombuffer(dest, np.uint8), self._fill[:n])
 
 
-def row(transport, metric, unit, size, runs, baseline_name, base_runs, **extra) -> dict:
-    value, baseline = statistics.median(runs), statistics.median(base_runs)
-    return {"bench": "transport", "transport": transport, "metric": metric, "unit": unit, "size": size,
-            "value": value, "baseline_name": baseline_name, "baseline": baseline,
-            "ratio": value / baseline if baseline else None, "spread": [min(runs), max(runs)],
-            "baseline_spread": [min(base_runs), max(base_runs)], **extra}
-
-
-class LocalServer:
-    """``rgpu serve`` on a free loopback port, echo route, its own token; stopped by ``stop()``."""
-
-    def __init__(self, host: str = "127.0.0.1", argv_prefix: list[str] | None = None):
-        folder = tempfile.mkdtemp(prefix="rgpu-bench-fast-")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RGPU_")}
-        env.update(RGPU_TOKEN="bench", RGPU_TOKEN_FILE=os.path.join(folder, "token"))
-        cmd = [*(argv_prefix or []), sys.executable, "-m", "rgpu", "serve", "--host", host, "--port", "0",
-               "--preload", ""]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=env)
-        line = self.proc.stdout.readline()
-        if "listening on" not in line:
-            self.proc.kill()
-            raise RuntimeError(f"rgpu serve did not start: {line}")
-        self.address = line.split("listening on ")[1].split(";")[0].strip()
-
-    def connect(self, transport: str):
-        from rgpu import config
-        from rgpu.transport.client import connect
-
-        return connect("echo", settings=config.settings(environ={}, server=self.address, token="bench",
-                                                        transport=transport))
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-
-
-# ---- measurements (each returns one figure) ------------------------------------------
-
-def upload(conn, buf: np.ndarray, n: int) -> float:
-    """GB/s of ``n`` requests carrying ``buf`` that the server acknowledges after reading one byte."""
-    t0 = time.perf_counter()
-    for _ in range(n):
-        conn.call({"op": "checksum", "stride": 1 << 40}, [buf]).release()
-    return buf.nbytes * n / (time.perf_counter() - t0) / 1e9
-
-
-def copyto(src: np.ndarray, dst: np.ndarray, n: int) -> float:
-    t0 = time.perf_counter()
-    for _ in range(n):
-        np.copyto(dst, src)
-    return src.nbytes * n / (time.perf_counter() - t0) / 1e9
-
-
-def round_trip(conn, n: int = RTT_CALLS) -> float:
-    """Median microseconds of a request carrying 64 B, answered with its size."""
-    small = b"x" * 64
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        conn.call({"op": "sizes"}, [small]).release()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
-
-
-def times_for(n: int) -> int:
-    return max(3, min(200, (512 << 20) // n // 4))
-
-
-def interleave(figures: dict, repeats: int) -> dict:
-    """Run each named figure once per repeat, in turn; after one warm-up run of each."""
-    for fn in figures.values():
-        fn()
-    got = {name: [] for name in figures}
-    for _ in range(repeats):
-        for name, fn in figures.items():
-            got[name].append(fn())
-    return got
-
-
-# ---- raw UCXX: the baseline for ucx ----------------------------------------------------
+# ---- raw UCXX: the ucx baseline -----------------------------------------------------------
 
 RAW_UCX_PEER = r"""
-import os, sys, numpy as np
+import os, sys, struct, numpy as np
 os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
 import ucxx._lib.libucxx as u
 from ucxx._lib.arr import Array
 ctx = u.UCXContext(feature_flags=(u.Feature.TAG,))
 w = u.UCXWorker(ctx)
 print(w.address.tobytes().hex(), flush=True)
-peer, size = sys.stdin.readline().split()
-ep = w.create_endpoint_from_worker_address(u.UCXAddress.create_from_buffer(bytes.fromhex(peer)), False)
-buf, ack = np.empty(int(size), np.uint8), np.zeros(8, np.uint8)
-def wait(r):
-    while not r.completed:
+ep = w.create_endpoint_from_worker_address(u.UCXAddress.create_from_buffer(bytes.fromhex(sys.argv[1])), False)
+head, word, ping = bytearray(17), np.zeros(1, np.uint64), bytearray(64)
+sink, fill = np.empty(0, np.uint8), np.empty(0, np.uint8)
+def wait(*reqs):
+    while not all(r.completed for r in reqs):
         w.progress()
-    r.check_error()
+    for r in reqs:
+        r.check_error()
 while True:
-    wait(w.tag_recv(Array(ack), u.UCXXTag(2)))
-    if ack[0] == 0:
+    wait(w.tag_recv(Array(head), u.UCXXTag(1)))
+    op, size, stride = struct.unpack("<cQQ", head)
+    if op == b"Q":
         break
-    wait(w.tag_recv(Array(buf), u.UCXXTag(1)))
-    wait(ep.tag_send(Array(ack), u.UCXXTag(3)))
+    if op == b"U":
+        if sink.nbytes < size:
+            sink = np.empty(size, np.uint8)
+        wait(w.tag_recv(Array(sink[:size]), u.UCXXTag(2)))
+        word[0] = int(sink[:size][::stride].sum(dtype=np.uint64))
+        wait(ep.tag_send(Array(word), u.UCXXTag(3)))
+    elif op == b"D":
+        if fill.nbytes < size:
+            fill = np.arange(size, dtype=np.uint8)
+        wait(ep.tag_send(Array(fill[:size]), u.UCXXTag(4)))
+    else:
+        wait(w.tag_recv(Array(ping), u.UCXXTag(5)))
+        wait(ep.tag_send(Array(ping), u.UCXXTag(6)))
 """
 
 
-class RawUcx:
-    """The client end of raw UCXX: sends one buffer, waits for an 8-byte answer (as rgpu's upload)."""
+class RawUcx(tb.Backend):
+    """Raw UCXX to a peer process: worker-address endpoints without error handling, polling progress."""
 
-    def __init__(self, size: int):
+    name = "raw UCXX (worker address)"
+
+    def __init__(self, cpus=None):
+        import struct
+
         from rgpu.transport import ucx
 
-        lib, self.Array = ucx._ucxx()
+        self._pack = struct.Struct("<cQQ").pack
+        lib, self.A = ucx._ucxx()
         self.u = lib
         self.ctx = lib.UCXContext(feature_flags=(lib.Feature.TAG,))
         self.w = lib.UCXWorker(self.ctx)
-        self.proc = subprocess.Popen([sys.executable, "-c", RAW_UCX_PEER], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
+        self.proc = harness.spawn([sys.executable, "-c", RAW_UCX_PEER, self.w.address.tobytes().hex()], cpus,
+                                  stdout=tb.subprocess.PIPE, text=True)
         peer = bytes.fromhex(self.proc.stdout.readline().strip())
-        self.proc.stdin.write(f"{self.w.address.tobytes().hex()} {size}\n")
-        self.proc.stdin.flush()
         self.ep = self.w.create_endpoint_from_worker_address(lib.UCXAddress.create_from_buffer(peer), False)
-        self.go, self.ack = np.ones(8, np.uint8), np.zeros(8, np.uint8)
+        self.word = np.zeros(1, np.uint64)
+        self.out, self.back = np.zeros(64, np.uint8), np.zeros(64, np.uint8)
 
-    def _wait(self, reqs) -> None:
+    def _wait(self, *reqs) -> None:
         while not all(r.completed for r in reqs):
             self.w.progress()
         for r in reqs:
             r.check_error()
 
-    def upload(self, buf: np.ndarray, n: int) -> float:
-        u, A = self.u, self.Array
-        t0 = time.perf_counter()
-        for _ in range(n):
-            self._wait([self.ep.tag_send(A(self.go), u.UCXXTag(2)), self.ep.tag_send(A(buf), u.UCXXTag(1)),
-                        self.w.tag_recv(A(self.ack), u.UCXXTag(3))])
-        return buf.nbytes * n / (time.perf_counter() - t0) / 1e9
+    def _head(self, op: bytes, size: int, stride: int = 0):
+        return self.ep.tag_send(self.A(bytearray(self._pack(op, size, stride))), self.u.UCXXTag(1))
 
-    def stop(self) -> None:
+    def upload(self, src, stride):
+        self._wait(self._head(b"U", src.nbytes, stride), self.ep.tag_send(self.A(src), self.u.UCXXTag(2)),
+                   self.w.tag_recv(self.A(self.word), self.u.UCXXTag(3)))
+        return int(self.word[0])
+
+    def download(self, dest):
+        self._wait(self._head(b"D", dest.nbytes), self.w.tag_recv(self.A(dest), self.u.UCXXTag(4)))
+
+    def ping(self):
+        self._wait(self._head(b"P", 64), self.ep.tag_send(self.A(self.out), self.u.UCXXTag(5)),
+                   self.w.tag_recv(self.A(self.back), self.u.UCXXTag(6)))
+
+    def close(self):
         try:
-            self._wait([self.ep.tag_send(self.Array(np.zeros(8, np.uint8)), self.u.UCXXTag(2))])
+            self._wait(self._head(b"Q", 0))
             self.proc.wait(10)
-        except Exception:
+        except Exception:  # noqa: BLE001 - the peer is ours to end either way
             self.proc.kill()
+            self.proc.wait()
 
 
-# ---- the rows --------------------------------------------------------------------------
+def shm_pairs(ctx: tb.Context) -> dict:
+    rgpu = ctx.own(tb.RgpuEcho("shm", *ctx.rgpu_server()))
+    copy = CopyBaseline()
+    return {"bandwidth": (rgpu, copy), "download": (rgpu, copy),
+            "rtt": (rgpu, ctx.own(tb.RgpuEcho("tcp", *ctx.rgpu_server())))}
 
-def available(name: str) -> bool:
+
+def ucx_pairs(ctx: tb.Context) -> dict:
+    rgpu = ctx.own(tb.RgpuEcho("ucx", *ctx.rgpu_server()))
+    raw = ctx.own(RawUcx(ctx.server_cpus))
+    return {"bandwidth": (rgpu, raw), "download": (rgpu, raw), "rtt": (rgpu, raw)}
+
+
+def _register() -> None:
     from rgpu.transport import negotiate
 
-    return negotiate.unavailable(name) is None
+    if negotiate.unavailable("shm") is None:
+        tb.register("shm", shm_pairs)
+    if negotiate.unavailable("ucx") is None:
+        tb.register("ucx", ucx_pairs)
 
 
-def rows(args=None) -> list[dict]:
+_register()
+
+
+# ---- the parallel copy --------------------------------------------------------------------
+
+def copy_rows(args=None) -> list[dict]:
+    """numba ``prange`` copy beside one-thread ``numpy.copyto``: whether the parallel copy wins on this host."""
     from rgpu.transport import fastcopy
 
     quick = getattr(args, "quick", False)
-    repeats = 3 if quick else max(3, getattr(args, "repeats", 5) or 5)
-    sizes = QUICK_SIZES if quick else SIZES
-    wanted = [t for t in (getattr(args, "transport", None) or "tcp,shm,ucx").split(",") if t]
-    names = [t for t in ("tcp", "shm", "ucx") if t in wanted and available(t)]
-    if "tcp" not in names:
-        names.insert(0, "tcp")   # rgpu's tcp round trip is the shm round trip's baseline
-    server = LocalServer()
-    conns = {}
-    out: list[dict] = []
-    try:
-        conns = {t: server.connect(t) for t in names}
-        for t, c in conns.items():
-            assert c.transport_name == t, f"asked for {t}, got {c.transport_name}"
-        bufs = {n: np.ones(n, np.uint8) for n in sizes}
-        dsts = {n: np.empty(n, np.uint8) for n in sizes}
-        for n in sizes:
-            k = times_for(n)
-            figs = {"numpy.copyto": lambda n=n, k=k: copyto(bufs[n], dsts[n], k)}
-            figs.update({t: (lambda c=c, n=n, k=k: upload(c, bufs[n], k)) for t, c in conns.items()})
-            got = interleave(figs, repeats)
-            for t in conns:
-                out.append(row(t, f"upload {label(n)}", "GB/s", n, got[t], "one-thread numpy.copyto, same run",
-                               got["numpy.copyto"], copy=fastcopy.backend() if t == "shm" else None))
-        if "shm" in conns:
-            got = interleave({t: (lambda c=conns[t]: round_trip(c)) for t in ("tcp", "shm")}, repeats)
-            out.append(row("shm", "round trip, 64 B request", "us", 64, got["shm"], "rgpu tcp, same run", got["tcp"],
-                           spin_us=_spin_us()))
-        if "ucx" in conns:
-            out += _ucx_rows(conns["ucx"], sizes[-1], repeats)
-        out += copy_rows(sizes[-1], repeats)
-    finally:
-        for c in conns.values():
-            c.close()
-        server.stop()
-    return out
-
-
-def _spin_us() -> float:
-    from rgpu.transport.shm import ShmTransport
-
-    return ShmTransport.spin_s * 1e6
-
-
-def _ucx_rows(conn, size: int, repeats: int) -> list[dict]:
-    buf = np.ones(size, np.uint8)
-    raw = RawUcx(size)
-    try:
-        k = times_for(size)
-        got = interleave({"rgpu": lambda: upload(conn, buf, k), "raw": lambda: raw.upload(buf, k)}, repeats)
-    finally:
-        raw.stop()
-    return [row("ucx", f"upload {label(size)} vs raw UCXX", "GB/s", size, got["rgpu"],
-                "raw UCXX, worker-address endpoints, same run", got["raw"])]
-
-
-def copy_rows(size: int, repeats: int) -> list[dict]:
-    """The parallel copy beside one-thread copyto: whether numba wins here (fastcopy uses it where it does)."""
-    from rgpu.transport import fastcopy
-
-    src, dst = np.ones(size, np.uint8), np.empty(size, np.uint8)
-    try:
-        fastcopy.parallel_copy(dst, src)
-    except RuntimeError:
-        return []
-    k = times_for(size)
-
-    def parallel():
-        t0 = time.perf_counter()
-        for _ in range(k):
+    repeats = harness.repeats_of(args)
+    out = []
+    for size in COPY_SIZES[:2] if quick else COPY_SIZES:
+        src, dst = np.ones(size, np.uint8), np.zeros(size, np.uint8)
+        try:
             fastcopy.parallel_copy(dst, src)
-        return size * k / (time.perf_counter() - t0) / 1e9
-    got = interleave({"numba": parallel, "copyto": lambda: copyto(src, dst, k)}, repeats)
-    return [row("copy", f"numba prange copy {label(size)}", "GB/s", size, got["numba"],
-                "one-thread numpy.copyto, same run", got["copyto"], cores=fastcopy.cores(),
-                used_by_shm=fastcopy.backend() != "memcpy")]
+        except RuntimeError:
+            return []
+        k = max(2, (512 << 20) // size)
 
-
-def plot(rows_: list[dict], path: str) -> None:
-    """Bandwidth against size: one line per transport, the copyto baseline dashed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ups = [r for r in rows_ if r["metric"].startswith("upload ") and "vs" not in r["metric"] and r["unit"] == "GB/s"]
-    fig, ax = plt.subplots(figsize=(6.4, 4))
-    for t in sorted({r["transport"] for r in ups}):
-        pts = sorted((r["size"], r["value"]) for r in ups if r["transport"] == t)
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"rgpu {t}")
-    base = sorted({(r["size"], r["baseline"]) for r in ups})
-    if base:
-        ax.plot([p[0] for p in base], [p[1] for p in base], "k--", label="numpy.copyto (one thread)")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("bytes per request")
-    ax.set_ylabel("GB/s (upload, median)")
-    ax.set_title("rgpu transports on one host")
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-
-
-def format_rows(rows_: list[dict]) -> str:
-    lines = []
-    for r in rows_:
-        lo, hi = r["spread"]
-        lines.append(f"{r['transport']:5s} {r['metric']:34s} {r['value']:9.2f} [{lo:.2f}-{hi:.2f}] {r['unit']:4s} "
-                     f"vs {r['baseline_name']}: {r['baseline']:.2f}  ratio {r['ratio']:.2f}")
-    return "\n".join(lines)
+        def timed(fn):
+            def run():
+                t0 = time.perf_counter()
+                for _ in range(k):
+                    fn()
+                return size * k / (time.perf_counter() - t0) / 1e9
+            return run
+        result = harness.compare(timed(lambda: fastcopy.parallel_copy(dst, src)),
+                                 timed(lambda: np.copyto(dst, src)), repeats)
+        out.append(harness.row("transport", "copy", "bandwidth", size, result, "numpy.copyto (one thread)",
+                               copy="numba prange", cores=fastcopy.cores(), used_by_shm=fastcopy.backend() != "memcpy"))
+    return out
 
 
 def main(argv=None) -> int:
@@ -315,13 +212,17 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--transport", default=None, help="comma list of tcp, shm, ucx (default: all available)")
-    p.add_argument("--plot", default=None, help="write the bandwidth-against-size PNG here")
+    p.add_argument("--sizes", default=None)
+    p.add_argument("--transport", default="tcp,shm,ucx")
+    p.add_argument("--copy", action="store_true", help="only the parallel copy beside copyto")
+    p.add_argument("--plot", default=None)
     args = p.parse_args(argv)
-    out = rows(args)
-    if args.plot:
-        plot(out, args.plot)
-    print(json.dumps(out, indent=1) if args.json else format_rows(out))
+    if args.copy:
+        out = copy_rows(args)
+    else:
+        args.transport = ",".join(n for n in args.transport.split(",") if n in tb.TRANSPORTS)
+        out = harness.run_suite("transport", args)
+    print(json.dumps(out, indent=1) if args.json else harness.format_table(out))
     return 0
 
 

@@ -139,6 +139,23 @@ def test_a_full_ring_makes_the_sender_wait_and_nothing_is_lost(ends):
     assert not th.is_alive()
 
 
+@pytest.mark.parametrize("left", [8, 16, 24, 32, 72])
+def test_the_ring_wraps_whatever_room_is_left_at_its_end(ends, left):
+    client, server = ends
+    prefix = len(client.frame_parts(MsgKind.POST, 1, 0, None, [memoryview(b"")])[0].prefix)
+
+    def record(rec_len):                    # one inline frame whose record is exactly rec_len bytes
+        n = rec_len - shm.REC.size - prefix
+        send(client, None, [pattern(n, rec_len)])
+        assert bytes(recv(server).buffers[0]) == pattern(n, rec_len).tobytes()
+    while shm.RING_BYTES - client._tail % shm.RING_BYTES > 16 << 10:
+        record(8 << 10)
+    record(shm.RING_BYTES - client._tail % shm.RING_BYTES - left)
+    assert shm.RING_BYTES - client._tail % shm.RING_BYTES == left
+    for _ in range(3):
+        record(4096)                        # the first of these wraps
+
+
 def test_frames_still_flow_when_both_sides_sleep_instead_of_spinning(ends):
     client, server = ends
     client.spin_s = server.spin_s = 0

@@ -58,6 +58,7 @@ CONTROL_BYTES = RINGS_OFF + 2 * RING_BYTES
 NONCE_OFF, NONCE_BYTES = 24, 32
 CTL_HEAD = struct.Struct("<8sIII")         # magic, version, ring bytes, slots
 REC = struct.Struct("<IIIIII")             # length, kind, slot, descriptors, blob length, blob in heap
+REC_HEAD = struct.Struct("<II")            # length, kind: all a wrap marker has
 DESC = struct.Struct("<IIQ")               # buffer index (BLOB: the prefix itself), segment id, offset
 CTL_MSG = struct.Struct("<IIQ")            # op, segment id, size: on the Unix socket
 OP_SEGMENT, OP_DROP = 1, 2
@@ -245,7 +246,7 @@ class ShmTransport(Transport):
             wrap = RING_BYTES - pos if pos + need > RING_BYTES else 0
             if self._tail - q[self._head_out] + wrap + need <= RING_BYTES:
                 if wrap:
-                    REC.pack_into(self._ring_out, pos, wrap, KIND_WRAP, NO_SLOT, 0, 0, 0)
+                    REC_HEAD.pack_into(self._ring_out, pos, wrap, KIND_WRAP)   # may be all of 8 bytes
                     self._tail += wrap
                     pos = 0
                 return pos
@@ -405,20 +406,17 @@ class ShmTransport(Transport):
         while True:
             self._wait_data()
             pos = self._head % RING_BYTES
-            if pos + REC.size > RING_BYTES:
-                raise ProtocolError("shm: record header crosses the end of the ring")
-            rec = REC.unpack_from(ring, pos)
-            rec_len, kind = rec[0], rec[1]
-            if rec_len % 8 or rec_len < REC.size or pos + rec_len > RING_BYTES:
-                raise ProtocolError(f"shm: record length {rec_len} at ring offset {pos}")
+            rec_len, kind = REC_HEAD.unpack_from(ring, pos)          # positions are 8-aligned: always fits
             if kind == KIND_WRAP:
                 if pos + rec_len != RING_BYTES:
                     raise ProtocolError("shm: wrap marker does not reach the end of the ring")
                 self._head += rec_len
                 continue
+            if rec_len % 8 or rec_len < REC.size or pos + rec_len > RING_BYTES:
+                raise ProtocolError(f"shm: record length {rec_len} at ring offset {pos}")
             if kind != KIND_FRAME or rec_len > RECORD_MAX:
                 raise ProtocolError(f"shm: record kind {kind}, length {rec_len}")
-            return (pos, *rec)
+            return (pos, *REC.unpack_from(ring, pos))
 
     def _recv(self, limits: Limits, pool: BufferPool, into: Into | None) -> Frame:
         pos, rec_len, _, slot, ndesc, blob_len, blob_in_heap = self._next_record()

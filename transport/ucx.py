@@ -210,9 +210,7 @@ class UcxTransport(Transport):
         only once the peer receives it, and the peer may itself be blocked sending us a reply.
         """
         spin_end = time.perf_counter() + SPIN_S
-        poller = select.poll()     # not select(): descriptors past FD_SETSIZE
-        poller.register(self._efd, select.POLLIN)
-        poller.register(self._sock, select.POLLIN)
+        poller = None
         while True:
             with self._ucx_lock:
                 self._worker.progress()
@@ -231,6 +229,10 @@ class UcxTransport(Transport):
                 armed = self._worker.arm()       # False: events are pending, progress again
             if not armed:
                 continue
+            if poller is None:     # one per wait: a poll object may not be shared between threads
+                poller = select.poll()     # and not select(): descriptors past FD_SETSIZE
+                poller.register(self._efd, select.POLLIN)
+                poller.register(self._sock, select.POLLIN)
             for fd, _ in poller.poll(wait * 1000):
                 if fd == self._sock.fileno():
                     self._check_carrier()
