@@ -34,7 +34,12 @@ def _bench(args) -> int:
 
         if args.transport:
             args.transport += f",{tls.NAME}"
-    rows = harness.run_suite(args.suite, args)
+    if args.suite == "transport" and args.netns:  # two network namespaces: tcp (and ucx) beside a raw socket there
+        from rgpu.bench import transport_lan
+
+        rows = transport_lan.rows(args)
+    else:
+        rows = harness.run_suite(args.suite, args)
     if args.json:
         print(json.dumps(rows, indent=1))
     else:
@@ -86,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="train: also the step under torch.compile(backend='rgpu') [mode, e.g. reduce-overhead]")
     p.add_argument("--sim-rtt", default=None, help="train: comma list of simulated round trips in ms, e.g. 1,10,30")
     p.add_argument("--tls", action="store_true", help="transport: add TLS rows beside plain tcp (what TLS costs)")
+    p.add_argument("--netns", action="store_true",
+                   help="transport: across two network namespaces joined by a veth pair (root), beside a raw socket")
+    p.add_argument("--rate", default=None, help="with --netns: tbf rate limit on the veth pair, e.g. 10gbit")
     p.set_defaults(func=_bench)
 
     p = sub.add_parser("config", help="show every setting and its current value")
