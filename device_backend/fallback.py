@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from rgpu.server.ops.protocol import CALL_RESERVED_IDS
+from rgpu.server.ops.protocol import CALL_RESERVED_IDS, CALL_RESERVED_IDS_FOR_LISTS
 
 from . import copies, meta, optable, session
 from .encode import Encoder
@@ -74,8 +74,9 @@ def call(s, op, i, args, kwargs):
     """One round trip: the server runs the op and says what came out (ids reserved here)."""
     enc = Encoder(s.C.describe, s.devtype, mixed_ok=True)
     wargs, wkwargs = enc.value(args), enc.kwargs(kwargs)
-    first = s.C.mint_ids(CALL_RESERVED_IDS)
-    result = _decode(s.call_op(op, wargs, wkwargs, first), s.C)
+    lists = any(str(r.type).startswith("List") for r in op._schema.returns)
+    count = CALL_RESERVED_IDS_FOR_LISTS if lists else CALL_RESERVED_IDS
+    result = _decode(s.call_op(op, wargs, wkwargs, s.C.mint_ids(count), count), s.C)
     return tuple(result) if len(op._schema.returns) > 1 else result
 
 

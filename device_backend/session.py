@@ -49,9 +49,9 @@ class Session:
         with self.lock:
             self.conn.post([Msg.OP, self.C.drain_events(), self._index(op), args, kwargs, outs])
 
-    def call_op(self, op, args, kwargs, first_id: int):
+    def call_op(self, op, args, kwargs, first_id: int, count: int):
         with self.lock:
-            fut = self.conn.request([Msg.CALL, self.C.drain_events(), self._index(op), args, kwargs, first_id])
+            fut = self.conn.request([Msg.CALL, self.C.drain_events(), self._index(op), args, kwargs, first_id, count])
         reply = fut.result()
         reply.release()
         return reply.meta[0]

@@ -106,6 +106,7 @@ def test_two_server_devices_behave_like_two_gpus(start_server):
         "assert a.device.index == 1 and b.device.index == 0 and b.cpu().tolist() == [0, 2, 4, 6]\n"
         "with pytest.raises(RuntimeError, match='same device'):\n"
         "    a + b\n"
+        "assert a[a > 1].device.index == 1 and a[a > 1].cpu().tolist() == [2, 3]  # server-sized, on rgpu:1\n"
         "with torch.rgpu.device(1):\n"
         "    assert torch.empty(1, device='rgpu').device.index == 1\n"
         "print('ok')\n")

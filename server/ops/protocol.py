@@ -16,7 +16,7 @@ class Msg(IntEnum):
     # payload after the kind; "events" is the client's allocator log (EVENT below)
     DEFINE = 1    # [op_index, "name.overload", schema string]                post
     OP = 2        # [events, op_index, args, kwargs, outs]                   post
-    CALL = 3      # [events, op_index, args, kwargs, first reserved id]      request -> [result, ...]
+    CALL = 3      # [events, op_index, args, kwargs, first id, id count]     request -> [result, ...]
     UPLOAD = 4    # [events, tensor] + one buffer (contiguous bytes)          post
     DOWNLOAD = 5  # [events, tensor]                                          request -> one buffer
     EVENTS = 6    # [events]                                                  post
@@ -64,5 +64,7 @@ DTYPES = (
 LAYOUTS = ("strided", "sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr", "sparse_bsc", "_mkldnn", "jagged")
 MEMORY_FORMATS = ("contiguous_format", "channels_last", "channels_last_3d", "preserve_format")
 
-# How many ids a CALL reserves for outputs whose number the server decides.
+# How many ids a CALL reserves for outputs whose number the server decides
+# (ops returning a list of tensors get many; the server refuses to go past them).
 CALL_RESERVED_IDS = 64
+CALL_RESERVED_IDS_FOR_LISTS = 4096

@@ -158,7 +158,7 @@ class Executor(BaseExecutor):
             self.table.poison(d[0], d[6], cause)
 
     def _call(self, meta, buffers):
-        _, events, index, args, kwargs, first_id = meta
+        _, events, index, args, kwargs, first_id, count = meta
         self.table.apply_events(events)
         r = self._resolved(index)
         dec = Decoder(self.table)
@@ -168,20 +168,20 @@ class Executor(BaseExecutor):
             raise OpFailed(cause.op, str(cause)) from None
         except Exception as exc:
             raise OpFailed(r.name, f"{type(exc).__name__}: {exc}") from None
-        ids = iter(range(first_id, first_id + 1_000_000))
+        ids = iter(range(first_id, first_id + count))
         taken = set(dec.inputs)
 
         def bind(t: torch.Tensor):
             if t.untyped_storage().data_ptr() in taken:
                 t = t.clone()
-            sid, dev = next(ids), self._index_of(t)
+            sid = next(ids, None)
+            if sid is None:
+                raise OpFailed(r.name, f"returned more than the {count} tensors the client reserved ids for")
+            dev = t.device.index if t.device.type == "cuda" else dec.device  # the CPU executor's rgpu:N is a label
             self.table.bind(sid, t.untyped_storage(), dev)
             return [sid, t.untyped_storage().nbytes(), CODE_BY_DTYPE[t.dtype], list(t.shape), list(t.stride()),
                     t.storage_offset(), dev]
         return [encode_result(result, bind)], []
-
-    def _index_of(self, t: torch.Tensor) -> int:
-        return t.device.index or 0 if self.kind == "cuda" else 0
 
     def _upload(self, meta, buffers):
         _, events, desc = meta
