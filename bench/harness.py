@@ -1,0 +1,224 @@
+"""The one measurement harness: interleaved runs of rgpu beside its baseline, rows, a table, a plot.
+
+A suite is a module ``rgpu.bench.<name>`` with ``rows(args) -> list[dict]``; ``rgpu bench <name>``
+calls ``run_suite`` and prints ``format_table`` (or the rows as JSON). Every row:
+
+    bench, transport, metric, unit, size, value, baseline_name, baseline, ratio, spread
+    (+ baseline_spread, ratio_spread, runs)
+
+``compare`` runs ``rgpu, baseline, rgpu, baseline, ...`` (``repeats`` pairs, at least 5 by
+default), so drift on a shared machine hits both alike; ``value`` and ``baseline`` are the
+medians, ``ratio`` the median of the per-pair ratios, ``spread`` ``[min, max]`` of the rgpu
+runs (``baseline_spread`` and ``ratio_spread`` likewise).
+"""
+from __future__ import annotations
+
+import gc
+import importlib
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Callable, Sequence
+
+METRIC_UNITS = {"bandwidth": "GB/s", "rtt": "us", "time": "ms"}
+
+
+def label(n: int | None) -> str:
+    """A size as people read it: 64 B, 16 KiB, 64 MiB."""
+    if n is None:
+        return ""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} B"
+
+
+def parse_sizes(text: str | None, default: Sequence[int]) -> list[int]:
+    """``--sizes 64,1M,64M`` as byte counts (binary suffixes)."""
+    if not text:
+        return list(default)
+    from rgpu.config import _size
+    return [_size(part) for part in text.split(",") if part.strip()]
+
+
+def repeats_of(args, default: int = 5) -> int:
+    return max(1, int(getattr(args, "repeats", None) or default))
+
+
+def compare(measure: Callable[[], float], baseline: Callable[[], float], repeats: int = 5) -> dict:
+    """Interleave ``measure`` and ``baseline`` ``repeats`` times each; medians, per-pair ratio, spreads."""
+    values, bases, ratios = [], [], []
+    gc_was = gc.isenabled()
+    gc.disable()  # a collection inside one run of a pair and not the other is noise
+    try:
+        for _ in range(repeats):
+            v = measure()
+            b = baseline()
+            values.append(v)
+            bases.append(b)
+            ratios.append(v / b if b else float("nan"))
+            gc.collect()
+    finally:
+        if gc_was:
+            gc.enable()
+    return {"value": statistics.median(values), "baseline": statistics.median(bases),
+            "ratio": statistics.median(ratios), "spread": [min(values), max(values)],
+            "baseline_spread": [min(bases), max(bases)], "ratio_spread": [min(ratios), max(ratios)],
+            "runs": repeats}
+
+
+def row(bench: str, transport: str | None, metric: str, size: int | None, result: dict, baseline_name: str,
+        unit: str | None = None, **extra) -> dict:
+    """One row of the schema from a ``compare`` result."""
+    return {"bench": bench, "transport": transport, "metric": metric, "unit": unit or METRIC_UNITS[metric],
+            "size": size, "value": result["value"], "baseline_name": baseline_name, "baseline": result["baseline"],
+            "ratio": result["ratio"], "spread": result["spread"],
+            **{k: result[k] for k in ("baseline_spread", "ratio_spread", "runs") if k in result}, **extra}
+
+
+def run_suite(name: str, args) -> list[dict]:
+    """``rgpu bench <name>``: the suite's rows (and its plot, with ``--plot``)."""
+    if not re.fullmatch(r"[a-z_][a-z0-9_]*", name):
+        from rgpu.errors import ConfigError
+        raise ConfigError(f"no benchmark suite named {name!r}")
+    try:
+        suite = importlib.import_module(f"rgpu.bench.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"rgpu.bench.{name}":
+            raise
+        from rgpu.errors import ConfigError
+        raise ConfigError(f"no benchmark suite named {name!r} (rgpu/bench/{name}.py)") from None
+    rows = suite.rows(args)
+    path = getattr(args, "plot", None)
+    if path:
+        plot_bandwidth(rows, path, title=f"rgpu bench {name}")
+    return rows
+
+
+def _num(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
+    return str(v)
+
+
+def format_table(rows: list[dict]) -> str:
+    """The rows as an aligned text table, one line each."""
+    head = ["bench", "transport", "metric", "size", "value", "unit", "baseline", "baseline_name", "ratio", "spread"]
+    lines = [head]
+    for r in rows:
+        spread = r.get("spread")
+        spread_text = f"[{_num(spread[0])}, {_num(spread[1])}]" if isinstance(spread, (list, tuple)) else _num(spread)
+        metric = str(r.get("metric", "")) + (f" ({r['direction']})" if r.get("direction") else "")
+        lines.append([str(r.get("bench", "")), str(r.get("transport") or ""), metric,
+                      label(r.get("size")) if isinstance(r.get("size"), int) else _num(r.get("size")),
+                      _num(r.get("value")), str(r.get("unit", "")), _num(r.get("baseline")),
+                      str(r.get("baseline_name") or ""), _num(r.get("ratio")), spread_text])
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines)
+
+
+def plot_bandwidth(rows: list[dict], path: str, title: str = "bandwidth against size") -> str | None:
+    """A PNG of bandwidth against size: one line per transport, dashed lines for their baselines."""
+    series: dict[str, list[tuple[int, float]]] = {}
+    for r in rows:
+        if r.get("metric") != "bandwidth" or not isinstance(r.get("size"), int):
+            continue
+        direction = r.get("direction", "")
+        name = f"rgpu {r['transport']}" + (f" {direction}" if direction else "")
+        series.setdefault(name, []).append((r["size"], r["value"]))
+        series.setdefault(f"baseline: {r['baseline_name']}" + (f" {direction}" if direction else ""),
+                          []).append((r["size"], r["baseline"]))
+    if not series:
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for name, points in series.items():
+        points = sorted(set(points))
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name,
+                linestyle="--" if name.startswith("baseline") else "-")
+    ax.set_xscale("log", base=2)
+    ticks = sorted({p[0] for pts in series.values() for p in pts})
+    ax.set_xticks(ticks, [label(t) for t in ticks], rotation=45)
+    ax.set_xlabel("message size")
+    ax.set_ylabel("GB/s (median of interleaved runs)")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ---- processes: a local server, pinned apart from the client ------------------------------------
+
+def cpu_split() -> tuple[set[int], set[int]] | None:
+    """(client CPUs, server CPUs) on different cores, or None with fewer than two usable CPUs.
+
+    Client and server on one core measure a same-core wake-up (4-13 us here) that no remote
+    server ever gives; different cores are the honest stand-in for two hosts.
+    """
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    half = len(cpus) // 2
+    return set(cpus[:half]), set(cpus[half:])
+
+
+def pin_self(cpus: set[int] | None) -> None:
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+
+
+def spawn(cmd: list[str], cpus: set[int] | None = None, env: dict | None = None, **popen) -> subprocess.Popen:
+    """A child process, pinned to ``cpus`` (its own children inherit that)."""
+    preexec = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+    return subprocess.Popen(cmd, preexec_fn=preexec, env=env, stdin=subprocess.DEVNULL, **popen)
+
+
+class LocalServer:
+    """``rgpu serve`` on a free loopback port with its own token, no preload; ``stop()`` ends it."""
+
+    def __init__(self, flags: Sequence[str] = (), cpus: set[int] | None = None, env: dict | None = None,
+                 timeout: float = 60.0):
+        self.folder = tempfile.mkdtemp(prefix="rgpu-bench-")
+        self.token = "bench-" + os.urandom(8).hex()
+        child_env = {k: v for k, v in os.environ.items() if not k.startswith("RGPU_")}
+        child_env.update(RGPU_TOKEN=self.token, RGPU_TOKEN_FILE=os.path.join(self.folder, "token"), **(env or {}))
+        cmd = [sys.executable, "-m", "rgpu", "serve", "--host", "127.0.0.1", "--port", "0", "--preload", "",
+               "--exit-with-parent", str(os.getpid()), *flags]
+        self.proc = spawn(cmd, cpus, child_env, stdout=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + timeout
+        line = ""
+        while "listening on" not in line and time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line and self.proc.poll() is not None:
+                break
+        m = re.search(r"listening on (\S+):(\d+)", line)
+        if not m:
+            self.stop()
+            raise RuntimeError(f"rgpu serve did not start: {line!r}")
+        self.host, self.port = m.group(1), int(m.group(2))
+        import threading
+        threading.Thread(target=lambda: [None for _ in self.proc.stdout], daemon=True).start()
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
