@@ -8,6 +8,8 @@
   rgpu: a ``checksum`` request on the echo route. ``direction: download`` rows: the
   echo route's ``fill`` reply received into a preallocated buffer, checked the same way.
 - ``rtt``: 64 B there and back; rgpu: an ``echo`` request replying into a preallocated buffer.
+  A run's figure is the median of its round trips (on a shared machine a mean mostly
+  measures who else was scheduled); each row is the median of the runs.
 - baseline ``raw socket``: a Python socket pair in two processes, ``sendall`` and
   ``recv_into`` a preallocated buffer, the same sampled sum; a raw 64 B ping-pong.
 
@@ -305,11 +307,16 @@ def _download_fn(backend: Backend, dest: np.ndarray, k: int) -> Callable[[], flo
 
 
 def _rtt_fn(backend: Backend, k: int) -> Callable[[], float]:
+    """A run: ``k`` round trips; its figure is their median (a preempted call on a shared machine is not the rtt)."""
     def run() -> float:
-        t0 = time.perf_counter()
-        for _ in range(k):
-            backend.ping()
-        return (time.perf_counter() - t0) / k * 1e6
+        times = [0.0] * k
+        clock, ping = time.perf_counter, backend.ping
+        for i in range(k):
+            t0 = clock()
+            ping()
+            times[i] = clock() - t0
+        times.sort()
+        return times[k // 2] * 1e6
     return run
 
 
