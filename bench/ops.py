@@ -24,7 +24,7 @@ def _median_runs(fns: dict, repeats: int) -> dict:
     return {name: (statistics.median(v), min(v), max(v)) for name, v in got.items()}
 
 
-def _row(metric, unit, value, baseline_name, baseline, transport, spread=None, size=SIZE) -> dict:
+def _row(metric, unit, value, baseline_name, baseline, transport, spread=None, size=SIZE * 4) -> dict:
     return {"bench": "ops", "transport": transport, "metric": metric, "unit": unit, "size": size,
             "value": value, "baseline_name": baseline_name, "baseline": baseline,
             "ratio": value / baseline if baseline else None, "spread": spread}

@@ -153,3 +153,10 @@ def test_attention_runs_fused_on_the_server_with_the_cpus_values_and_gradients(r
             assert "FusedAttentionOverrideable" in type(out.grad_fn).__name__
     for a, b in zip(*results):
         assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_an_out_tensor_of_the_wrong_size_fails_instead_of_drifting_from_the_server(rgpu_device):
+    a, out = torch.ones(3, device="rgpu"), torch.zeros(2, device="rgpu")
+    torch.add(a, a, out=out)  # trusted as sized (PyTorch only warns and resizes here)
+    with pytest.raises(rgpu.RemoteError, match="resize it first"):
+        torch.rgpu.synchronize()

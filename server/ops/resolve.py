@@ -38,7 +38,7 @@ class OpRefused(Exception):
 class Resolved:
     """A runnable op (the op, or its substitute here) and what the executor needs to know of its schema."""
 
-    __slots__ = ("name", "op", "mutable", "generator")
+    __slots__ = ("name", "op", "mutable", "outs", "generator")
 
     def __init__(self, name: str, op, run=None):
         self.name, self.op = name, run or op
@@ -46,6 +46,7 @@ class Resolved:
         # positions and keyword names of arguments the op writes: they share the fate of a failure
         self.mutable = [(i, a.name, a.kwarg_only) for i, a in enumerate(args)
                         if a.alias_info is not None and a.alias_info.is_write]
+        self.outs = [name for _, name, kwarg_only in self.mutable if kwarg_only]  # out= arguments
         self.generator = any(a.name == "generator" for a in args)
 
 

@@ -114,7 +114,13 @@ class Executor(BaseExecutor):
             a = CPU_ADAPT[r.name](a)
         if self.gens is not None and r.generator and k.get("generator") is None:
             k["generator"] = self.gens[dec.device]
-        return r.op(*a, **k)
+        result = r.op(*a, **k)
+        for name in r.outs:  # the client sized out= tensors: one the kernel resized would leave it behind
+            t, wire = k.get(name), kwargs.get(name)
+            if isinstance(t, torch.Tensor) and list(t.shape) != wire["t"][3]:
+                raise RuntimeError(f"out= tensor {name!r} has shape {wire['t'][3]}, the result needs "
+                                   f"{list(t.shape)}; resize it first (the client and server would disagree)")
+        return result
 
     def _op(self, meta, buffers):
         _, events, index, args, kwargs, outs = meta
