@@ -2,7 +2,7 @@
 
     python -m rgpu.cuda_intercept.build [OUT_DIR]     (or: rgpu intercept build)
 
-The result is cached under ``~/.cache/rgpu/intercept/<key>/`` (key: header,
+The result is cached under ``$XDG_CACHE_HOME/rgpu/intercept/<key>/`` (``~/.cache``) (key: header,
 sources, Python and cffi versions), beside a ``libcuda.so`` link for linkers.
 """
 from __future__ import annotations
@@ -65,7 +65,8 @@ embed.attach(ffi, lib, {names!r})
 
 
 def default_cache_dir() -> Path:
-    return Path(os.path.expanduser("~/.cache/rgpu/intercept"))
+    """$XDG_CACHE_HOME/rgpu/intercept (~/.cache when unset), read when called."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")) / "rgpu" / "intercept"
 
 
 def _libpython() -> tuple[str, str]:

@@ -12,6 +12,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/rgpu-cuda-route}
 mkdir -p "$OUT"
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1
+PY=$(command -v python3 || command -v python)   # the GPU host has python3, maybe no `python`
 T0=$(date +%s)
 step() {  # step NAME TIMEOUT_S COMMAND...: output to $OUT/NAME.log, status to $OUT/NAME.rc
   local name=$1 limit=$2; shift 2
@@ -21,8 +22,9 @@ step() {  # step NAME TIMEOUT_S COMMAND...: output to $OUT/NAME.log, status to $
   tail -n 5 "$OUT/$name.log"
 }
 
-step install 180 bash -c 'pip install --no-deps wheels/cffi*.whl && pip install --no-deps --no-build-isolation -e .'
-step python 30 python -c '
+# cffi and pycparser come as wheels (not installed on the GPU host); then rgpu itself
+step install 180 bash -c "$PY -m pip install --no-deps wheels/*.whl; $PY -m pip install --no-deps --no-build-isolation -e ."
+step python 30 "$PY" -c '
 import json, sys, sysconfig, subprocess
 try:
     smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
@@ -31,7 +33,7 @@ except OSError as exc:
     smi = f"nvidia-smi: {exc}"
 print(json.dumps({"python": sys.version, "shared": sysconfig.get_config_var("Py_ENABLE_SHARED"),
                   "libpython": sysconfig.get_config_var("INSTSONAME"), "nvidia_smi": smi}))'
-step build 120 python -m rgpu intercept build
+step build 120 "$PY" -m rgpu intercept build
 LIB=$(grep -o '/[^ ]*libcuda\.so\.1$' "$OUT/build.log" | tail -n 1)
 LIBDIR=$(dirname "$LIB")
 nm -D --defined-only "$LIB" | grep -c ' T cu' >"$OUT/exports.txt" 2>&1
@@ -39,18 +41,18 @@ nm -D --defined-only "$LIB" | grep -c ' T cu' >"$OUT/exports.txt" 2>&1
 # the server, on the real driver, on a free port, with a token of our own
 export RGPU_TOKEN=gpu-check-$RANDOM$RANDOM
 # CHECK_DRIVER=fake runs this script on a machine without a GPU (a dry run of the script itself)
-python -m rgpu serve --port 0 --cuda-driver "${CHECK_DRIVER:-real}" --preload "" >"$OUT/server.log" 2>&1 &
+"$PY" -m rgpu serve --port 0 --cuda-driver "${CHECK_DRIVER:-real}" --preload "" >"$OUT/server.log" 2>&1 &
 SERVER_PID=$!
 for _ in $(seq 100); do grep -q "listening on" "$OUT/server.log" && break; sleep 0.2; done
 export RGPU_SERVER=$(grep -o "listening on [^;]*" "$OUT/server.log" | head -1 | awk '{print $3}')
 echo "server $RGPU_SERVER (pid $SERVER_PID)"
 
-step demo_build 60 python -c "
+step demo_build 60 "$PY" -c "
 from rgpu.cuda_intercept.demo import build_program
 print(build_program('$LIBDIR', '$LIBDIR'))"
 DEMO=$(tail -n 1 "$OUT/demo_build.log")
 step demo_native 60 "$DEMO"
-step demo_rgpu 120 python -m rgpu intercept run -- "$DEMO"
+step demo_rgpu 120 "$PY" -m rgpu intercept run -- "$DEMO"
 
 cat >"$OUT/numba_kernels.py" <<'EOF'
 """numba-cuda kernels through rgpu's libcuda.so.1: arrays both ways, values against numpy."""
@@ -116,19 +118,19 @@ res["ok"] = res["add"] and res["histogram"] and res["stream_add"] and res["poly_
 print(json.dumps(res))
 sys.exit(0 if res["ok"] else 1)
 EOF
-step numba_native 120 python "$OUT/numba_kernels.py"
-step numba_rgpu 150 env NUMBA_CUDA_USE_NVIDIA_BINDING=1 python -m rgpu intercept run -- python "$OUT/numba_kernels.py"
+step numba_native 120 "$PY" "$OUT/numba_kernels.py"
+step numba_rgpu 150 env NUMBA_CUDA_USE_NVIDIA_BINDING=1 "$PY" -m rgpu intercept run -- "$PY" "$OUT/numba_kernels.py"
 step numba_rgpu_ctypes_binding 120 env NUMBA_CUDA_USE_NVIDIA_BINDING=0 \
-  python -m rgpu intercept run -- python "$OUT/numba_kernels.py"
+  "$PY" -m rgpu intercept run -- "$PY" "$OUT/numba_kernels.py"
 # the GPU-marked test, called directly: the suite's conftest needs hypothesis, which this host lacks
-step real_driver 120 python -c "
+step real_driver 120 "$PY" -c "
 import sys; sys.path.insert(0, 'tests')
 import test_cuda_real_driver as t
 t.test_on_a_gpu_the_real_driver_runs_the_ptx_vector_add(); print('real driver: PTX vecAdd of 65536 floats OK')"
-step bench 240 python -m rgpu.bench.cuda --json --repeats 3 --server "$RGPU_SERVER"
+step bench 240 "$PY" -m rgpu.bench.cuda --json --repeats 3 --server "$RGPU_SERVER"
 
 kill "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null
-python - "$OUT" <<'EOF'
+"$PY" - "$OUT" <<'EOF'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
 summary = {}
