@@ -94,14 +94,17 @@ def test_shape_and_dtype_errors_raise_on_the_client_without_a_message(rgpu_devic
 
 
 def test_a_failing_op_poisons_what_depends_on_it_and_is_raised_once(rgpu_device):
-    x = torch.randn(4, device="rgpu")
-    bad = torch.ops.aten.index_select(x, 0, torch.tensor([0, 9]).to("rgpu"))  # index 9: fails on the server
-    later = bad * 2
-    with pytest.raises(rgpu.RemoteError, match="index") as info:
-        x.sum().item()
-    assert "index_select" in str(info.value)
-    assert torch.isfinite(x).all().item()  # raised once: the session goes on
-    with pytest.raises(rgpu.RemoteError, match="index_select"):
+    # Why this failure: 512 TiB cannot be allocated on any server (CPU or GPU, a clean error,
+    # unlike a device-side assert), yet on the client an empty tensor is only a minted id.
+    huge = torch.empty(1 << 47, dtype=torch.float32, device="rgpu")
+    healthy = torch.ones(4, device="rgpu")
+    huge.fill_(1.0)  # fails on the server
+    later = huge[:4] * 2
+    with pytest.raises(rgpu.RemoteError) as info:
+        healthy.sum().item()
+    assert "fill_" in str(info.value)
+    assert healthy.sum().item() == 4.0  # raised once: the session goes on
+    with pytest.raises(rgpu.RemoteError, match="fill_"):
         later.cpu()  # reading what depends on it names the op that failed
 
 
@@ -135,8 +138,8 @@ def test_convolutions_and_their_gradients_match_the_cpu(rgpu_device):
         out = model(x.to(dev))
         out.sum().backward()
         results.append([out.detach().cpu()] + [p.grad.cpu() for p in model.parameters()])
-    for a, b in zip(*results):
-        assert torch.allclose(a, b, atol=1e-5)
+    for a, b in zip(*results):  # 1e-4: a GPU server's kernels (cuDNN) sum in another order
+        assert torch.allclose(a, b, atol=1e-4)
 
 
 @pytest.mark.parametrize("shape, causal", [((2, 3, 16, 8), True), ((1, 2, 33, 16), False)])
@@ -151,8 +154,8 @@ def test_attention_runs_fused_on_the_server_with_the_cpus_values_and_gradients(r
         results.append([out.detach().cpu(), q.grad.cpu(), k.grad.cpu(), v.grad.cpu()])
         if dev == "rgpu":  # not the math path's T x T matrices
             assert "FusedAttentionOverrideable" in type(out.grad_fn).__name__
-    for a, b in zip(*results):
-        assert torch.allclose(a, b, atol=1e-5)
+    for a, b in zip(*results):  # 1e-4: a GPU server runs another fused kernel than the CPU
+        assert torch.allclose(a, b, atol=1e-4)
 
 
 def test_an_out_tensor_of_the_wrong_size_fails_instead_of_drifting_from_the_server(rgpu_device):
