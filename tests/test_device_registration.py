@@ -87,3 +87,12 @@ def test_torch_save_of_a_device_tensor_loads_back_on_the_cpu(rgpu_device, tmp_pa
     torch.save({"t": t}, tmp_path / "t.pt")
     back = torch.load(tmp_path / "t.pt", map_location="cpu")["t"]
     assert back.device.type == "cpu" and torch.equal(back, torch.arange(6.0))
+
+
+def test_backward_on_the_cpu_before_the_device_is_used_leaves_its_backward_working(rgpu_server):
+    # The autograd engine sizes its per-device queues once, at the first backward of the process.
+    r = run_python("import torch, rgpu\nm = torch.nn.Linear(4, 2)\nm(torch.randn(3, 4)).sum().backward()\n"
+                   "m.to('rgpu')\nm(torch.randn(3, 4).to('rgpu')).sum().backward()\n"
+                   "assert m.weight.grad.device.type == 'rgpu'\nprint('ok')",
+                   env={"RGPU_SERVER": rgpu_server.address, "RGPU_TOKEN": rgpu_server.token})
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
