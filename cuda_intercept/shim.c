@@ -50,11 +50,33 @@ static int cffi_start_python(void);
  * start; we ask first, so that a failed start is an error instead. */
 static int rgpu_start(void) {
     static int reported;
+    static pthread_mutex_t starting = PTHREAD_MUTEX_INITIALIZER;
+    int ok;
     if (rgpu_py_ready)
         return 0;
-    if (!Py_IsInitialized())
+    pthread_mutex_lock(&starting);      /* one thread starts us; the others wait here, holding no GIL */
+    if (rgpu_py_ready) {
+        pthread_mutex_unlock(&starting);
+        return 0;
+    }
+    if (!Py_IsInitialized()) {
         rgpu_embedded = 1;
-    if (cffi_start_python() == 0 && rgpu_py_ready)
+        ok = cffi_start_python() == 0;
+    } else {
+#if PY_VERSION_HEX >= 0x03080000 && PY_VERSION_HEX < 0x030C0000
+        /* cffi's start-up spin lock on 3.8-3.11 is PyCapsule_Type.tp_version_tag, waiting for 0;
+         * a host interpreter that has looked up attributes on capsules has given it a tag, and
+         * cffi would spin forever.  Under the GIL, invalidate the type's cache (tag back to 0). */
+        PyGILState_STATE gil = PyGILState_Ensure();
+        PyType_Modified(&PyCapsule_Type);
+        ok = cffi_start_python() == 0;
+        PyGILState_Release(gil);
+#else
+        ok = cffi_start_python() == 0;
+#endif
+    }
+    pthread_mutex_unlock(&starting);
+    if (ok && rgpu_py_ready)
         return 0;
     if (!reported) {
         reported = 1;

@@ -144,3 +144,22 @@ def test_calls_after_python_has_finalised_are_answered_in_c(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "free 0 alloc 4 name 0" in done.stdout        # release: success; anything else: DEINITIALIZED
     assert "not implemented" not in done.stderr
+
+
+CAPSULE_FIRST = textwrap.dedent("""
+    import sys, _socket
+    getattr(_socket.CAPI, "anything", None)     # the host has looked something up on a capsule
+    sys.path.insert(0, {tests!r})
+    from test_cuda_support import shim_in_process
+    shim_in_process()
+    print("started")
+""")
+
+
+def test_a_python_host_that_used_capsules_still_starts_the_interceptor(tmp_path):
+    # cffi's start-up spin lock on Python 3.8-3.11 is the capsule type's cache tag: it must be reset first
+    build_shim_or_skip()
+    script = tmp_path / "capsule_first.py"
+    script.write_text(CAPSULE_FIRST.format(tests=str(VECADD_C.parent.parent / "tests")))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=clean_env())
+    assert done.returncode == 0 and "started" in done.stdout, done.stderr
