@@ -9,8 +9,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Callable, ClassVar, Sequence
 
+from . import wire
 from .buffers import BufferPool
-from .wire import HEADER, Frame, Limits, decode_header, decode_lengths, encode_prefix, pack_meta, unpack_meta
+from .wire import (
+    _KINDS, HEADER, KNOWN_FLAGS, MAGIC, Frame, Limits, decode_header, decode_lengths, encode_prefix, pack_meta,
+    unpack_meta,
+)
 
 
 # into(kind, seq, lengths) -> caller-owned views of exactly those lengths, or None for pool leases
@@ -109,12 +113,21 @@ class StreamReader:
             pos += got
 
     def read_frame(self, limits: Limits, pool: BufferPool, into: Into | None = None) -> Frame:
-        h = decode_header(self._take(HEADER.size), limits)
-        lengths = decode_lengths(self._take(8 * h.nbufs), h.nbufs, h.meta_len, limits) if h.nbufs else []
-        meta = unpack_meta(self._take(h.meta_len), limits) if h.meta_len else None
+        if self._end - self._start < HEADER.size:
+            self._fill(HEADER.size)
+        start = self._start
+        magic, version, kind, flags, seq, ack, meta_len, nbufs = HEADER.unpack_from(self._stage, start)
+        kind = _KINDS.get(kind)
+        if (kind is None or magic != MAGIC or version != wire.PROTOCOL_VERSION or flags & ~KNOWN_FLAGS
+                or meta_len > limits.max_meta_bytes or nbufs > limits.max_buffers):
+            h = decode_header(self._view[start:start + HEADER.size], limits)  # raises, naming the field
+            kind, meta_len, nbufs = h.kind, h.meta_len, h.nbufs
+        self._start = start + HEADER.size
+        lengths = decode_lengths(self._take(8 * nbufs), nbufs, meta_len, limits) if nbufs else []
+        meta = unpack_meta(self._take(meta_len), limits) if meta_len else None
         if not lengths:
-            return Frame(h.kind, h.seq, h.ack, meta)
-        targets = into(h.kind, h.seq, lengths) if into is not None else None
+            return Frame(kind, seq, ack, meta)
+        targets = into(kind, seq, lengths) if into is not None else None
         if targets is not None and [v.nbytes for v in targets] != lengths:
             targets = None  # not the reply the caller prepared for (an error, say): use the pool
         bufs, leases = [], []
@@ -134,4 +147,4 @@ class StreamReader:
             self.read_into(dest)
             bufs.append(dest)
         releaser = (lambda: [pool.release(t) for t in leases]) if leases else None
-        return Frame(h.kind, h.seq, h.ack, meta, bufs, releaser)
+        return Frame(kind, seq, ack, meta, bufs, releaser)

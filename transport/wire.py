@@ -57,6 +57,9 @@ _KINDS = {int(k): k for k in MsgKind}   # a dict lookup: MsgKind(n) costs 10x mo
 _LENGTH_STRUCTS = {n: struct.Struct(f"<{n}Q") for n in range(1, 65)}
 
 
+_PREFIX_STRUCTS = {n: struct.Struct(HEADER.format + f"{n}Q") for n in range(17)}
+
+
 def _lengths_struct(n: int) -> struct.Struct:
     return _LENGTH_STRUCTS.get(n) or struct.Struct(f"<{n}Q")
 
@@ -155,10 +158,12 @@ def unpack_meta(data, limits: Limits) -> Any:
 
 def encode_prefix(kind: int, seq: int, ack: int, meta: bytes, lengths: Sequence[int], flags: int = 0) -> bytes:
     """Header + buffer lengths + metadata: everything before the raw buffers."""
-    head = HEADER.pack(MAGIC, PROTOCOL_VERSION, int(kind), flags, seq, ack, len(meta), len(lengths))
-    if not lengths:
-        return head + meta
-    return b"".join((head, _lengths_struct(len(lengths)).pack(*lengths), meta))
+    n = len(lengths)
+    prefix = _PREFIX_STRUCTS.get(n)
+    if prefix is not None:  # one pack for the header and the lengths: the common case of a few buffers
+        return prefix.pack(MAGIC, PROTOCOL_VERSION, kind, flags, seq, ack, len(meta), n, *lengths) + meta
+    head = HEADER.pack(MAGIC, PROTOCOL_VERSION, kind, flags, seq, ack, len(meta), n)
+    return b"".join((head, _lengths_struct(n).pack(*lengths), meta))
 
 
 def decode_header(raw, limits: Limits) -> Header:
