@@ -62,3 +62,20 @@ def test_ids_are_minted_on_the_client_and_outputs_need_no_answer(rgpu_device):
     assert rgpu.stats()["round_trips"] == 0
     assert y.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
     assert z.item() == 6.0
+
+
+def test_a_step_with_a_grad_scaler_costs_two_round_trips_as_on_cuda(rgpu_device):
+    model = tiny_gpt().to("rgpu")  # fp32 parameters, as under autocast (which the fidelity issue adds)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("rgpu")
+    x = torch.randint(0, 97, (2, 16)).to("rgpu")
+    for i in range(3):
+        if i == 2:
+            rgpu.stats(reset=True)
+        _, loss = model(x, x)
+        opt.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(opt)  # reads found_inf: a wait, as on CUDA
+        scaler.update()
+        loss.item()
+    assert rgpu.stats()["round_trips"] == 2
