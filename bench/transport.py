@@ -14,7 +14,9 @@
   ``recv_into`` a preallocated buffer, the same sampled sum; a raw 64 B ping-pong.
 
 The client (this process) and the servers (``rgpu serve``, the raw server) are pinned to
-different cores (``harness.cpu_split``). With ``--server`` the rgpu server is yours; the
+different cores (``harness.cpu_split``), as two hosts would be; ``--no-pin`` leaves placement
+to the scheduler (on a busy shared machine pinned processes cannot dodge the load). With
+``--server`` the rgpu server is yours; the
 raw baseline then runs on loopback here, so its ratio means something only for a local server.
 
 Transports are a registry: ``TRANSPORTS[name](ctx)`` gives, per metric, the rgpu backend
@@ -204,7 +206,7 @@ class Context:
 
     def __init__(self, args):
         self.args = args
-        self.split = harness.cpu_split()
+        self.split = harness.cpu_split() if getattr(args, "pin", True) else None
         self.client_cpus, self.server_cpus = self.split if self.split else (None, None)
         self._server = None
         self._raw = None
@@ -391,6 +393,7 @@ def parse_args(argv):
     p.add_argument("--transport", default=None)
     p.add_argument("--server", default=None)
     p.add_argument("--plot", default=None)
+    p.add_argument("--no-pin", dest="pin", action="store_false")
     p.add_argument("--raw-server", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 

@@ -87,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="fewer sizes and repeats")
     p.add_argument("--plot", default=None, help="write a bandwidth-against-size PNG here")
     p.add_argument("--server", default=None, help="host:port of a running server (default: start a local one)")
+    p.add_argument("--no-pin", dest="pin", action="store_false",
+                   help="do not pin client and server to different cores (a busy shared machine)")
     p.add_argument("--compile", nargs="?", const="default", default=None,
                    help="train: also the step under torch.compile(backend='rgpu') [mode, e.g. reduce-overhead]")
     p.add_argument("--sim-rtt", default=None, help="train: comma list of simulated round trips in ms, e.g. 1,10,30")
