@@ -94,7 +94,8 @@ class StreamReader:
             big = memoryview(bytearray(n))
             self.read_into(big)
             return big
-        self._fill(n)
+        if self._end - self._start < n:
+            self._fill(n)
         out = self._view[self._start:self._start + n]
         self._start += n
         return out
@@ -134,6 +135,11 @@ class StreamReader:
         for i, n in enumerate(lengths):
             if targets is not None:
                 dest = targets[i]
+                if self._end - self._start >= n:  # staged already: one copy, no call
+                    dest[:] = self._view[self._start:self._start + n]
+                    self._start += n
+                    bufs.append(dest)
+                    continue
             elif n <= self.SMALL:
                 if self._end - self._start >= n:  # all staged already: one copy out
                     dest = memoryview(bytearray(self._view[self._start:self._start + n]))

@@ -29,6 +29,9 @@ from .buffers import BufferPool, as_bytes_view, writable_view
 from .wire import Frame, Limits, MsgKind
 
 
+_REPLY, _ERROR = MsgKind.REPLY, MsgKind.ERROR
+
+
 class Reply:
     """A request's answer: ``meta`` and ``buffers`` (pool memory until ``release()``)."""
 
@@ -57,9 +60,10 @@ class Future:
     def result(self, timeout: float | None = None) -> Reply:
         if not self.done:
             self._conn._wait(self, timeout)
-        err = self._conn.take_async_error(self.seq)   # a post before this request failed: it wins
-        if err is not None:
-            raise err
+        if self._conn._async_error is not None:
+            err = self._conn.take_async_error(self.seq)   # a post before this request failed: it wins
+            if err is not None:
+                raise err
         if self._error is not None:
             raise self._error
         return self._reply
@@ -81,13 +85,16 @@ class Connection:
         self.pool = pool or BufferPool()
         self.stats = {"messages": 0, "round_trips": 0, "bytes_out": 0, "bytes_in": 0}
         self._seq = itertools.count(1)
-        self._cv = threading.Condition()          # guards the queue, seq order and writer state
+        self._cv_lock = threading.Lock()          # C-level `with` on the hot path; Condition's own is Python
+        self._cv = threading.Condition(self._cv_lock)   # guards the queue, seq order and writer state
         self._queue: deque = deque()              # (parts, nbytes, written-event or None, seq)
         self._queued_bytes = 0
         self._send_lock = threading.Lock()        # held by whoever is writing to the transport
         self._io_thread: threading.Thread | None = None
         self._pending: dict[int, Future] = {}
-        self._rcv = threading.Condition()         # guards _reading and wakes waiters
+        self._rcv_lock = threading.Lock()
+        self._rcv = threading.Condition(self._rcv_lock)  # guards _reading and wakes waiters
+        self._waiters = 0                         # threads in _rcv.wait: no notify when there are none
         self._reading = False
         self._async_error: tuple[int, RemoteError] | None = None   # (the failed post's seq, its error)
         self._dead: RgpuError | None = None
@@ -109,7 +116,8 @@ class Connection:
         """Send a call and return the future of its answer (buffers land in ``reply_into`` if sizes match)."""
         if reply_into is not None:
             reply_into = [writable_view(b) for b in reply_into]  # refused here, not halfway through a read
-        self._raise_async_error()
+        if self._async_error is not None or self._dead is not None:
+            self._raise_async_error()
         fut = Future(self, 0, reply_into)
         self.stats["round_trips"] += 1
         self._submit(MsgKind.REQUEST, meta, buffers, fut)
@@ -128,7 +136,7 @@ class Connection:
             views = [memoryview(bytearray(v)) for v in views]  # the caller may change its memory once we return
         written = threading.Event() if big else None
         inline = False
-        with self._cv:
+        with self._cv_lock:
             if self._dead:
                 raise self._dead
             while self._queued_bytes > self.settings.queue_max_bytes and not self._dead:
@@ -226,7 +234,7 @@ class Connection:
             return False
         if oldest is None or oldest >= self._sending_seq:
             return None                           # no reply can come before this write ends
-        with self._rcv:
+        with self._rcv_lock:
             if self._reading:
                 return False                      # another thread reads for us
             self._reading = True
@@ -234,9 +242,7 @@ class Connection:
             if self.transport_readable(0):
                 self._dispatch(self.transport.recv_frame(self.limits, self.pool, self._into_for))
         finally:
-            with self._rcv:
-                self._reading = False
-                self._rcv.notify_all()
+            self._end_read()
         return True
 
     # ---- receiving -----------------------------------------------------------------
@@ -246,11 +252,15 @@ class Connection:
             timeout = self.settings.request_timeout
         deadline = None if timeout is None else time.monotonic() + timeout
         while not fut.done:
-            with self._rcv:
+            with self._rcv_lock:
                 if fut.done:
                     break
                 if self._reading:                 # another thread reads: it will hand us our reply
-                    self._rcv.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+                    self._waiters += 1
+                    try:
+                        self._rcv.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+                    finally:
+                        self._waiters -= 1
                     if deadline is not None and time.monotonic() >= deadline and not fut.done:
                         raise Timeout(f"no answer to request {fut.seq} within {timeout} s")
                     continue
@@ -264,22 +274,26 @@ class Connection:
             except RgpuError as exc:
                 self._fail(exc)
             finally:
-                with self._rcv:
-                    self._reading = False
-                    self._rcv.notify_all()
+                self._end_read()
+
+    def _end_read(self) -> None:
+        with self._rcv_lock:
+            self._reading = False
+            if self._waiters:
+                self._rcv.notify_all()
 
     def transport_readable(self, timeout: float) -> bool:
         readable = getattr(self.transport, "readable", None)
         return True if readable is None else readable(max(0.0, timeout))
 
     def _into_for(self, kind: int, seq: int, lengths: list):
-        fut = self._pending.get(seq) if kind == MsgKind.REPLY else None
+        fut = self._pending.get(seq) if kind is _REPLY else None
         return fut.into if fut is not None else None
 
     def _dispatch(self, frame: Frame) -> None:
         if frame.buffers:
             self.stats["bytes_in"] += sum([b.nbytes for b in frame.buffers])
-        if frame.kind == MsgKind.REPLY or frame.kind == MsgKind.ERROR:
+        if frame.kind is _REPLY or frame.kind is _ERROR:
             fut = self._pending.pop(frame.seq, None)
             if fut is None:
                 frame.release()
@@ -308,7 +322,7 @@ class Connection:
         """A write failed: a BYE the server sent before hanging up says why (a frame over its limit, say)."""
         if not isinstance(exc, ConnectionLost):
             return exc
-        with self._rcv:
+        with self._rcv_lock:
             if self._reading:
                 return exc
             self._reading = True
@@ -322,9 +336,7 @@ class Connection:
         except RgpuError:
             pass
         finally:
-            with self._rcv:
-                self._reading = False
-                self._rcv.notify_all()
+            self._end_read()
         return exc
 
     def _raise_async_error(self) -> None:
