@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# The fast path on the GPU host, whole, in about 6 minutes; everything lands in $OUT.
+#
+#   OUT=/some/folder bash gpu/check_fast_path.sh     (or: bash gpu/run_all.sh fast_path)
+#
+#   install   rgpu installed (not editable) and run from /tmp, so ./rgpu never shadows it
+#   warm      the C++ part built against this torch (cold, timed) and a first op on the GPU server
+#   train     rgpu bench train --compile (default transport: shm on one host): eager and compiled steps
+#             vs native CUDA eager, round trips, graphs and how the server runs them, warm-up losses vs native
+#   upload    rgpu bench upload (1 GiB into device memory vs a pinned host-to-device copy), shm, later tcp
+#   ops       rgpu bench ops (client cost per streamed op vs native CUDA enqueue)
+#   train_rtt rgpu bench train --sim-rtt 1,10,30: eager steps behind a simulated round trip vs 0 ms + 1 RTT
+#   then, while time is left: the eager step over tcp, and the compiled step in reduce-overhead mode
+#   summary   $OUT/fast_path.json: each target of the fast-path issue beside its figure
+# Each step has its own time limit, so one that hangs costs only itself. QUICK=1 SKIP_INSTALL=1: the
+# benches' --quick presets with the rgpu already installed (a dry run of the script on a machine without a GPU).
+set -u
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+BUDGET=${BUDGET:-350}      # seconds for the whole script
+Q=${QUICK:+--quick}
+T0=$(date +%s)
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1
+unset RGPU_SERVER RGPU_TRANSPORT RGPU_SIM_RTT_MS
+stamp() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a "$OUT/log.txt"; }
+left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+step() {  # step NAME LIMIT_S COMMAND...: stdout to $OUT/NAME.json, stderr to $OUT/NAME.err, run from /tmp
+  local name=$1 limit=$2; shift 2
+  local budget; budget=$(left)
+  if [ "$budget" -lt 20 ]; then stamp "skip $name (no time left)"; echo skipped >"$OUT/$name.rc"; return; fi
+  [ "$limit" -gt "$budget" ] && limit=$budget
+  stamp "$name (limit $limit s)"
+  ( cd /tmp && timeout "$limit" "$@" >"$OUT/$name.json" 2>"$OUT/$name.err" )
+  echo $? >"$OUT/$name.rc"
+  tail -c 1500 "$OUT/$name.json"; echo; tail -n 3 "$OUT/$name.err"
+}
+
+stamp install
+if [ -z "${SKIP_INSTALL:-}" ]; then  # SKIP_INSTALL=1: use what is installed (a dry run beside an editable install)
+  python3 -m pip install --no-deps --no-build-isolation -q . >"$OUT/install.log" 2>&1; tail -3 "$OUT/install.log"
+fi
+REPO=$PWD
+export PYTHONPATH=$REPO/examples/nanogpt  # the benches' model (examples/ is not installed); rgpu comes from site-packages
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$OUT/gpu.txt" 2>&1
+
+step warm 150 python3 -c '
+import json, sys, time
+t0 = time.perf_counter()
+import torch, rgpu
+from rgpu.device_backend import build
+build.load(); built = time.perf_counter() - t0
+x = torch.randn(256, 256); y = x.to("rgpu")
+err = float(((y @ y).relu().cpu() - (x @ x).relu()).abs().max())
+print(json.dumps({"torch": torch.__version__, "build_and_import_s": built, "first_use_s": time.perf_counter() - t0,
+                  "matmul_err": err, "device": torch.rgpu.get_device_name()}))'
+
+step train 200 python3 -m rgpu.bench.train --json --compile --repeats 5 $Q
+step upload 60 python3 -m rgpu.bench.upload --json --repeats 5 $Q
+step ops 60 python3 -m rgpu.bench.ops --json --repeats 5 $Q
+step train_rtt 90 python3 -m rgpu.bench.train --json --sim-rtt 1,10,30 --repeats 5 $Q
+step upload_tcp 50 env RGPU_TRANSPORT=tcp python3 -m rgpu.bench.upload --json --repeats 3 $Q
+step train_tcp 70 env RGPU_TRANSPORT=tcp python3 -m rgpu.bench.train --json --repeats 5 $Q
+step train_reduce_overhead 120 python3 -m rgpu.bench.train --json --quick --compile reduce-overhead --repeats 5
+
+stamp summary
+python3 - "$OUT" >"$OUT/fast_path.json" 2>"$OUT/summary.err" <<'PY'
+import json, os, sys
+out = sys.argv[1]
+
+def rows(name):
+    try:
+        with open(os.path.join(out, name + ".json")) as f:
+            return json.load(f)
+    except Exception as exc:  # a step that failed or was skipped
+        return [{"error": f"{name}: {type(exc).__name__}: {exc}"}]
+
+def pick(name, prefix):
+    for r in rows(name):
+        if str(r.get("metric", "")).startswith(prefix):
+            return r
+    return None
+
+def line(figure, target, r, name):
+    if r is None:
+        return {"figure": figure, "target": target, "from": name, "value": None}
+    return {"figure": figure, "target": target, "from": name, "metric": r.get("metric"), "transport": r.get("transport"),
+            "value": r.get("value"), "unit": r.get("unit"), "baseline": r.get("baseline"),
+            "baseline_name": r.get("baseline_name"), "ratio": r.get("ratio"), "spread": r.get("spread")}
+
+summary = [
+    line("rgpu eager step / native CUDA eager step", "<= 1.10", pick("train", "training step"), "train"),
+    line("rgpu eager step / native CUDA eager step (tcp)", "<= 1.10", pick("train_tcp", "training step"), "train_tcp"),
+    line("rgpu compiled step / native CUDA eager step", "<= 0.90",
+         pick("train", "training step, torch.compile"), "train"),
+    line("compiled step (reduce-overhead, small preset) / native eager", "",
+         pick("train_reduce_overhead", "training step, torch.compile"), "train_reduce_overhead"),
+    line("client cost per streamed op / native CUDA enqueue", "<= 1.0", pick("ops", "client cost per streamed op"), "ops"),
+    line("1 GiB upload into GPU memory / pinned host-to-device copy", ">= 0.50", pick("upload", ""), "upload"),
+    line("1 GiB upload over tcp / pinned host-to-device copy", "recorded", pick("upload_tcp", ""), "upload_tcp"),
+]
+for ms in ("1", "10", "30"):
+    for what in ("training step",):
+        summary.append(line(f"{what} at {ms} ms / (at 0 ms + 1 RTT)", "<= 1.10",
+                            pick("train_rtt", f"{what} at a simulated {ms} ms"), "train_rtt"))
+for name, prefix in (("train", "round trips per step"), ("train", "round trips per compiled step"),
+                     ("train", "graphs shipped"), ("train", "max |loss - native loss| over 3 warm-up steps"),
+                     ("train", "max |loss - native loss| over 3 warm-up steps, compiled")):
+    summary.append(line(prefix, "", pick(name, prefix), name))
+print(json.dumps(summary, indent=1))
+PY
+python3 - "$OUT/fast_path.json" <<'PY'
+import json, sys
+for s in json.load(open(sys.argv[1])):
+    v, r = s.get("value"), s.get("ratio")
+    print(f"{s['figure'][:62]:62s} {'-' if v is None else format(v, '.4g'):>10} {s.get('unit') or '':5s}"
+          f" ratio {'-' if r is None else format(r, '.3f'):>6}  target {s['target']}")
+PY
+stamp done
