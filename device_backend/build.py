@@ -57,14 +57,18 @@ def load(verbose: bool = False) -> ModuleType:
     name = extension_name()
     build_dir = cache_root() / name
     so = build_dir / f"{name}.so"
-    if not so.exists():
+    # Why a marker, not the .so: the linker writes the .so in place, so another
+    # process could see it half-written; the marker appears only after a build.
+    ready = build_dir / "ready"
+    if not ready.exists():
         build_dir.mkdir(parents=True, exist_ok=True)
-        # Why our own lock: the client, an embedded server's test workers and
-        # pytest processes can all reach this line at once on a cold cache.
+        # Why our own lock: several client processes (pytest workers, scripts)
+        # can reach this line at once on a cold cache.
         with open(cache_root() / f"{name}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            if not so.exists():
+            if not ready.exists():
                 _compile(name, build_dir, verbose)
+                ready.touch()
     _module = _import_so(name, so)
     return _module
 
