@@ -65,6 +65,7 @@ OP_SEGMENT, OP_DROP = 1, 2
 KIND_FRAME, KIND_WRAP = 1, 2
 NO_SLOT = BLOB = 0xFFFFFFFF
 BACKSTOP_S = 0.05
+SHARED_CORE_S = 1.0
 MAX_SEGMENT = 16 << 30
 
 _FENCE = threading.Lock()
@@ -84,6 +85,23 @@ def _lengths(n: int) -> struct.Struct:
 def _fence() -> None:
     _FENCE.acquire()
     _FENCE.release()
+
+
+def _spin(q, tail: int, head: int, busy: float, end: float, yield_core: bool) -> int:
+    """Poll the tail until ``end``, keeping the core until ``busy`` and yielding it after.
+
+    0: nothing came; 1: data came; 2: it came as a yield returned late (something ran in our
+    place: most likely the peer, on our core, so keeping the core only delays it).
+    """
+    clock = time.perf_counter
+    while (now := clock()) < end:
+        if q[tail] != head:
+            return 1
+        if now > busy and yield_core:
+            os.sched_yield()
+            if clock() - now > 3e-6 and q[tail] != head:
+                return 2
+    return 1 if q[tail] != head else 0
 
 
 def _word(line: int) -> int:
@@ -135,8 +153,13 @@ class _Lease:
 
 class ShmTransport(Transport):
     name = "shm"
-    spin_s = 200e-6            # how long a waiting side polls before it sleeps on its eventfd
-    spin_yield = True          # yield the core while polling: on a busy host the peer may need it
+    # A waiting side polls busy_s keeping its core, then yields it until spin_s, then sleeps on its
+    # eventfd. When data arrives just as a yield comes back late, the peer most likely shares our
+    # core: for SHARED_CORE_S the receiver yields from the start (keeping the core would only
+    # delay the peer). Measured on the shared 2-core machine, docs/perf/transport.md.
+    busy_s = 20e-6
+    spin_s = 100e-6
+    spin_yield = True
 
     def __init__(self, side: str, sock: socket.socket, control: Segment, efds: list[int],
                  max_segment: int = MAX_SEGMENT):
@@ -162,6 +185,7 @@ class ShmTransport(Transport):
         self._in_segs: dict[int, Segment] = {}
         self._send_lock = threading.Lock()
         self._recv_lock = threading.Lock()
+        self._shared_until = 0.0
         self._closed = False
         self._peer_gone = False
         self._poll_data = select.poll()
@@ -268,11 +292,13 @@ class ShmTransport(Transport):
         Meanwhile ``on_block`` (a connection's) may read replies the peer is blocked on.
         """
         q = self._q
-        end = time.perf_counter() + self.spin_s
-        while time.perf_counter() < end:
+        now = time.perf_counter()
+        busy, end = now + self.busy_s, now + self.spin_s
+        while (now := time.perf_counter()) < end:
             if ready():
                 return
-            os.sched_yield()
+            if now > busy and self.spin_yield:
+                os.sched_yield()
         while True:
             if self._closed:
                 raise ConnectionLost("connection closed")
@@ -327,14 +353,16 @@ class ShmTransport(Transport):
         q, tail, head = self._q, self._tail_in, self._head
         if q[tail] != head:
             return True
-        end = time.perf_counter() + self.spin_s
+        now = time.perf_counter()
+        end = now + self.spin_s
         if deadline is not None:
-            end = min(end, time.perf_counter() + deadline - time.monotonic())
-        yld = os.sched_yield if self.spin_yield else (lambda: None)
-        while time.perf_counter() < end:
-            if q[tail] != head:
-                return True
-            yld()
+            end = min(end, now + deadline - time.monotonic())
+        busy = now + (self.busy_s if now >= self._shared_until else 0.0)
+        got = _spin(q, tail, head, busy, end, self.spin_yield)
+        if got == 2:
+            self._shared_until = now + SHARED_CORE_S      # the peer runs on our core: yield at once for a while
+        if got:
+            return True
         while True:
             if self._closed:
                 raise ConnectionLost("connection closed")

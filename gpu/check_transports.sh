@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# tcp and shm on the GPU host (16 cores): `rgpu bench transport` rows, the parallel copy beside copyto, shm tests.
+#
+#   OUT=/some/folder bash gpu/check_transports.sh      (the device tool sets $OUT; about 2 minutes, at most 3)
+#
+# Writes to $OUT: transport_tcp.json and transport_shm.json (rgpu bench transport --json: bandwidth up and down
+# from 64 B to 256 MiB and the 64 B round trip; tcp beside a raw socket, shm beside one-thread numpy.copyto and
+# rgpu tcp) with a plot each, copy.json (numba prange copy beside numpy.copyto, 4-256 MiB: whether fastcopy's
+# parallel copy wins here), host.json, summary.txt, one log and one .rc per step. No UCXX there: no ucx rows.
+# A failed step is recorded and the next one still runs.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/rgpu-transports}
+mkdir -p "$OUT"
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1
+PY=$(command -v python3 || command -v python)   # the GPU host has python3, maybe no `python`
+T0=$(date +%s)
+BUDGET=${BUDGET:-170}   # seconds for the whole script: no step runs past it
+step() {  # step NAME TIMEOUT_S COMMAND...: output to $OUT/NAME.log, status to $OUT/NAME.rc
+  local name=$1 limit=$2; shift 2
+  local left=$(( BUDGET - ($(date +%s) - T0) ))
+  (( limit > left )) && limit=$left
+  echo "== $name ($(( $(date +%s) - T0 )) s, at most $limit s)"
+  if (( limit < 5 )); then echo "out of time" >"$OUT/$name.log"; echo skipped >"$OUT/$name.rc"; return; fi
+  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  echo $? >"$OUT/$name.rc"
+  tail -n 5 "$OUT/$name.log"
+}
+
+step install 60 "$PY" -m pip install --no-deps --no-build-isolation -e .
+step host 20 "$PY" -c '
+import json, os, platform, sys
+info = {"python": sys.version, "cores": len(os.sched_getaffinity(0)), "machine": platform.machine(),
+        "kernel": platform.release(), "infiniband": sorted(os.listdir("/sys/class/infiniband"))
+        if os.path.isdir("/sys/class/infiniband") else []}
+try:
+    import numba
+    info["numba"] = numba.__version__
+except ImportError as exc:
+    info["numba"] = f"absent: {exc}"
+from rgpu.transport import fastcopy, negotiate
+info["shm"] = negotiate.unavailable("shm") or "available"
+info["ucx"] = negotiate.unavailable("ucx") or "available"
+info["fastcopy"] = fastcopy.backend()
+print(json.dumps(info))'
+tail -n 1 "$OUT/host.log" >"$OUT/host.json"
+
+# the figures: rows as JSON on stdout, the plot beside them; one run per transport so that a slow one
+# leaves the other's rows (shm's rtt row carries its own rgpu tcp baseline)
+SIZES=${SIZES:-64,64K,1M,16M,64M,256M}
+step transport_tcp 60 bash -c "'$PY' -m rgpu bench transport --transport tcp --sizes $SIZES --repeats 5 --json \
+  --plot '$OUT/transport_tcp.png' >'$OUT/transport_tcp.json'"
+step transport_shm 60 bash -c "'$PY' -m rgpu bench transport --transport shm --sizes $SIZES --repeats 5 --json \
+  --plot '$OUT/transport_shm.png' >'$OUT/transport_shm.json'"
+step copy 25 bash -c "'$PY' -m rgpu.bench.transport_fast --copy --repeats 5 --json >'$OUT/copy.json'"
+
+# the shm tests where pytest (and the suite's own needs) are there; skipped, with the reason, otherwise
+if "$PY" -c "import pytest, hypothesis" 2>/dev/null; then
+  step tests 40 "$PY" -m pytest -q -p no:cacheprovider tests/test_transport_shm.py tests/test_transport_contract.py \
+    tests/test_transport_select.py
+else
+  echo "pytest or hypothesis missing: shm tests not run here" >"$OUT/tests.log"; echo skipped >"$OUT/tests.rc"
+fi
+
+"$PY" - "$OUT" <<'EOF' >"$OUT/summary.txt" 2>&1
+import json, sys
+out = sys.argv[1]
+for name in ("transport_tcp", "transport_shm", "copy"):
+    try:
+        rows = json.load(open(f"{out}/{name}.json"))
+    except (OSError, ValueError) as exc:
+        print(f"{name}: no rows ({exc})")
+        continue
+    for r in rows:
+        size = r.get("size")
+        print(f"{r['transport']:4} {r['metric']:10} {r.get('direction') or '':8} {size!s:>10} "
+              f"{r['value']:10.3f} {r['unit']:5} vs {r['baseline']:10.3f} ({r['baseline_name']}) ratio {r['ratio']:.3f}")
+EOF
+cat "$OUT/summary.txt"
+echo "done in $(( $(date +%s) - T0 )) s"
