@@ -64,16 +64,26 @@ class TcpTransport(Transport):
             self.sock.sendall(pending)
 
     def _sendmsg_all(self, parts: Sequence) -> None:
-        pending = [p if type(p) is bytes else memoryview(p).cast("B") for p in parts if len(p)]
+        pending, total = [], 0
+        for p in parts:
+            if type(p) is not bytes:
+                p = memoryview(p).cast("B")
+            if len(p):
+                pending.append(p)
+                total += len(p)
         on_block = self.on_block
         # with an on_block hook, never sleep inside sendmsg: a full socket hands control to the hook
         flags = socket.MSG_DONTWAIT if on_block is not None else 0
         i = 0
         while i < len(pending):
             try:
-                sent = self.sock.sendmsg(pending[i:i + IOV_MAX], (), flags)
+                sent = self.sock.sendmsg(pending if i == 0 and len(pending) <= IOV_MAX else pending[i:i + IOV_MAX],
+                                         (), flags)
             except BlockingIOError:
                 sent = 0
+            total -= sent
+            if not total:
+                return  # the common case: everything went in one call
             while sent:  # drop what went out, keep the tail of a part sent in half
                 head = pending[i]
                 if sent >= len(head):  # bytes or a 1-D byte view: len is the byte count
