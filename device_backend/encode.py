@@ -51,8 +51,9 @@ class Encoder:
             return {"m": str(v).removeprefix("torch.")}
         if t is complex:
             return {"c": [v.real, v.imag]}
-        if t is torch.Generator:
-            return None  # the session's generator for the device (explicit generators: not yet)
+        if t is torch.Generator:  # silently using another stream of numbers would be worse than failing
+            raise NotImplementedError("rgpu: explicit generator= arguments are not supported yet; "
+                                      "seed the device's default generator (torch.manual_seed)")
         raise TypeError(f"rgpu: cannot send an argument of type {t.__name__} to the server")
 
     def tensor(self, v: torch.Tensor):
@@ -63,6 +64,9 @@ class Encoder:
             elif d[6] != self.device and not self.mixed_ok:
                 raise RuntimeError("Expected all tensors to be on the same device, but found at least two "
                                    f"devices, rgpu:{self.device} and rgpu:{d[6]}!")
+            if v.is_conj() or v.is_neg():  # views whose kernels read the bits (mm of a .conj(), copies)
+                self.key.append((d[1:], v.is_conj(), v.is_neg()))
+                return {"j": [d, v.is_conj(), v.is_neg()]}
             self.key.append(d[1:])
             return {"t": d}
         if v.device.type == "cpu" and v.dim() == 0:
