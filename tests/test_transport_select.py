@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 
 import pytest
 
@@ -60,6 +61,23 @@ def test_an_unreachable_shm_socket_is_another_host_never_a_guess_from_the_addres
     conn = rgpu_server.connect("echo", transport="auto")   # 127.0.0.1 all the same: still tcp
     assert conn.transport_name == "tcp"
     assert conn.call({"op": "sizes"}, [b"x"]).meta["sizes"] == [1]
+
+
+def test_a_stranger_on_the_unix_socket_gets_nothing_and_the_session_goes_on(rgpu_server, monkeypatch):
+    real = shm.attach
+
+    def raced(details, timeout):
+        stranger = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        stranger.connect(details["socket"].decode())      # first in, without the ticket
+        stranger.sendall(b"not the ticket")
+        got = stranger.recv(64)
+        stranger.close()
+        assert got == b""                                 # hung up on, no descriptors
+        return real(details, timeout)                     # the one connection is spent: refused
+    monkeypatch.setattr(shm, "attach", raced)
+    conn = rgpu_server.connect("echo", transport="auto")
+    assert conn.transport_name == "tcp"
+    assert conn.call({"op": "sizes"}, [b"abc"]).meta["sizes"] == [3]
 
 
 def test_auto_logs_its_choice_once(rgpu_server, monkeypatch, caplog):

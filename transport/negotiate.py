@@ -30,7 +30,9 @@ import logging
 import select
 import time
 
-from rgpu.errors import ConfigError, ConnectError, ConnectionLost, ProtocolError, RgpuError, Timeout
+from rgpu.errors import (
+    AuthenticationError, ConfigError, ConnectError, ConnectionLost, ProtocolError, RgpuError, Timeout,
+)
 
 from . import shm
 from .base import Transport
@@ -199,6 +201,8 @@ def server_upgrade(t: Transport, offer: list, settings) -> Transport:
             name = msg.get("transport")
             if name == "tcp":
                 return t
+            if msg.get("ok") is False:
+                continue               # the client's word that a step failed on its side: no answer due
             if name not in offer or name not in NAMES:
                 _send(t, {"transport": name, "ok": False, "reason": f"not offered (the offer was {offer})"})
                 continue
@@ -236,12 +240,17 @@ def _server_shm(t: Transport, msg: dict, settings) -> Transport | None:
             poller.register(offer.listener, select.POLLIN)
             poller.register(t.sock, select.POLLIN)
             if any(fd == offer.listener.fileno() for fd, _ in poller.poll(left * 1000)):
-                offer.accept(max(0.1, deadline - time.monotonic()))
+                try:
+                    offer.accept(max(0.1, deadline - time.monotonic()))
+                except (OSError, AuthenticationError) as exc:
+                    # someone else took the one connection (or it broke): the client cannot get the
+                    # descriptors now, and says so on tcp; that is the answer we wait for
+                    log.warning("shm upgrade: %s", exc)
                 break
         proof = _recv(t, "shm")
         if proof.get("ok") is False:
             return None
-        if not offer.proven(proof.get("proof")):
+        if offer.conn is None or not offer.proven(proof.get("proof")):
             _send(t, {"transport": "shm", "ok": False, "reason": "the nonce read back does not match"})
             return None
         st = offer.transport()
