@@ -58,3 +58,38 @@ def test_pieces_land_at_their_offsets_and_one_past_the_end_is_refused():
         ex.handle([Msg.UPLOAD_PART, [], desc, 60], [memoryview(bytes(8))], False)
     with pytest.raises(Exception, match="byte offset"):
         ex.handle([Msg.UPLOAD_PART, [], desc, -4], [memoryview(bytes(4))], False)
+
+
+def test_a_shm_segment_is_registered_once_and_unregistered_only_after_the_transport_lets_it_go(monkeypatch):
+    import mmap
+
+    import numpy as np
+
+    from rgpu.server.ops.uploads import Pinned
+
+    calls = []
+
+    class Runtime:  # stands in for torch.cuda.cudart() on a machine without a GPU
+        def cudaHostRegister(self, base, n, flags):
+            calls.append(("register", n))
+            return 0
+
+        def cudaHostUnregister(self, base):
+            calls.append(("unregister",))
+            return 0
+
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: Runtime())
+    mapping = mmap.mmap(-1, 1 << 20)
+    segment = np.frombuffer(mapping, dtype=np.uint8)  # as the shm transport maps a peer's memfd
+    pinned = Pinned()
+    first = pinned.view(memoryview(segment[4096:8192]))
+    second = pinned.view(memoryview(segment[0:100]))
+    assert first.numel() == 4096 and second.numel() == 100 and calls == [("register", 1 << 20)]
+    assert pinned.view(memoryview(bytearray(64))) is None  # pool memory (tcp): staged instead
+    del first, second
+    pinned.forget_dropped()
+    assert len(pinned.entries) == 1  # the transport still maps the segment
+    segment = None
+    pinned.forget_dropped()
+    assert calls[-1] == ("unregister",) and not pinned.entries
+    mapping.close()  # nothing holds the mapping any more

@@ -6,18 +6,26 @@ most 8 MiB, ops interleave with them, and on a GPU each piece goes through a
 pinned staging slot: copied there on the host, then to the device asynchronously,
 so the next piece is received and staged while the previous one crosses PCIe.
 
-The shm hook: where a piece already lies in host memory the GPU can read
-directly (a shm segment registered with ``cudaHostRegister``), ``pinned_view``
-returns it and the staging copy is skipped; it returns None until the shm
-transport keeps a piece's memory alive past the call (frames are released
-when ``handle`` returns, so a DMA from them would have to finish first).
+Over shm a piece arrives in place, in a memfd segment the client made and this
+process mapped: ``Pinned`` registers each such segment with ``cudaHostRegister``
+once and the piece goes to the GPU by DMA straight from it, no staging copy. The
+frame's memory goes back to the client when ``handle`` returns, so that copy
+finishes first; the pipeline is the client writing piece k+1 into its segment
+while this side's DMA moves piece k. A registration ends (``cudaHostUnregister``)
+once the transport has let its segment go, before the mapping can be unmapped.
 """
 from __future__ import annotations
+
+import logging
+import mmap
+import sys
 
 import numpy as np
 import torch
 
 from .handles import HandleTable, Poisoned
+
+log = logging.getLogger("rgpu.server.uploads")
 
 SLOTS = 3                 # staging slots: one being filled, one crossing PCIe, one spare
 SLOT_BYTES = 8 << 20      # the client's largest piece
@@ -31,9 +39,45 @@ class UploadError(Exception):
         self.op = "upload"
 
 
-def pinned_view(buf: memoryview) -> torch.Tensor | None:
-    """The shm hook: ``buf`` as a pinned CPU tensor when the GPU can read it in place; None for now."""
-    return None
+class Pinned:
+    """Host mappings registered with CUDA, by base address; each entry holds its root array (the mapping)."""
+
+    def __init__(self):
+        self.entries: dict[int, np.ndarray] = {}
+        self.failed = False
+
+    def view(self, buf: memoryview) -> torch.Tensor | None:
+        """``buf`` as a CPU tensor the GPU reads by DMA, when it lies in a registrable mapping; else None."""
+        if self.failed:
+            return None
+        root = buf.obj
+        while isinstance(root, np.ndarray) and isinstance(root.base, np.ndarray):
+            root = root.base
+        mapping = root.base.obj if isinstance(root, np.ndarray) and isinstance(root.base, memoryview) else None
+        if not isinstance(mapping, mmap.mmap):
+            return None  # not a segment mapping (tcp: pool memory)
+        base = root.ctypes.data
+        if base not in self.entries:
+            self.forget_dropped()
+            rc = int(torch.cuda.cudart().cudaHostRegister(base, root.nbytes, 0))
+            if rc != 0:
+                self.failed = True
+                log.warning("cudaHostRegister of a shm segment failed (%d); uploads staged instead", rc)
+                return None
+            self.entries[base] = root
+        return torch.frombuffer(buf, dtype=torch.uint8)
+
+    def forget_dropped(self) -> None:
+        """Unregister mappings only we still hold (the transport let the segment go); then they unmap."""
+        for base in list(self.entries):
+            if sys.getrefcount(self.entries[base]) <= 2:  # the dict's and getrefcount's argument
+                torch.cuda.cudart().cudaHostUnregister(base)
+                del self.entries[base]
+
+    def close(self) -> None:
+        for base in list(self.entries):
+            torch.cuda.cudart().cudaHostUnregister(base)
+        self.entries.clear()
 
 
 class _Slot:
@@ -51,6 +95,12 @@ class Uploads:
         self.table, self.on_gpu = table, on_gpu
         self.slots: list[_Slot] = []
         self.next = 0
+        self.pinned = Pinned()
+
+    def close(self) -> None:
+        if self.pinned.entries:
+            torch.cuda.synchronize()
+            self.pinned.close()
 
     def part(self, meta, buffers):
         _, events, desc, offset = meta
@@ -73,9 +123,9 @@ class Uploads:
             np.copyto(into.numpy(), np.frombuffer(buffers[0], dtype=np.uint8))
             return None
         src = torch.frombuffer(buffers[0], dtype=torch.uint8)
-        pinned = pinned_view(buffers[0])
+        pinned = self.pinned.view(buffers[0])
         if pinned is not None:
-            into.copy_(pinned)  # synchronous: the frame's memory goes back when we return
+            into.copy_(pinned)  # DMA, and finished here: the frame's memory goes back when we return
             return None
         self._staged(into, src)
         return None
