@@ -120,7 +120,7 @@ def test_each_session_has_its_own_worker_process(rgpu_server, echo_conn):
 
 def test_sessions_run_at_the_same_time(rgpu_server, echo_conn):
     slow = rgpu_server.connect("echo")
-    fut = slow.request({"op": "sleep", "s": 3.0})
+    fut = slow.request({"op": "sleep", "s": 1.5})
     assert echo_conn.call({"op": "sizes"}, [b"quick"], timeout=30).meta["sizes"] == [5]
     assert not fut.done   # answered while the other session still sleeps
     fut.result(timeout=30)
