@@ -2,9 +2,10 @@
 # The device route on the GPU host, whole, in under 8 minutes; everything lands in $OUT.
 #   build     the C++ part against this torch (timed, cold), loaded by a client; the server must not load it
 #   correct   the 6-layer/384-wide nanoGPT step: 5 steps on rgpu against the same 5 natively on CUDA
+#   bench     rgpu bench ops --json, rgpu bench train --json (client and server over loopback), with
+#             cProfiles of rgpu steps on the client and in the server's executor
 #   tests     the device test files against a CUDA server (the CPU reference tests run unchanged)
-#   bench     rgpu bench ops --json, rgpu bench train --json (client and server over loopback)
-#   profile   cProfile of rgpu steps on the client and in the server's executor, plus torch's CUDA profile
+#   profile   torch's CUDA profile of the native step, for where the GPU time goes
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 T0=$(date +%s)
@@ -16,7 +17,7 @@ export XDG_CACHE_HOME=/tmp/rgpu-cold-cache-$$   # a cold build of the C++ part, 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.csv" 2>&1
 
 stamp build
-( cd /tmp && timeout 240 python3 - > "$OUT/build.json" 2> "$OUT/build.err" ) <<'PY'
+( cd /tmp && timeout 150 python3 - > "$OUT/build.json" 2> "$OUT/build.err" ) <<'PY'
 import json, sys, time
 r = {}
 import torch
@@ -36,7 +37,7 @@ PY
 cat "$OUT/build.json"; tail -5 "$OUT/build.err"
 
 stamp correct
-( cd /tmp && timeout 180 python3 - > "$OUT/correct.json" 2> "$OUT/correct.err" ) <<PY
+( cd /tmp && timeout 90 python3 - > "$OUT/correct.json" 2> "$OUT/correct.err" ) <<PY
 import json, sys, torch, rgpu
 sys.path.insert(0, "$REPO/examples/nanogpt")
 from model import GPT, GPTConfig
@@ -57,22 +58,22 @@ print(json.dumps({"losses": losses, "max_abs_diff": diff}, indent=1))
 PY
 cat "$OUT/correct.json"; tail -5 "$OUT/correct.err"
 
-stamp tests
-timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_device_registration.py tests/test_device_ops.py \
-  tests/test_device_streaming.py tests/test_device_nanogpt.py tests/test_device_executor.py > "$OUT/tests.txt" 2>&1
-tail -15 "$OUT/tests.txt"
-
 stamp bench ops
-( cd /tmp && (timeout 150 rgpu bench ops --json || timeout 150 python3 -m rgpu.bench.ops --json) > "$OUT/bench_ops.json" 2> "$OUT/bench_ops.err" )
+( cd /tmp && (timeout 60 rgpu bench ops --json || timeout 60 python3 -m rgpu.bench.ops --json) > "$OUT/bench_ops.json" 2> "$OUT/bench_ops.err" )
 cat "$OUT/bench_ops.json"; tail -3 "$OUT/bench_ops.err"
 
 stamp bench train
-( cd /tmp && timeout 200 python3 -m rgpu.bench.train --json --profile "$OUT/train_profile.txt" > "$OUT/bench_train.json" 2> "$OUT/bench_train.err" )
+( cd /tmp && timeout 150 python3 -m rgpu.bench.train --json --profile "$OUT/train_profile.txt" > "$OUT/bench_train.json" 2> "$OUT/bench_train.err" )
 cat "$OUT/bench_train.json"; tail -3 "$OUT/bench_train.err"
 head -45 "$OUT/train_profile.txt"; head -45 "$OUT/train_profile.txt.server"
 
+stamp tests
+timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_device_registration.py tests/test_device_ops.py \
+  tests/test_device_streaming.py tests/test_device_nanogpt.py tests/test_device_executor.py > "$OUT/tests.txt" 2>&1
+tail -15 "$OUT/tests.txt"
+
 stamp native profile
-( cd /tmp && timeout 90 python3 - > "$OUT/native_profile.txt" 2>&1 ) <<PY
+( cd /tmp && timeout 45 python3 - > "$OUT/native_profile.txt" 2>&1 ) <<PY
 import sys, torch
 sys.path.insert(0, "$REPO/examples/nanogpt")
 from model import GPT, GPTConfig
