@@ -14,6 +14,7 @@ python3 -m pip install --no-deps --no-build-isolation -q -e . 2>&1 | grep -v WAR
 python3 -m pip install --no-deps -q wheels/*.whl 2>/dev/null | tail -1
 REPO=$PWD
 export XDG_CACHE_HOME=/tmp/rgpu-cold-cache-$$   # a cold build of the C++ part, timed
+export RGPU_TRANSPORT=${RGPU_TRANSPORT:-tcp}   # this figures: loopback tcp (shm rows: the fast-path check)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.csv" 2>&1
 
 stamp build
