@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from rgpu.errors import ConfigError
+from rgpu.server.cuda_driver.base import CudaDriverError
 from rgpu.server.cuda_driver import open_driver, real, real_api
 from test_cuda_support import shim_in_process
 
@@ -157,3 +158,37 @@ def test_real_driver_falls_back_to_kernelParams_pointing_into_the_packed_buffer(
     drv.memcpy_htod(pa, None, memoryview(a.tobytes()))
     drv.launch(f, (1, 1, 1), (n, 1, 1), 0, 0, None, struct.pack("<QQQI", pa, pa, pc, n))
     assert np.array_equal(np.frombuffer(bytes(drv.memcpy_dtoh(pc, 4 * n, None)), np.float32), 2 * a)
+
+
+def test_the_executor_hands_launch_records_to_the_real_drivers_c_loop(over_shim):
+    from rgpu import config
+    from rgpu.server.routes.base import Session
+    from rgpu.server.routes.cuda import LAUNCH, Executor
+    drv = over_shim
+    assert drv.code._batch is not None, "the C batch launcher did not build (no C compiler?)"
+    ex = Executor(Session("t", "cuda", config.settings(environ={}, cuda_driver="fake")))
+    ex.driver = drv
+    drv.init(4)
+    ctx = drv.primary_ctx_retain(0)
+    drv.set_current(ctx)
+    mod, *_ = drv.module_load({}, memoryview(_ptx()))
+    f = drv.module_get_function(mod, "saxpy")
+    drv.param_layout(f)
+    n = 16
+    x = drv.mem_alloc(4 * n)
+    drv.memset(x, 0x3F800000, 4, n, None)             # 1.0f
+
+    def record(alpha, ptr, func=f):
+        args = struct.pack("<fIQQI", alpha, 0, ptr, ptr, n)
+        size = (LAUNCH.size + len(args) + 7) // 8 * 8
+        return LAUNCH.pack(size, 1, func, ctx, 0, 1, 1, 1, n, 1, 1, 0, len(args)) + args.ljust(size - LAUNCH.size, b"\0")
+
+    bad = record(1.0, 0xDEAD0000)                     # fails on the fake behind the interceptor, later
+    refused = record(1.0, x, func=0x9990)             # fails at once, inside the C loop: deferred, loop goes on
+    ex.handle(["launches", 0], [memoryview(record(1.0, x) + bad + refused + record(2.0, x))], False)
+    assert [d[1] for d in ex.deferred] == [400]
+    with pytest.raises(CudaDriverError) as exc:
+        drv.ctx_synchronize()                         # the bad one's fault, reported at the sync as on a GPU
+    assert exc.value.code == 700
+    # (1 + 1*1) = 2, then (2 + 2*2) = 6: the records around the bad one ran, in order
+    assert np.all(np.frombuffer(bytes(drv.memcpy_dtoh(x, 4 * n, None)), np.float32) == 6.0)

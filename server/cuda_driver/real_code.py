@@ -31,6 +31,10 @@ class RealCode:
                                      ctypes.addressof(self._size), CU_LAUNCH_PARAM_END)
         self._launch = self.api.lib.cuLaunchKernel
         self.layouts: dict[int, list] = {}          # function -> [[offset, size], ...] as the client was told
+        from .real_batch import load as load_batch
+        self._batch = load_batch()                  # None without a C compiler: the executor walks records itself
+        self._batch_fns = (ctypes.cast(self._launch, c_void_p).value,
+                           ctypes.cast(self.api.lib.cuCtxSetCurrent, c_void_p).value)
         self.by_params: set[int] = set()            # functions whose launches need kernelParams, not extra
 
     def _function(self, handle: int) -> int:
@@ -149,6 +153,15 @@ class RealCode:
             return self._launch_params(func, gx, gy, gz, bx, by, bz, shared, stream, args_addr)
         if rc:
             raise CudaDriverError(rc, f"cuLaunchKernel: {self.api.error_name(rc)}")
+
+    def launch_records(self, records, pos: int, ctx: int | None):
+        """Launch records from ``pos`` in C until the end or the first failure: (pos, current ctx, CUresult)."""
+        if self._batch is None:
+            return None
+        from .real import address
+        p, c = c_size_t(pos), c_ulonglong((1 << 64) - 1 if ctx is None else ctx)
+        rc = self._batch(*self._batch_fns, address(records), len(records), byref(p), byref(c))
+        return p.value, c.value, rc
 
     def _launch_params(self, func, gx, gy, gz, bx, by, bz, shared, stream, args_addr: int) -> None:
         offsets = [off for off, _ in self.layouts[func]]

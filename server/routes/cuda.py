@@ -112,9 +112,21 @@ class Executor(BaseExecutor):
         if len(self.deferred) < MAX_DEFERRED:
             self.deferred.append([op, code, message])
 
-    def _launches(self, records: memoryview) -> None:
+    def _launches(self, records: memoryview, batch: bool = True) -> None:
         """Run a batch of launch records; a failing one is deferred and the rest still run, as on a GPU."""
         pos, end = 0, records.nbytes
+        batch = getattr(self.driver, "launch_records", None) if batch else None
+        while batch is not None and pos + LAUNCH.size <= end:
+            done = batch(records, pos, self.current)     # the real driver walks the records in C
+            if done is None:
+                break
+            pos, ctx, rc = done
+            self.current = ctx if ctx != (1 << 64) - 1 else self.current
+            if rc == 0:
+                return
+            if rc == -1:
+                raise OpFailed("launches", f"malformed launch record at byte {pos}")
+            pos = self._launch_one(records, pos)          # the one that failed: retried and explained here
         # the real driver takes each record's packed arguments where they lie (no slicing, no copy)
         launch_at = getattr(self.driver, "launch_at", None)
         base = np.frombuffer(records, dtype=np.uint8).ctypes.data if launch_at and end else 0
@@ -134,6 +146,12 @@ class Executor(BaseExecutor):
             except Exception as exc:
                 self._defer("cuLaunchKernel", exc)
             pos += size
+
+    def _launch_one(self, records: memoryview, pos: int) -> int:
+        """Run the record at ``pos`` on the per-record path; returns where the next one starts."""
+        size = LAUNCH.unpack_from(records, pos)[0]
+        self._launches(records[pos:pos + size], batch=False)
+        return pos + size
 
     def close(self) -> None:
         try:
