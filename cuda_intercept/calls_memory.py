@@ -110,29 +110,33 @@ def cu_mem_get_address_range(pbase, psize, dptr):
 
 
 # ---- copies and memsets ------------------------------------------------------------------
+CHUNK = 256 << 20       # copies travel in pieces of this size: frames stay far below the transport's limit
+
+
 def htod(dst: int, src, n: int, stream: int | None, wait: bool) -> int:
     c = client.get()
-    if n == 0:
-        return CUDA_SUCCESS
-    data = c.ffi.buffer(c.ffi.cast("char *", src), n)
-    if wait:
-        c.call("memcpy_htod", int(dst), stream, buffers=[data], sync=True)
-    else:
-        c.post("memcpy_htod", int(dst), stream, buffers=[data])   # copied or written before post() returns
+    base = c.ffi.cast("char *", src)
+    for off in range(0, n, CHUNK):
+        data = c.ffi.buffer(base + off, min(CHUNK, n - off))
+        if wait and off + CHUNK >= n:
+            c.call("memcpy_htod", int(dst) + off, stream, buffers=[data], sync=True)
+        else:
+            c.post("memcpy_htod", int(dst) + off, stream, buffers=[data])   # copied or written before post() returns
     return CUDA_SUCCESS
 
 
 def dtoh(dst, src: int, n: int, stream: int | None) -> int:
     c = client.get()
-    if n == 0:
-        return CUDA_SUCCESS
-    into = memoryview(c.ffi.buffer(c.ffi.cast("char *", dst), n))
-    _, got = c.call("memcpy_dtoh", int(src), int(n), stream, into=[into], sync=True)
-    if got:
-        bufs, reply = got
-        if bufs[0] is not into:           # landed in a pool buffer: copy it over
-            into[:] = bufs[0]
-        reply.release()
+    base = c.ffi.cast("char *", dst)
+    for off in range(0, n, CHUNK):
+        size = min(CHUNK, n - off)
+        into = memoryview(c.ffi.buffer(base + off, size))
+        _, got = c.call("memcpy_dtoh", int(src) + off, size, stream, into=[into], sync=True)
+        if got:
+            bufs, reply = got
+            if bufs[0] is not into:           # landed in a pool buffer: copy it over
+                into[:] = bufs[0]
+            reply.release()
     return CUDA_SUCCESS
 
 
