@@ -19,6 +19,12 @@ def upload(s, src: torch.Tensor, dst: torch.Tensor) -> None:
     data = src
     if data.dtype != dst.dtype:
         data = data.to(dst.dtype)
+    # dst's memory holds what, read through dst's conjugate/negative bits, gives src's values
+    if dst.is_conj():
+        data = data.conj()
+    if dst.is_neg():
+        data = data.neg()
+    data = data.resolve_conj().resolve_neg()
     if data.shape != dst.shape:
         data = data.expand(dst.shape)
     if dst.numel():
@@ -29,10 +35,14 @@ def download(s, src: torch.Tensor, dst: torch.Tensor) -> None:
     if src.numel() == 0:
         return
     direct = (dst.is_contiguous() and dst.dtype == src.dtype and dst.shape == src.shape
-              and not dst.is_conj() and not dst.is_neg())
+              and not dst.is_conj() and not dst.is_neg() and not src.is_conj() and not src.is_neg())
     target = dst if direct else torch.empty(src.shape, dtype=src.dtype)
-    s.download(s.C.describe(src), as_bytes_view(target))
+    s.download(s.C.describe(src), as_bytes_view(target))  # the bytes, without src's math bits
     if not direct:
+        if src.is_conj():
+            target = target.conj()
+        if src.is_neg():
+            target = target._neg_view()
         dst.copy_(target)
 
 

@@ -50,12 +50,21 @@ def _to_meta(v, devtype):
             return v  # CPU scalars stay as they are
         storage = v.untyped_storage()
         base = torch.empty(-(-storage.nbytes() // v.element_size()), dtype=v.dtype, device="meta")
-        return base.as_strided(v.shape, v.stride(), v.storage_offset())
+        return _set_bits(base.as_strided(v.shape, v.stride(), v.storage_offset()), v.is_conj(), v.is_neg())
     if type(v) in (list, tuple):
         return type(v)(_to_meta(x, devtype) for x in v)
     if type(v) is torch.device and v.type == devtype:
         return torch.device("meta")
     return v
+
+
+def _set_bits(t: torch.Tensor, conj: bool, neg: bool) -> torch.Tensor:
+    """``t`` with the conjugate and negative bits given (views carry them, as PyTorch's own views do)."""
+    if conj:
+        torch._C._set_conj(t, True)
+    if neg:
+        torch._C._set_neg(t, True)
+    return t
 
 
 def make_plan(op, info: optable.OpInfo, args, kwargs, devtype: str, kind: str) -> Plan:
@@ -82,7 +91,7 @@ def make_plan(op, info: optable.OpInfo, args, kwargs, devtype: str, kind: str) -
             return ("arg", ret[1])
         if ret is not None and ret[0] == "view":
             return ("alias", ret[1], CODE[value.dtype], tuple(value.shape), tuple(value.stride()),
-                    value.storage_offset())
+                    value.storage_offset(), value.is_conj(), value.is_neg())
         return ("new", CODE[value.dtype], tuple(value.shape), tuple(value.stride()))
 
     if len(info.returns) == 1:
@@ -110,5 +119,5 @@ def build(spec, args, kwargs, device, describe, alias, outs: list):
     if kind == "arg":
         return optable.locate(spec[1], args, kwargs)
     if kind == "alias":
-        return alias(optable.locate(spec[1], args, kwargs), *spec[2:])
+        return _set_bits(alias(optable.locate(spec[1], args, kwargs), *spec[2:6]), *spec[6:])
     return spec[1]

@@ -30,12 +30,27 @@ def register() -> bool:
     lib = torch.library.Library("_", "IMPL")
     lib.fallback(fallback.fallback, dispatch_key="PrivateUse1")
     _libs.append(lib)
+    _copies_read_math_bits(torch)
     _patch_printing(torch)
     _placeholder_guard(torch)
     from . import compile as _compile
 
     _compile.register_backend()  # torch.compile(backend="rgpu"), registered when dynamo loads
     return True
+
+
+def _copies_read_math_bits(torch) -> None:
+    """``_copy_from`` reaches the device with its conjugate/negative bits (``copies`` applies them).
+
+    Why: PyTorch resolves a conjugate view by cloning it, a clone copies, and a
+    copy to or from a third-party device is ``_copy_from``; left to the
+    conjugate fallback, that would clone again, without end (a stack overflow).
+    """
+    lib = torch.library.Library("aten", "IMPL")
+    for key in ("Conjugate", "Negative"):
+        for name in ("_copy_from", "_copy_from_and_resize"):
+            lib.impl(name, torch.library.fallthrough_kernel, key)
+    _libs.append(lib)
 
 
 def _placeholder_guard(torch) -> None:

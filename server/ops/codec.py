@@ -32,6 +32,10 @@ class Decoder:
             if not self.inputs:
                 self.device = x[6]
             return self.table.tensor(x, self.inputs)
+        if tag == "j":  # a conjugate or negative view: the kernels here read the bits as on the client
+            t = self.value({"t": x[0]})
+            t = t.conj() if x[1] and t.is_complex() else t
+            return t._neg_view() if x[2] else t
         if tag == "s":
             return torch.tensor(x[1], dtype=DTYPE_BY_CODE[x[0]])
         if tag == "d":
@@ -60,6 +64,16 @@ def _check(name, allowed, what: str) -> str:
     if name not in allowed:
         raise ValueError(f"unknown {what} {name!r}")
     return name
+
+
+def descriptor(wire):
+    """The descriptor inside a wire tensor value ("t" or "j"), or None for any other value."""
+    if type(wire) is dict:
+        if "t" in wire:
+            return wire["t"]
+        if "j" in wire:
+            return wire["j"][0]
+    return None
 
 
 def flatten(result) -> list:

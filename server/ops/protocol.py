@@ -43,6 +43,7 @@ EVENT_FIELDS = {Event.FREE: 1, Event.COPY: 5}
 # [storage id, storage nbytes, dtype code, sizes, strides, storage offset, device index]
 TAG = {
     "t": "tensor on the rgpu device (descriptor above)",
+    "j": "tensor with math bits: [descriptor, conj, neg]; a conj()/_neg_view() view of the descriptor's tensor",
     "s": "CPU scalar tensor: [dtype code, value]",
     "d": "dtype code",
     "v": "device: [type, index]; type 'rgpu' is the server's own device",

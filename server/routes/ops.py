@@ -11,7 +11,7 @@ import warnings
 
 import torch
 
-from rgpu.server.ops.codec import CODE_BY_DTYPE, Decoder, encode_result, flatten
+from rgpu.server.ops.codec import CODE_BY_DTYPE, Decoder, descriptor, encode_result, flatten
 from rgpu.server.ops.graphs import Graphs
 from rgpu.server.ops.uploads import Uploads
 from rgpu.server.ops.handles import DTYPE_BY_CODE, HandleTable, Poisoned
@@ -117,8 +117,8 @@ class Executor(BaseExecutor):
         result = r.op(*a, **k)
         for name in r.outs:  # the client sized out= tensors: one the kernel resized would leave it behind
             t, wire = k.get(name), kwargs.get(name)
-            if isinstance(t, torch.Tensor) and list(t.shape) != wire["t"][3]:
-                raise RuntimeError(f"out= tensor {name!r} has shape {wire['t'][3]}, the result needs "
+            if isinstance(t, torch.Tensor) and list(t.shape) != descriptor(wire)[3]:
+                raise RuntimeError(f"out= tensor {name!r} has shape {descriptor(wire)[3]}, the result needs "
                                    f"{list(t.shape)}; resize it first (the client and server would disagree)")
         return result
 
@@ -159,7 +159,7 @@ class Executor(BaseExecutor):
         written = [d for d in outs or () if d is not None]
         for pos, name, kwarg_only in getattr(r, "mutable", ()):
             v = kwargs.get(name) if kwarg_only or pos >= len(args) else args[pos]
-            written.extend(x["t"] for x in (v if type(v) is list else [v]) if type(x) is dict and "t" in x)
+            written.extend(d for d in map(descriptor, v if type(v) is list else [v]) if d is not None)
         for d in written:
             self.table.poison(d[0], d[6], cause)
 
