@@ -38,7 +38,7 @@ class OpRefused(Exception):
 class Resolved:
     """A runnable op (the op, or its substitute here) and what the executor needs to know of its schema."""
 
-    __slots__ = ("name", "op", "mutable", "outs", "generator")
+    __slots__ = ("name", "op", "mutable", "outs", "generator", "tensor_args", "wrap_numbers")
 
     def __init__(self, name: str, op, run=None):
         self.name, self.op = name, run or op
@@ -48,6 +48,27 @@ class Resolved:
                         if a.alias_info is not None and a.alias_info.is_write]
         self.outs = [name for _, name, kwarg_only in self.mutable if kwarg_only]  # out= arguments
         self.generator = any(a.name == "generator" for a in args)
+        self.tensor_args = [(i, a.name, a.kwarg_only) for i, a in enumerate(args)
+                            if str(a.type) in ("Tensor", "Optional[Tensor]")]
+        self.wrap_numbers = False  # set once the op has refused a number where its schema says Tensor
+
+    def numbers_as_tensors(self, args: list, kwargs: dict) -> None:
+        """Python numbers in Tensor arguments become CPU scalar tensors, in place.
+
+        Why: PyTorch wraps a scalar into a tensor (``x % 4`` calls ``remainder.Tensor``)
+        and the client's boxed fallback receives it as a number again; ``torch.ops``
+        takes numbers for Tensor arguments only for a few ops (add, mul, ...).
+        The dtype is the wrapped number's: int64, float64, complex128 or bool.
+        """
+        for pos, name, kwarg_only in self.tensor_args:
+            if not kwarg_only and pos < len(args):
+                if type(args[pos]) in _NUMBER_DTYPES:
+                    args[pos] = torch.tensor(args[pos], dtype=_NUMBER_DTYPES[type(args[pos])])
+            elif type(kwargs.get(name)) in _NUMBER_DTYPES:
+                kwargs[name] = torch.tensor(kwargs[name], dtype=_NUMBER_DTYPES[type(kwargs[name])])
+
+
+_NUMBER_DTYPES = {bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128}
 
 
 def resolve(qualified: str, schema: str, kind: str = "cpu") -> Resolved:

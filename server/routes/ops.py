@@ -114,7 +114,16 @@ class Executor(BaseExecutor):
             a = CPU_ADAPT[r.name](a)
         if self.gens is not None and r.generator and k.get("generator") is None:
             k["generator"] = self.gens[dec.device]
-        result = r.op(*a, **k)
+        if r.wrap_numbers:
+            r.numbers_as_tensors(a, k)
+        try:
+            result = r.op(*a, **k)
+        except RuntimeError as exc:  # once per op: torch.ops took no number for a Tensor argument
+            if r.wrap_numbers or "Expected a value of type 'Tensor" not in str(exc):
+                raise
+            r.wrap_numbers = True
+            r.numbers_as_tensors(a, k)
+            result = r.op(*a, **k)
         for name in r.outs:  # the client sized out= tensors: one the kernel resized would leave it behind
             t, wire = k.get(name), kwargs.get(name)
             if isinstance(t, torch.Tensor) and list(t.shape) != descriptor(wire)[3]:
