@@ -12,8 +12,9 @@ pinned to different cores, rgpu and baseline interleaved):
   that then sums the same samples: shm copies each uploaded byte once, so the
   ideal ratio is 1. rtt beside rgpu's own tcp.
 - ``ucx``: the same verbs beside raw UCXX at its best setting here
-  (worker-address endpoints, no error handling, polling progress, a child
-  process receiving into one preallocated buffer).
+  (worker-address endpoints, no error handling, polling progress while a
+  transfer is on, a child process receiving into one preallocated buffer; idle,
+  it sleeps on the worker's events, as the rgpu worker that shares its core does).
 
 ``--copy`` rows: the jitted ``prange`` copy (``transport/fastcopy.py``) beside
 one-thread ``numpy.copyto``, 4-256 MiB; ``used_by_shm`` says whether this host's
@@ -65,8 +66,9 @@ import os, sys, struct, numpy as np
 os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
 import ucxx._lib.libucxx as u
 from ucxx._lib.arr import Array
-ctx = u.UCXContext(feature_flags=(u.Feature.TAG,))
+ctx = u.UCXContext(feature_flags=(u.Feature.TAG, u.Feature.WAKEUP))
 w = u.UCXWorker(ctx)
+w.init_blocking_progress_mode()
 print(w.address.tobytes().hex(), flush=True)
 ep = w.create_endpoint_from_worker_address(u.UCXAddress.create_from_buffer(bytes.fromhex(sys.argv[1])), False)
 head, word, ping = bytearray(17), np.zeros(1, np.uint64), bytearray(64)
@@ -76,8 +78,12 @@ def wait(*reqs):
         w.progress()
     for r in reqs:
         r.check_error()
+def idle(req):  # between requests: sleep on the worker's events, not poll (the rgpu worker shares our core)
+    while not req.completed:
+        w.progress_worker_event(epoll_timeout=10)
+    req.check_error()
 while True:
-    wait(w.tag_recv(Array(head), u.UCXXTag(1)))
+    idle(w.tag_recv(Array(head), u.UCXXTag(1)))
     op, size, stride = struct.unpack("<cQQ", head)
     if op == b"Q":
         break

@@ -204,7 +204,7 @@ class UcxTransport(Transport):
             r.check_error()
 
     def _wait(self, done, deadline: float | None = None, blocked=None) -> bool:
-        """Progress the worker until ``done()``; spin briefly, then sleep on its event fd and the carrier.
+        """Progress the worker until ``done()``; poll while anything moves, then sleep on its event fd and the carrier.
 
         ``blocked`` (a send's ``on_block``) may read frames meanwhile: a big send completes
         only once the peer receives it, and the peer may itself be blocked sending us a reply.
@@ -213,12 +213,17 @@ class UcxTransport(Transport):
         poller = None
         while True:
             with self._ucx_lock:
-                self._worker.progress()
+                moved = self._worker.progress_once()
             if done():
                 return True
             if self._closed:
                 raise ConnectionLost("connection closed")
-            if time.perf_counter() < spin_end:
+            now = time.perf_counter()
+            if moved:
+                # bytes are moving: keep polling. Over shared memory a rendezvous is copied inside
+                # progress calls, and no event wakes a sleeper for the next piece
+                spin_end = now + SPIN_S
+            if now < spin_end:
                 continue
             wait = BACKSTOP_S if deadline is None else min(BACKSTOP_S, deadline - time.monotonic())
             if wait <= 0:
