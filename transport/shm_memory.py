@@ -24,6 +24,7 @@ from rgpu.errors import ProtocolError
 SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 ALIGN = 4096
 GROW_STEP = 2 << 20
+HUGE = 2 << 20
 
 
 def round_up(n: int, step: int) -> int:
@@ -38,6 +39,11 @@ class Segment:
     def __init__(self, seg_id: int, fd: int, size: int):
         self.id, self.size, self.fd = seg_id, size, fd
         self.mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        if size >= HUGE and hasattr(mmap, "MADV_HUGEPAGE"):
+            try:   # 2 MiB pages where shmem THP is "advise": fewer TLB misses copying and reading
+                self.mm.madvise(mmap.MADV_HUGEPAGE)
+            except OSError:
+                pass
         self.array = np.frombuffer(self.mm, dtype=np.uint8)
 
     @classmethod
