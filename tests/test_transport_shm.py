@@ -283,3 +283,28 @@ def test_a_killed_client_ends_its_worker(start_server):
     finally:
         client.kill()
         client.wait()
+
+
+# ---- the copy into segments -------------------------------------------------------------
+
+def test_the_parallel_copy_gives_the_same_bytes_as_memcpy():
+    from rgpu.transport import fastcopy
+
+    src = pattern(9 * MiB + 13)
+    dst = np.zeros_like(src)
+    try:
+        fastcopy.parallel_copy(memoryview(dst), memoryview(src), threads=3)
+    except RuntimeError:
+        pytest.skip("numba is not installed")
+    assert np.array_equal(dst, src)
+    small, out = pattern(100), np.zeros(100, np.uint8)
+    fastcopy.copy(memoryview(out), memoryview(small).toreadonly())
+    assert np.array_equal(out, small)
+
+
+def test_shm_copies_in_parallel_only_where_there_are_cores_for_it():
+    from rgpu.transport import fastcopy
+
+    expected = "memcpy" if fastcopy.cores() < fastcopy.MIN_CORES else ("numba-prange", "memcpy")
+    got = fastcopy.backend()
+    assert got == expected if isinstance(expected, str) else got.startswith(expected)

@@ -69,9 +69,10 @@ def _setup() -> None:
     with _lock:
         if _owner_pid is not None:
             return
-        if cores() >= MIN_CORES:
+        wanted = cores() >= MIN_CORES
+        if wanted:
             _compile()
-        _enabled = bool(_kernel) and _threads > 1
+        _enabled = wanted and bool(_kernel) and _threads > 1
         _owner_pid = os.getpid()
 
 
