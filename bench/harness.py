@@ -7,7 +7,8 @@ calls ``run_suite`` and prints ``format_table`` (or the rows as JSON). Every row
     (+ baseline_spread, ratio_spread, runs)
 
 ``compare`` runs ``rgpu, baseline, rgpu, baseline, ...`` (``repeats`` pairs, at least 5 by
-default), so drift on a shared machine hits both alike; ``value`` and ``baseline`` are the
+default, each run optionally cut into alternating slices), so drift on a shared machine hits
+both alike; ``value`` and ``baseline`` are the
 medians, ``ratio`` the median of the per-pair ratios, ``spread`` ``[min, max]`` of the rgpu
 runs (``baseline_spread`` and ``ratio_spread`` likewise).
 """
@@ -49,15 +50,23 @@ def repeats_of(args, default: int = 5) -> int:
     return max(1, int(getattr(args, "repeats", None) or default))
 
 
-def compare(measure: Callable[[], float], baseline: Callable[[], float], repeats: int = 5) -> dict:
-    """Interleave ``measure`` and ``baseline`` ``repeats`` times each; medians, per-pair ratio, spreads."""
+def compare(measure: Callable[[], float], baseline: Callable[[], float], repeats: int = 5, slices: int = 1) -> dict:
+    """Interleave ``measure`` and ``baseline`` ``repeats`` times each; medians, per-pair ratio, spreads.
+
+    With ``slices`` > 1 a run is that many alternating calls of each (measure, baseline,
+    measure, ...) and its figure their median: load that comes and goes within a run
+    then lands on both sides of the pair.
+    """
     values, bases, ratios = [], [], []
     gc_was = gc.isenabled()
     gc.disable()  # a collection inside one run of a pair and not the other is noise
     try:
         for _ in range(repeats):
-            v = measure()
-            b = baseline()
+            vs, bs = [], []
+            for _ in range(slices):
+                vs.append(measure())
+                bs.append(baseline())
+            v, b = statistics.median(vs), statistics.median(bs)
             values.append(v)
             bases.append(b)
             ratios.append(v / b if b else float("nan"))

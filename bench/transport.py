@@ -44,7 +44,8 @@ from . import harness
 SIZES = (64, 1 << 10, 16 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20)
 QUICK_SIZES = (64, 64 << 10, 1 << 20, 64 << 20)
 SAMPLES = 4093          # bytes summed per transfer: the proof of arrival costs the same at every size
-RUN_SECONDS = 0.15      # work per run (quick: a third of it)
+RUN_SECONDS = 0.15      # work per run (quick: a third of it), cut into SLICES alternating slices
+SLICES = 3
 PING_BYTES = 64
 EXTRA_MODULES = ("rgpu.bench.transport_fast",)  # modules that register more transports
 
@@ -336,8 +337,8 @@ def transport_rows(name: str, pairs: dict, sizes, repeats: int, budget: float) -
         for b in (rgpu, base):
             for _ in range(200):
                 b.ping()
-        k = _runs_for(_calibrate(base.ping), budget)
-        result = harness.compare(_rtt_fn(rgpu, k), _rtt_fn(base, k), repeats)
+        k = _runs_for(_calibrate(base.ping), budget / SLICES)
+        result = harness.compare(_rtt_fn(rgpu, k), _rtt_fn(base, k), repeats, SLICES)
         out.append(harness.row("transport", name, "rtt", PING_BYTES, result, base.name))
     for metric in ("bandwidth", "download"):
         if metric not in pairs:
@@ -349,9 +350,9 @@ def transport_rows(name: str, pairs: dict, sizes, repeats: int, budget: float) -
             one = (lambda b: lambda: b.upload(view, stride)) if metric == "bandwidth" else \
                 (lambda b: lambda: b.download(view))
             _calibrate(one(rgpu))
-            k = _runs_for(_calibrate(one(base)), budget)
+            k = _runs_for(_calibrate(one(base)), budget / SLICES)
             make = _bandwidth_fn if metric == "bandwidth" else _download_fn
-            result = harness.compare(make(rgpu, buf, k), make(base, buf, k), repeats)
+            result = harness.compare(make(rgpu, buf, k), make(base, buf, k), repeats, SLICES)
             extra = {"direction": "download"} if metric == "download" else {}
             out.append(harness.row("transport", name, "bandwidth", size, result, base.name, **extra))
             del buf, view
