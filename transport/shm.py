@@ -13,19 +13,22 @@ frame's prefix (header, lengths, metadata) and its small buffers; a buffer over
 ``INLINE_MAX`` is copied once into the sender's heap and the receiver reads it
 in place: ``recv_frame`` returns views into the segment, and the frame's slot is
 cleared when the frame is released or the last of those views is gone. A waiting
-side spins for ``spin_s``, then sleeps on an eventfd. The Unix socket that
-carried the descriptors stays open: a dead peer shows as POLLHUP at once.
+side polls (keeping its core for ``busy_s``, yielding it after) until ``spin_s``,
+then sleeps on an eventfd. The Unix socket that carried the descriptors stays
+open: a dead peer shows as POLLHUP at once.
 
 Ordering: x86 stores are seen in program order, so "write the record, then the
 tail" needs no barrier; "set my asleep flag, then read the tail" (and its mirror)
 does, and ``_fence`` gets one from a lock (a locked instruction). A wake-up lost
-anyway would cost ``BACKSTOP_S``, never a hang.
+anyway would cost ``BACKSTOP_S``, never a hang. Other CPUs reorder stores, and
+Python has no barrier to issue: there shm is not offered (``available()``).
 """
 from __future__ import annotations
 
 import array
 import hmac
 import os
+import platform
 import secrets
 import select
 import socket
@@ -118,6 +121,10 @@ def available() -> str | None:
     """None when this end can use shm, else why not."""
     if not hasattr(os, "memfd_create") or not hasattr(os, "eventfd") or not hasattr(socket, "send_fds"):
         return "shm needs Linux (memfd_create, eventfd, SCM_RIGHTS)"
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        # the ring's ordering rests on x86's (stores seen in order); elsewhere it would need
+        # barriers that Python cannot issue
+        return f"shm's ring needs x86-64 store ordering; this is {platform.machine()}"
     return None
 
 
