@@ -12,9 +12,11 @@ step at 0 ms plus one round trip, the two interleaved.
 Model: 6 layers, 6 heads, 384 wide, block 256, batch 64, character vocabulary,
 dropout 0, fp32, TF32 as ``RGPU_TF32`` on both sides, AdamW (foreach),
 ``loss.item()`` every step; ``--quick`` uses the example's small preset (CI).
-Native = the same model code on this process's own device (CUDA on a GPU
-host, else the CPU). Blocks of steps alternate between the two; each figure
-is the median over blocks, ``spread`` [min, max]. Also: round trips, messages
+Native = the same model code on this host's own device (CUDA on a GPU host,
+else the CPU), in a child process that never imports rgpu (``native_step``:
+CUDA autograd fails in a process where the rgpu device is registered). Blocks
+of steps alternate between the two; each figure is the median over blocks,
+``spread`` [min, max]. Also: round trips, messages
 and bytes per step, and where an rgpu step's time goes (enqueue vs wait).
 """
 from __future__ import annotations
@@ -71,7 +73,12 @@ def rows(args=None, profile: str | None = None) -> list[dict]:
     vocab = 97
     gen = torch.Generator().manual_seed(1)
     batches = [(torch.randint(0, vocab, (p["batch"], p["block_size"]), generator=gen),) * 2 for _ in range(4)]
-    runs = {dev: _setup(dev, p, vocab) for dev in ("rgpu", native)}
+    # native runs in a process that never imports rgpu: with PrivateUse1 registered here, CUDA autograd
+    # in this process fails (torch issue #161129); same model code, init and batches there (native_step)
+    from rgpu.bench.native_step import Native
+
+    native_run = Native(native, p, vocab, tf32)
+    runs = {"rgpu": _setup("rgpu", p, vocab)}
     mode = getattr(args, "compile", None)
     if mode:  # the same step, the model under torch.compile(backend="rgpu")
         model, opt = _setup("rgpu", p, vocab)
@@ -79,15 +86,16 @@ def rows(args=None, profile: str | None = None) -> list[dict]:
     warm = {}  # the same init and batches everywhere: the warm-up losses double as a correctness check
     for dev, (model, opt) in runs.items():  # warm: kernels, allocator, op definitions, meta cache (and compile)
         warm[dev] = [_step(model, opt, *b, _device(dev)) for b in batches[:3]]
-    sync = torch.cuda.synchronize if native == "cuda" else (lambda: None)
-    per_step = {dev: [] for dev in runs}
+    warm[native] = native_run.warm(3)
+    per_step = {dev: [] for dev in (*runs, native)}
     for _ in range(blocks):
         for dev, (model, opt) in runs.items():
-            sync()
             t0 = time.perf_counter()
             for i in range(steps):
                 _step(model, opt, *batches[i % 4], _device(dev))
             per_step[dev].append((time.perf_counter() - t0) / steps * 1e3)
+        per_step[native].append(native_run.block(steps))
+    native_run.close()
     model, opt = runs["rgpu"]
     timings: list = []
     rgpu.stats(reset=True)

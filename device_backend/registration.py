@@ -33,6 +33,7 @@ def register() -> bool:
     _copies_read_math_bits(torch)
     _patch_printing(torch)
     _placeholder_guard(torch)
+    _explain_cuda_autograd(torch)
     from . import compile as _compile
 
     _compile.register_backend()  # torch.compile(backend="rgpu"), registered when dynamo loads
@@ -51,6 +52,41 @@ def _copies_read_math_bits(torch) -> None:
         for name in ("_copy_from", "_copy_from_and_resize"):
             lib.impl(name, torch.library.fallthrough_kernel, key)
     _libs.append(lib)
+
+
+CUDA_AUTOGRAD_NOTE = (
+    "rgpu: CUDA autograd does not work in a process where the rgpu device is registered (`import rgpu`): "
+    "PyTorch then takes PrivateUse1 as the process's accelerator and its autograd engine fails on CUDA "
+    "tensors (PyTorch issue #161129). Run native CUDA training in a process that never imports rgpu "
+    "(rgpu's own benchmarks do: rgpu/bench/native_step.py); rgpu tensors and CPU tensors are not affected.")
+
+
+def _explain_cuda_autograd(torch) -> None:
+    """Where it bites, say why: a CUDA backward in this process fails in the engine with an internal assert.
+
+    Why: ``rename_privateuse1_backend`` marks PrivateUse1 registered, after which
+    ``at::getAccelerator()`` answers PrivateUse1 before CUDA; autograd nodes then
+    find no stream for CUDA inputs and ``engine.cpp`` asserts
+    ``opt_ready_stream && opt_parent_stream`` (#161129). There is no way to
+    register a named PrivateUse1 backend without that mark, so the failure stays;
+    this wraps the engine entry that ``torch.autograd.backward`` and ``grad``
+    call to re-raise it with the cause and the workaround.
+    """
+    ag = torch.autograd
+    run = getattr(ag, "_engine_run_backward", None)
+    if run is None or getattr(run, "_rgpu_explained", False):
+        return
+
+    def _engine_run_backward(*args, **kwargs):
+        try:
+            return run(*args, **kwargs)
+        except RuntimeError as e:
+            if "opt_ready_stream" in str(e):
+                raise RuntimeError(f"{CUDA_AUTOGRAD_NOTE}\n(original error: {e})") from e
+            raise
+
+    _engine_run_backward._rgpu_explained = True
+    ag._engine_run_backward = _engine_run_backward
 
 
 def _placeholder_guard(torch) -> None:

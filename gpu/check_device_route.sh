@@ -2,6 +2,7 @@
 # The device route on the GPU host, whole, in under 8 minutes; everything lands in $OUT.
 #   build     the C++ part against this torch (timed, cold), loaded by a client; the server must not load it
 #   correct   the 6-layer/384-wide nanoGPT step: 5 steps on rgpu against the same 5 natively on CUDA
+#             (native in a child process that never imports rgpu: CUDA autograd breaks where rgpu is registered)
 #   bench     rgpu bench ops --json, rgpu bench train --json (client and server over loopback), with
 #             cProfiles of rgpu steps on the client and in the server's executor
 #   tests     the device test files against a CUDA server (the CPU reference tests run unchanged)
@@ -38,24 +39,24 @@ PY
 cat "$OUT/build.json"; tail -5 "$OUT/build.err"
 
 stamp correct
-( cd /tmp && timeout 90 python3 - > "$OUT/correct.json" 2> "$OUT/correct.err" ) <<PY
+# rgpu here, native CUDA in a child that never imports rgpu (bench/native_step.py): with the rgpu device
+# registered, CUDA autograd in the same process fails (engine.cpp opt_ready_stream assert, torch #161129)
+( cd /tmp && timeout 120 python3 - > "$OUT/correct.json" 2> "$OUT/correct.err" ) <<PY
 import json, sys, torch, rgpu
 sys.path.insert(0, "$REPO/examples/nanogpt")
 from model import GPT, GPTConfig
-torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-cfg = GPTConfig(vocab_size=97, block_size=256, n_layer=6, n_head=6, n_embd=384)
-gen = torch.Generator().manual_seed(1)
-batches = [torch.randint(0, 97, (64, 256), generator=gen) for _ in range(5)]
-losses = {}
-for dev in ("cuda", "rgpu"):
-    torch.manual_seed(0)
-    m = GPT(cfg).to(dev); opt = m.configure_optimizer(3e-4); out = []
-    for b in batches:
-        _, loss = m(b.to(dev), b.to(dev)); opt.zero_grad(set_to_none=True); loss.backward(); opt.step()
-        out.append(loss.item())
-    losses[dev] = out
-diff = max(abs(a - b) for a, b in zip(losses["cuda"], losses["rgpu"]))
-print(json.dumps({"losses": losses, "max_abs_diff": diff}, indent=1))
+from rgpu.bench.native_step import Native, make_batches
+p = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch=64)
+with Native("cuda", p, 97, tf32=False, batches=5) as native:
+    cuda = native.warm(5)
+torch.manual_seed(0)
+m = GPT(GPTConfig(vocab_size=97, block_size=256, n_layer=6, n_head=6, n_embd=384, dropout=0.0)).to("rgpu")
+opt = m.configure_optimizer(3e-4); out = []
+for x, y in make_batches(torch, 97, 64, 256, 5):
+    _, loss = m(x.to("rgpu"), y.to("rgpu")); opt.zero_grad(set_to_none=True); loss.backward(); opt.step()
+    out.append(loss.item())
+losses = {"cuda (child process, no rgpu)": cuda, "rgpu": out}
+print(json.dumps({"losses": losses, "max_abs_diff": max(abs(a - b) for a, b in zip(cuda, out))}, indent=1))
 PY
 cat "$OUT/correct.json"; tail -5 "$OUT/correct.err"
 

@@ -96,3 +96,42 @@ def test_backward_on_the_cpu_before_the_device_is_used_leaves_its_backward_worki
                    "assert m.weight.grad.device.type == 'rgpu'\nprint('ok')",
                    env={"RGPU_SERVER": rgpu_server.address, "RGPU_TOKEN": rgpu_server.token})
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
+
+
+def test_a_cuda_style_engine_assert_in_backward_is_reraised_with_its_cause():
+    # on a GPU host, CUDA autograd in a process with rgpu registered fails with this engine assert (#161129)
+    import rgpu  # noqa: F401
+
+    class Fails(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            raise RuntimeError("opt_ready_stream && opt_parent_stream INTERNAL ASSERT FAILED at engine.cpp")
+
+    x = torch.ones(2, requires_grad=True)
+    with pytest.raises(RuntimeError, match="process that never imports rgpu"):
+        Fails.apply(x).sum().backward()
+
+    class Other(Fails):
+        @staticmethod
+        def backward(ctx, g):
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom") as info:  # any other error goes through untouched
+        torch.autograd.grad(Other.apply(x).sum(), x)
+    assert "rgpu" not in str(info.value)
+
+
+def test_native_reference_process_never_imports_rgpu():
+    # bench train's and the GPU check's native CUDA runs live there (CUDA autograd fails where rgpu is registered)
+    from rgpu.bench.native_step import Native
+
+    p = dict(n_layer=1, n_head=2, n_embd=16, block_size=8, batch=2)
+    with Native("cpu", p, 11, batches=2) as native:
+        assert native.info["rgpu_imported"] is False
+        losses = native.warm(2)
+        assert len(losses) == 2 and all(v > 0 for v in losses)
+        assert native.block(2) > 0
