@@ -111,14 +111,15 @@ def cu_mem_get_address_range(pbase, psize, dptr):
 
 # ---- copies and memsets ------------------------------------------------------------------
 CHUNK = 256 << 20       # copies travel in pieces of this size: frames stay far below the transport's limit
+HTOD_PIECE = 8 << 20    # uploads go in pieces of this size: the server copies one to the GPU while the next travels
 
 
 def htod(dst: int, src, n: int, stream: int | None, wait: bool) -> int:
     c = client.get()
     base = c.ffi.cast("char *", src)
-    for off in range(0, n, CHUNK):
-        data = c.ffi.buffer(base + off, min(CHUNK, n - off))
-        if wait and off + CHUNK >= n:
+    for off in range(0, n, HTOD_PIECE):
+        data = c.ffi.buffer(base + off, min(HTOD_PIECE, n - off))
+        if wait and off + HTOD_PIECE >= n:
             c.call("memcpy_htod", int(dst) + off, stream, buffers=[data], sync=True)
         else:
             c.post("memcpy_htod", int(dst) + off, stream, buffers=[data])   # copied or written before post() returns

@@ -50,7 +50,11 @@ class Client:
                         self.conn = self._connect()
                     else:
                         with self._without_us():
+                            from rgpu.transport import fastcopy
                             from rgpu.transport.client import connect
+                            # we live inside the program: no numba compile in a background thread here
+                            # (it holds the GIL against every driver call, 5 ms each; fastcopy.memcpy_only)
+                            fastcopy.memcpy_only()
                             self.conn = connect("cuda", options={"api": API_VERSION})
         return self.conn
 

@@ -147,6 +147,10 @@ def main(argv=None) -> int:
             __import__(name)  # warm the spare before a session needs it (torch takes seconds)
         except ImportError:
             pass
+    # the shm copy's compile (numba, a second or more) happens here, while no session waits: in a
+    # background thread during a session it would hold the GIL against every call (5 ms a switch)
+    from rgpu.transport import fastcopy
+    fastcopy.warm_up(background=False)
     got = receive_session(control)
     control.close()
     if got is not None:

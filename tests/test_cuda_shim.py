@@ -338,7 +338,8 @@ def test_threads_keep_their_own_current_context_and_their_results(cu, kernels):
 
 def test_a_copy_bigger_than_one_piece_travels_in_several_and_arrives_whole(cu, monkeypatch):
     from rgpu.cuda_intercept import calls_memory
-    monkeypatch.setattr(calls_memory, "CHUNK", 4096)
+    monkeypatch.setattr(calls_memory, "CHUNK", 4096)          # downloads
+    monkeypatch.setattr(calls_memory, "HTOD_PIECE", 3000)     # uploads (a last piece shorter than the rest)
     a = np.random.default_rng(1).integers(0, 255, 10000, dtype=np.uint8)
     d = upload(cu, a)
     assert np.array_equal(download(cu, d, a), a)

@@ -86,6 +86,20 @@ def warm_up(background: bool = True) -> None:
         _setup()
 
 
+def memcpy_only() -> None:
+    """This process copies with one memcpy and never compiles (what ``warm_up`` would start is skipped).
+
+    For processes that are someone else's program (the CUDA interceptor inside a C or numba
+    program): a compile in a background thread holds the GIL for a second or more, and every
+    driver call entering Python meanwhile waits out the 5 ms switch interval (measured on the
+    GPU host: a 6 us call took 5.1 ms); a compile still running at exit can abort the process.
+    """
+    global _enabled, _owner_pid
+    with _lock:
+        if _owner_pid is None:
+            _enabled, _owner_pid = False, os.getpid()
+
+
 def backend() -> str:
     """What big copies use here: ``numba-prange-xN`` or ``memcpy``."""
     _setup()
