@@ -43,6 +43,18 @@ def is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
+def _is_zombie(pid: int) -> bool:
+    """Whether ``pid`` has exited and waits to be reaped (state Z in /proc/PID/stat); False where unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    # "pid (comm) state ...": comm may hold spaces and parentheses, so the state follows the last ')'
+    rest = stat[stat.rfind(b")") + 1:].split()
+    return bool(rest) and rest[0] == b"Z"
+
+
 class Server:
     """The listener. ``overrides`` are settings passed on to every worker (device, driver, limits)."""
 
@@ -146,11 +158,11 @@ class Server:
             return False
         try:
             os.kill(self.parent_pid, 0)
-            return False
         except ProcessLookupError:
             return True
         except PermissionError:
             return False
+        return _is_zombie(self.parent_pid)     # exited, not yet reaped: gone all the same
 
     def serve_forever(self) -> None:
         self._fill_spares()

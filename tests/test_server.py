@@ -299,3 +299,22 @@ def test_a_port_in_use_is_a_one_line_config_error_from_the_cli(rgpu_server):
 def test_an_unknown_route_is_a_remote_error_naming_the_routes_there_are(rgpu_server):
     with pytest.raises(RemoteError, match="unknown route 'nope'.*echo"):
         connect("nope", settings=rgpu_server.settings())
+
+
+def test_a_parent_that_exited_but_is_not_reaped_counts_as_gone():
+    import time
+    from types import SimpleNamespace
+
+    from rgpu.server import serve
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])     # exits at once; we do not reap it yet
+    try:
+        deadline = time.monotonic() + 30
+        while not serve._is_zombie(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert serve._is_zombie(child.pid)
+        assert serve.Server._parent_gone(SimpleNamespace(parent_pid=child.pid))
+    finally:
+        child.wait()
+    assert not serve._is_zombie(os.getpid())
+    assert not serve.Server._parent_gone(SimpleNamespace(parent_pid=os.getpid()))
