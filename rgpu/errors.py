@@ -9,7 +9,11 @@
     │   └── SessionLost           the server ended the session (worker crash, fatal device error)
     ├── Timeout                   no answer within the configured time
     ├── RemoteError               the server ran the call and it failed (names the op and the message)
-    └── ConfigError               a setting or flag has a value rgpu cannot use
+    ├── ConfigError               a setting or flag has a value rgpu cannot use
+    ├── CudaDriverError           (server/cuda_driver/base.py) a driver call on the server failed; carries the
+    │                             CUresult; the cuda route turns it into the reply's code, never an ERROR frame
+    └── CudaCallError             (cuda_intercept/registry.py) a call the interceptor answers with a CUresult;
+                                  the registry wrapper returns the code to the program, it never escapes into C
 
 Every OSError, msgpack decode failure and foreign library error is translated into
 one of these at the boundary where it happens (see ``translate_os_error``).
