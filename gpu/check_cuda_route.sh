@@ -58,9 +58,10 @@ cat >"$OUT/numba_kernels.py" <<'EOF'
 """numba-cuda kernels through rgpu's libcuda.so.1: arrays both ways, values against numpy."""
 import json, math, sys
 import numpy as np
-# numba-cuda on the GPU host does overload(np.row_stack) when numba.cuda is imported, and numpy 2.5
-# removed np.row_stack (an alias of np.vstack): without this, numba.cuda fails to import at all, natively
-# and through rgpu alike (AttributeError, run of 2026-11-30). Put the alias back before importing it.
+# numba-cuda on the GPU host does overload(np.row_stack) in numba.cuda.np.arrayobj (imported at the first
+# kernel compile), and numpy 2.5 removed np.row_stack (an alias of np.vstack): without this every kernel
+# fails to compile, natively and through rgpu alike (AttributeError, run of 2026-11-30; devices and copies
+# through rgpu worked). Put the alias back before numba.cuda is imported.
 if not hasattr(np, "row_stack"):
     np.row_stack = np.vstack
 from numba import cuda
