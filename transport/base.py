@@ -12,7 +12,7 @@ from typing import Callable, ClassVar, Sequence
 from . import wire
 from .buffers import BufferPool
 from .wire import (
-    _KINDS, HEADER, KNOWN_FLAGS, MAGIC, Frame, Limits, decode_header, decode_lengths, encode_prefix, pack_meta,
+    _KINDS, _LENGTH_STRUCTS, HEADER, KNOWN_FLAGS, MAGIC, Frame, Limits, decode_header, decode_lengths, encode_prefix, pack_meta,
     unpack_meta,
 )
 
@@ -123,8 +123,16 @@ class StreamReader:
                 or meta_len > limits.max_meta_bytes or nbufs > limits.max_buffers):
             h = decode_header(self._view[start:start + HEADER.size], limits)  # raises, naming the field
             kind, meta_len, nbufs = h.kind, h.meta_len, h.nbufs
-        self._start = start + HEADER.size
-        lengths = decode_lengths(self._take(8 * nbufs), nbufs, meta_len, limits) if nbufs else []
+        pos = self._start = start + HEADER.size
+        if not nbufs:
+            lengths = []
+        elif nbufs <= 64 and self._end - pos >= 8 * nbufs:  # staged: unpack in place
+            lengths = list(_LENGTH_STRUCTS[nbufs].unpack_from(self._stage, pos))
+            self._start = pos + 8 * nbufs
+            if meta_len + sum(lengths) > limits.max_frame_bytes:
+                decode_lengths(self._view[pos:pos + 8 * nbufs], nbufs, meta_len, limits)  # raises, naming it
+        else:
+            lengths = decode_lengths(self._take(8 * nbufs), nbufs, meta_len, limits)
         meta = unpack_meta(self._take(meta_len), limits) if meta_len else None
         if not lengths:
             return Frame(kind, seq, ack, meta)

@@ -29,7 +29,7 @@ from .buffers import BufferPool, as_bytes_view, writable_view
 from .wire import Frame, Limits, MsgKind
 
 
-_REPLY, _ERROR = MsgKind.REPLY, MsgKind.ERROR
+_POST, _REQUEST, _REPLY, _ERROR = MsgKind.POST, MsgKind.REQUEST, MsgKind.REPLY, MsgKind.ERROR
 
 
 class Reply:
@@ -100,6 +100,9 @@ class Connection:
         self._dead: RgpuError | None = None
         self._closing = False
         self._sending_seq = 0                     # last seq of the write in progress (send-lock holder's)
+        # read on every call: plain attributes, not a dataclass lookup each time (settings are frozen)
+        self._copy_bytes, self._queue_max = settings.post_copy_bytes, settings.queue_max_bytes
+        self._request_timeout = settings.request_timeout
         transport.on_block = self._drain_while_blocked
 
     @property
@@ -110,7 +113,7 @@ class Connection:
 
     def post(self, meta: Any, buffers: Sequence = ()) -> int:
         """Send a call that needs no answer; returns its sequence number."""
-        return self._submit(MsgKind.POST, meta, buffers, None)
+        return self._submit(_POST, meta, buffers, None)
 
     def request(self, meta: Any, buffers: Sequence = (), reply_into: Sequence[memoryview] | None = None) -> Future:
         """Send a call and return the future of its answer (buffers land in ``reply_into`` if sizes match)."""
@@ -120,7 +123,7 @@ class Connection:
             self._raise_async_error()
         fut = Future(self, 0, reply_into)
         self.stats["round_trips"] += 1
-        self._submit(MsgKind.REQUEST, meta, buffers, fut)
+        self._submit(_REQUEST, meta, buffers, fut)
         return fut
 
     def call(self, meta: Any, buffers: Sequence = (), reply_into=None, timeout: float | None = None) -> Reply:
@@ -131,22 +134,22 @@ class Connection:
         nbytes = 0
         for v in views:
             nbytes += v.nbytes
-        big = nbytes > self.settings.post_copy_bytes
-        if views and not big and kind == MsgKind.POST:
+        big = nbytes > self._copy_bytes
+        if views and not big and kind is _POST:
             views = [memoryview(bytearray(v)) for v in views]  # the caller may change its memory once we return
         written = threading.Event() if big else None
         inline = False
         with self._cv_lock:
             if self._dead:
                 raise self._dead
-            while self._queued_bytes > self.settings.queue_max_bytes and not self._dead:
+            while self._queued_bytes > self._queue_max and not self._dead:
                 self._cv.wait()                   # backpressure: the I/O thread is behind
             if self._dead:
                 raise self._dead
             seq = next(self._seq)
-            if (kind == MsgKind.REQUEST or big) and not self._queue and self._send_lock.acquire(blocking=False):
+            if (kind is _REQUEST or big) and not self._queue and self._send_lock.acquire(blocking=False):
                 inline = True                     # nothing ahead of us: write on this thread
-            elif views and not big and kind == MsgKind.REQUEST:
+            elif views and not big and kind is _REQUEST:
                 views = [memoryview(bytearray(v)) for v in views]  # queued: the caller may change its memory
             try:
                 parts = self.transport.frame_parts(kind, seq, 0, meta, views)
@@ -248,8 +251,8 @@ class Connection:
     # ---- receiving -----------------------------------------------------------------
 
     def _wait(self, fut: Future, timeout: float | None) -> None:
-        if timeout is None and self.settings.request_timeout > 0:
-            timeout = self.settings.request_timeout
+        if timeout is None and self._request_timeout > 0:
+            timeout = self._request_timeout
         deadline = None if timeout is None else time.monotonic() + timeout
         while not fut.done:
             with self._rcv_lock:
@@ -293,7 +296,13 @@ class Connection:
     def _dispatch(self, frame: Frame) -> None:
         if frame.buffers:
             self.stats["bytes_in"] += sum([b.nbytes for b in frame.buffers])
-        if frame.kind is _REPLY or frame.kind is _ERROR:
+        if frame.kind is _REPLY:  # the common case first
+            fut = self._pending.pop(frame.seq, None)
+            if fut is not None:
+                fut._reply = Reply(frame)
+                fut.done = True
+                return
+        if frame.kind is _REPLY or frame.kind is _ERROR:  # (a reply to no request: refused below)
             fut = self._pending.pop(frame.seq, None)
             if fut is None:
                 frame.release()

@@ -86,7 +86,7 @@ class Header:
     nbufs: int
 
 
-@dataclass
+@dataclass(slots=True)
 class Frame:
     """A received frame. ``buffers`` may belong to a pool: call ``release()`` when done."""
     kind: MsgKind
