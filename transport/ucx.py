@@ -30,6 +30,8 @@ from .wire import HEADER, MAGIC, Frame, Limits, decode_header, decode_lengths, u
 TAG = 0x5247505501          # every message of a connection: one tag keeps them in order
 RDMA_KINDS = ("rc", "dc", "ud")
 SPIN_S = 50e-6
+ACTIVE_S = 0.25         # polling for a transfer of ours in flight (64 MiB at 2 GB/s: 32 ms)
+LOOK_S = 0.005          # while polling, look at the carrier (and on_block) this often
 BACKSTOP_S = 0.01
 
 _lock = threading.Lock()
@@ -141,7 +143,7 @@ class UcxTransport(Transport):
                         arr = self._Array(part)
                         keep.append(arr)
                         reqs.append(self._ep.tag_send(arr, self._tag))
-                self._wait(lambda: all(r.completed for r in reqs), blocked=self.on_block)
+                self._wait(lambda: all(r.completed for r in reqs), blocked=self.on_block, active=True)
                 for r in reqs:
                     r.check_error()
             except Exception as exc:
@@ -199,17 +201,22 @@ class UcxTransport(Transport):
         return Frame(h.kind, h.seq, h.ack, meta, bufs, releaser)
 
     def _receive(self, reqs: list) -> None:
-        self._wait(lambda: all(r.completed for r in reqs))
+        self._wait(lambda: all(r.completed for r in reqs), active=True)
         for r in reqs:
             r.check_error()
 
-    def _wait(self, done, deadline: float | None = None, blocked=None) -> bool:
+    def _wait(self, done, deadline: float | None = None, blocked=None, active: bool = False) -> bool:
         """Progress the worker until ``done()``; poll while anything moves, then sleep on its event fd and the carrier.
 
+        ``active``: our own transfer is in flight (a send, a posted receive): poll up to
+        ``ACTIVE_S``; UCX's completion events (the receiver's acknowledgement of a rendezvous
+        over shared memory, say) do not always wake a sleeper, and a missed one cost a backstop.
         ``blocked`` (a send's ``on_block``) may read frames meanwhile: a big send completes
         only once the peer receives it, and the peer may itself be blocked sending us a reply.
         """
-        spin_end = time.perf_counter() + SPIN_S
+        now = time.perf_counter()
+        spin_end = now + (ACTIVE_S if active else SPIN_S)
+        look = now + LOOK_S
         poller = None
         while True:
             with self._ucx_lock:
@@ -222,8 +229,15 @@ class UcxTransport(Transport):
             if moved:
                 # bytes are moving: keep polling. Over shared memory a rendezvous is copied inside
                 # progress calls, and no event wakes a sleeper for the next piece
-                spin_end = now + SPIN_S
+                spin_end = max(spin_end, now + SPIN_S)
             if now < spin_end:
+                if now > look:               # while polling: is the peer still there, is a reply due?
+                    look = now + LOOK_S
+                    self._look_at_carrier()
+                    if blocked is not None:
+                        blocked()
+                    if deadline is not None and time.monotonic() > deadline:
+                        return False
                 continue
             wait = BACKSTOP_S if deadline is None else min(BACKSTOP_S, deadline - time.monotonic())
             if wait <= 0:
@@ -241,6 +255,12 @@ class UcxTransport(Transport):
             for fd, _ in poller.poll(wait * 1000):
                 if fd == self._sock.fileno():
                     self._check_carrier()
+
+    def _look_at_carrier(self) -> None:
+        poller = select.poll()
+        poller.register(self._sock, select.POLLIN)
+        if poller.poll(0):
+            self._check_carrier()
 
     def _check_carrier(self) -> None:
         if self._closed:
