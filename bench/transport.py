@@ -10,8 +10,9 @@
 - ``rtt``: 64 B there and back; rgpu: an ``echo`` request replying into a preallocated buffer.
   A run's figure is the median of its round trips (on a shared machine a mean mostly
   measures who else was scheduled); each row is the median of the runs.
-- baseline ``raw socket``: a Python socket pair in two processes, ``sendall`` and
-  ``recv_into`` a preallocated buffer, the same sampled sum; a raw 64 B ping-pong.
+- baseline ``raw socket``: a Python socket pair in two processes, ``sendmsg`` of a small
+  size header with the bytes (then ``sendall`` of what is left) and ``recv_into`` a
+  preallocated buffer, the same sampled sum; a raw 64 B ping-pong.
 
 The client (this process) and the servers (``rgpu serve``, the raw server) are pinned to
 different cores (``harness.cpu_split``), as two hosts would be; ``--no-pin`` leaves placement
@@ -128,8 +129,13 @@ class RawSocket(Backend):
         return s
 
     def upload(self, src, stride):
-        self._bulk.sendall(struct.pack("<cQQ", b"U", src.nbytes, stride))
-        self._bulk.sendall(src)
+        head = struct.pack("<cQQ", b"U", src.nbytes, stride)
+        sent = self._bulk.sendmsg([head, src])  # header and bytes in one scatter write, as rgpu sends a frame
+        if sent < len(head):
+            self._bulk.sendall(head[sent:])
+            sent = len(head)
+        if sent - len(head) < src.nbytes:
+            self._bulk.sendall(src[sent - len(head):])
         _recv_exactly(self._bulk, memoryview(self._word))
         return struct.unpack("<Q", self._word)[0]
 
