@@ -150,7 +150,7 @@ def main(argv=None) -> int:
     # the shm copy's compile (numba, a second or more) happens here, while no session waits: in a
     # background thread during a session it would hold the GIL against every call (5 ms a switch)
     from rgpu.transport import fastcopy
-    fastcopy.warm_up(background=False)
+    fastcopy.warm_up()
     got = receive_session(control)
     control.close()
     if got is not None:

@@ -49,3 +49,17 @@ def test_the_interceptors_connection_turns_the_compile_off_before_connecting(mon
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_no_process_ever_compiles_the_parallel_copy_in_a_background_thread():
+    # the first big copy compiles in the caller's thread (numba caches it), never behind its back
+    code = """
+import threading
+from rgpu.transport import fastcopy
+fastcopy.MIN_CORES = 1
+fastcopy.copy(memoryview(bytearray(8 << 20)), bytes(8 << 20))
+assert threading.active_count() == 1, threading.enumerate()
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr

@@ -201,7 +201,6 @@ class ShmTransport(Transport):
         self._poll_space = select.poll()
         self._poll_space.register(self._space_out, select.POLLIN)
         self._poll_space.register(sock, select.POLLRDHUP)
-        fastcopy.warm_up()
 
     # ---- sending -------------------------------------------------------------------
 
