@@ -8,7 +8,7 @@ import pytest
 
 from rgpu import config
 from rgpu.errors import ConfigError, ConnectError
-from rgpu.transport import handshake, negotiate, shm, tcp
+from rgpu.transport import handshake, negotiate, shm, shm_setup, tcp
 from rgpu.transport.tcp import TcpTransport
 from rgpu.transport.wire import Limits, MsgKind
 
@@ -39,12 +39,12 @@ def test_a_server_that_does_not_offer_shm_is_a_clear_error_when_forced_and_tcp_u
 
 
 def test_a_wrong_nonce_is_refused_and_auto_stays_on_tcp(rgpu_server, monkeypatch):
-    real = shm.attach
+    real = shm_setup.attach
 
     def forged(details, timeout):
         t, nonce = real(details, timeout)
         return t, bytes(32)                   # mapped the memory but claims another nonce
-    monkeypatch.setattr(shm, "attach", forged)
+    monkeypatch.setattr(shm_setup, "attach", forged)
     with pytest.raises(ConnectError, match="proof"):
         rgpu_server.connect("echo", transport="shm")
     conn = rgpu_server.connect("echo", transport="auto")
@@ -55,7 +55,7 @@ def test_a_wrong_nonce_is_refused_and_auto_stays_on_tcp(rgpu_server, monkeypatch
 def test_an_unreachable_shm_socket_is_another_host_never_a_guess_from_the_address(rgpu_server, monkeypatch):
     def elsewhere(details, timeout):
         raise ConnectError("the server's shm socket is not reachable from here (another host)")
-    monkeypatch.setattr(shm, "attach", elsewhere)   # what a client at the far end of an SSH tunnel sees
+    monkeypatch.setattr(shm_setup, "attach", elsewhere)   # what a client at the far end of an SSH tunnel sees
     with pytest.raises(ConnectError, match="not reachable"):
         rgpu_server.connect("echo", transport="shm")
     conn = rgpu_server.connect("echo", transport="auto")   # 127.0.0.1 all the same: still tcp
@@ -64,7 +64,7 @@ def test_an_unreachable_shm_socket_is_another_host_never_a_guess_from_the_addres
 
 
 def test_a_stranger_on_the_unix_socket_gets_nothing_and_the_session_goes_on(rgpu_server, monkeypatch):
-    real = shm.attach
+    real = shm_setup.attach
 
     def raced(details, timeout):
         stranger = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -74,7 +74,7 @@ def test_a_stranger_on_the_unix_socket_gets_nothing_and_the_session_goes_on(rgpu
         stranger.close()
         assert got == b""                                 # hung up on, no descriptors
         return real(details, timeout)                     # the one connection is spent: refused
-    monkeypatch.setattr(shm, "attach", raced)
+    monkeypatch.setattr(shm_setup, "attach", raced)
     conn = rgpu_server.connect("echo", transport="auto")
     assert conn.transport_name == "tcp"
     assert conn.call({"op": "sizes"}, [b"abc"]).meta["sizes"] == [3]

@@ -38,11 +38,11 @@ def tcp_pair() -> tuple[TcpTransport, TcpTransport]:
 
 
 def shm_pair():
-    from rgpu.transport import shm
+    from rgpu.transport import shm_setup
 
-    offer = shm.ShmOffer()
+    offer = shm_setup.ShmOffer()
     got = {}
-    th = threading.Thread(target=lambda: got.update(pair=shm.attach(offer.details(), 10)))
+    th = threading.Thread(target=lambda: got.update(pair=shm_setup.attach(offer.details(), 10)))
     th.start()
     offer.accept(10)
     th.join()

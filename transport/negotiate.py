@@ -34,7 +34,7 @@ from rgpu.errors import (
     AuthenticationError, ConfigError, ConnectError, ConnectionLost, ProtocolError, RgpuError, Timeout,
 )
 
-from . import shm
+from . import shm, shm_setup
 from .base import Transport
 from .buffers import BufferPool
 from .wire import Limits, MsgKind
@@ -141,7 +141,7 @@ def _client_shm(t: Transport, settings, forced: bool) -> Transport:
     if not reply.get("ok"):
         raise Declined(f"the server cannot offer shm: {reply.get('reason', 'no reason given')}")
     try:
-        st, nonce = shm.attach(reply, settings.connect_timeout)
+        st, nonce = shm_setup.attach(reply, settings.connect_timeout)
     except ConnectError as exc:
         _send(t, {"transport": "shm", "ok": False, "reason": str(exc)})
         raise Declined(str(exc)) from None
@@ -222,7 +222,7 @@ def server_upgrade(t: Transport, offer: list, settings) -> Transport:
 
 def _server_shm(t: Transport, msg: dict, settings) -> Transport | None:
     try:
-        offer = shm.ShmOffer()
+        offer = shm_setup.ShmOffer()
     except (OSError, RgpuError) as exc:
         _send(t, {"transport": "shm", "ok": False, "reason": f"{type(exc).__name__}: {exc}"})
         return None

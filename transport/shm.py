@@ -26,10 +26,8 @@ Python has no barrier to issue: there shm is not offered (``available()``).
 from __future__ import annotations
 
 import array
-import hmac
 import os
 import platform
-import secrets
 import select
 import socket
 import struct
@@ -38,7 +36,7 @@ import time
 import weakref
 from typing import Sequence
 
-from rgpu.errors import AuthenticationError, ConnectError, ConnectionLost, ProtocolError
+from rgpu.errors import ConnectionLost, ProtocolError
 
 from . import fastcopy
 from .base import Into, Transport
@@ -400,7 +398,7 @@ class ShmTransport(Transport):
         """Read what the peer said on the Unix socket: new heap segments, dropped ones, or its end."""
         while not self._peer_gone:
             try:
-                msg, fds = _recv_fds(self._sock, CTL_MSG.size, 4, 0 if block else socket.MSG_DONTWAIT)
+                msg, fds = recv_fds(self._sock, CTL_MSG.size, 4, 0 if block else socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
                 return
             except ConnectionResetError:
@@ -668,7 +666,7 @@ def _pack_blob(dst: memoryview, p: int, prefix: bytes, views: list, lengths: lis
             p += n
 
 
-def _recv_fds(sock: socket.socket, size: int, maxfds: int, flags: int = 0) -> tuple[bytes, list[int]]:
+def recv_fds(sock: socket.socket, size: int, maxfds: int, flags: int = 0) -> tuple[bytes, list[int]]:
     """``socket.recv_fds`` with its flags honoured (3.11's drops them)."""
     msg, ancdata, _, _ = sock.recvmsg(size, socket.CMSG_LEN(maxfds * 4), flags)
     fds = array.array("i")
@@ -683,115 +681,3 @@ def _drain(fd: int) -> None:
         os.eventfd_read(fd)
     except (BlockingIOError, InterruptedError):
         pass
-
-
-# ---- setting up: the server offers, the client attaches and proves it ---------------
-
-HELLO = struct.Struct("<Q")                # control segment size, sent with the descriptors
-
-
-class ShmOffer:
-    """The server's half of an upgrade: control segment, eventfds, and a one-use Unix socket."""
-
-    def __init__(self):
-        why = available()
-        if why:
-            raise ConnectError(why)
-        self.nonce = os.urandom(NONCE_BYTES)
-        self.ticket = os.urandom(32)
-        self.efds: list[int] = []
-        self.conn: socket.socket | None = None
-        self.control = Segment.create(0, CONTROL_BYTES, "rgpu-shm-control")
-        try:
-            CTL_HEAD.pack_into(self.control.mm, 0, CTL_MAGIC, CTL_VERSION, RING_BYTES, SLOTS)
-            self.control.mm[NONCE_OFF:NONCE_OFF + NONCE_BYTES] = self.nonce
-            self.efds = [os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK) for _ in range(4)]
-            self.address = "\0rgpu-shm-" + secrets.token_hex(16)   # abstract: nothing on disk to clean up
-            self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-            self.listener.bind(self.address)
-            self.listener.listen(1)
-        except BaseException:
-            self.cancel()
-            raise
-
-    def details(self) -> dict:
-        return {"socket": self.address.encode(), "ticket": self.ticket}
-
-    def accept(self, timeout: float) -> None:
-        """Take the client's Unix connection, check its ticket, send it the descriptors."""
-        self.listener.settimeout(timeout)
-        conn, _ = self.listener.accept()
-        self.listener.close()
-        conn.settimeout(timeout)
-        if not hmac.compare_digest(conn.recv(64), self.ticket):
-            conn.close()
-            raise AuthenticationError("shm: a Unix connection came without the ticket")
-        socket.send_fds(conn, [HELLO.pack(CONTROL_BYTES)], [self.control.fd, *self.efds])
-        conn.settimeout(None)
-        self.conn = conn
-
-    def proven(self, proof) -> bool:
-        return isinstance(proof, bytes) and hmac.compare_digest(proof, self.nonce)
-
-    def transport(self) -> ShmTransport:
-        self.control.close_fd()
-        t = ShmTransport("server", self.conn, self.control, self.efds)
-        self.conn = None
-        return t
-
-    def cancel(self) -> None:
-        for fd in self.efds:
-            os.close(fd)
-        self.efds = []
-        listener = getattr(self, "listener", None)
-        if listener is not None:
-            listener.close()
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
-        self.control.close()
-
-
-def attach(details: dict, timeout: float) -> tuple[ShmTransport, bytes]:
-    """The client's half: connect to the server's Unix socket, map what it sends, read the nonce.
-
-    Raises ConnectError when the socket is not reachable from here (another host,
-    or another network namespace) or what arrives is not the server's segment.
-    """
-    why = available()
-    if why:
-        raise ConnectError(why)
-    address, ticket = details.get("socket"), details.get("ticket")
-    if not isinstance(address, bytes) or not address.startswith(b"\0rgpu-shm-") or not isinstance(ticket, bytes):
-        raise ProtocolError("shm: the server's offer has no socket address or ticket")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-    sock.settimeout(timeout)
-    fds: list[int] = []
-    done = False
-    try:
-        try:
-            sock.connect(address.decode())
-        except OSError as exc:
-            raise ConnectError(f"the server's shm socket is not reachable from here (another host or "
-                               f"network namespace): {exc}") from None
-        sock.sendall(ticket)
-        msg, fds = _recv_fds(sock, HELLO.size, 5)
-        if len(msg) != HELLO.size or len(fds) != 5:
-            raise ConnectError("shm: the server did not send its segment and eventfds")
-        control = Segment.attach(0, fds.pop(0), HELLO.unpack(msg)[0], CONTROL_BYTES)
-        magic, version, ring, slots = CTL_HEAD.unpack_from(control.mm, 0)
-        if (magic, version, ring, slots) != (CTL_MAGIC, CTL_VERSION, RING_BYTES, SLOTS):
-            control.close()
-            raise ConnectError(f"shm: the server's layout ({magic!r} v{version}) is not this client's")
-        nonce = bytes(control.mm[NONCE_OFF:NONCE_OFF + NONCE_BYTES])
-        sock.settimeout(None)
-        t = ShmTransport("client", sock, control, fds)
-        done = True
-        return t, nonce
-    except (OSError, ProtocolError) as exc:
-        raise ConnectError(f"shm: setting up failed: {exc}") from None
-    finally:
-        if not done:
-            for fd in fds:
-                os.close(fd)
-            sock.close()
