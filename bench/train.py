@@ -210,7 +210,7 @@ def _profile(path: str, run) -> None:
     import pstats
 
     from rgpu.device_backend import session
-    from rgpu.server.ops.protocol import Msg
+    from rgpu.ops_protocol import Msg
 
     s = session.get()
     s.post([Msg.PROFILE, "start"])

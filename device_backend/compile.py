@@ -23,7 +23,7 @@ import weakref
 
 import torch
 
-from rgpu.server.ops.protocol import Msg
+from rgpu.ops_protocol import Msg
 
 from . import session as _session
 from .encode import CODE, Encoder

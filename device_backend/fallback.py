@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from rgpu.server.ops.protocol import CALL_RESERVED_IDS, CALL_RESERVED_IDS_FOR_LISTS
+from rgpu.ops_protocol import CALL_RESERVED_IDS, CALL_RESERVED_IDS_FOR_LISTS
 
 from . import copies, meta, optable, session
 from .encode import Encoder

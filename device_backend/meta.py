@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from rgpu.server.ops.substitutes import substitute
+from rgpu.ops_substitutes import substitute
 
 from . import optable
 from .encode import CODE
@@ -71,7 +71,7 @@ def make_plan(op, info: optable.OpInfo, args, kwargs, devtype: str, kind: str) -
     """Run the meta kernel on stand-ins of the inputs (raises what the op would raise on shapes/dtypes).
 
     ``kind`` is the server's device kind: an op the server runs as a substitute
-    is sized by that substitute (see rgpu.server.ops.substitutes).
+    is sized by that substitute (see rgpu.ops_substitutes).
     """
     margs = _to_meta(args, devtype)
     mkwargs = {k: _to_meta(v, devtype) for k, v in kwargs.items()}

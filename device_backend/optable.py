@@ -8,7 +8,7 @@ Kinds (``OpInfo.kind``):
 """
 from __future__ import annotations
 
-from rgpu.server.ops.substitutes import SUBSTITUTES
+from rgpu.ops_substitutes import SUBSTITUTES
 
 # Ops whose result is data the client must wait for, though their meta kernels answer.
 DATA = {"equal", "is_nonzero", "is_set_to", "_local_scalar_dense", "allclose", "_nnz"}

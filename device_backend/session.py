@@ -12,7 +12,7 @@ import threading
 
 import torch
 
-from rgpu.server.ops.protocol import Msg
+from rgpu.ops_protocol import Msg
 
 from rgpu.transport.buffers import as_bytes_view
 

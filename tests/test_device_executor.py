@@ -7,7 +7,7 @@ from device_helpers import run_python
 
 from rgpu import config
 from rgpu.server.ops.codec import CODE_BY_DTYPE
-from rgpu.server.ops.protocol import Event, Msg
+from rgpu.ops_protocol import Event, Msg
 from rgpu.server.routes.base import OpFailed, Session
 from rgpu.server.routes.ops import Executor
 

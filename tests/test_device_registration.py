@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 from device_helpers import rgpu_device, run_python, tiny_gpt  # noqa: F401
 
-from rgpu.server.ops.protocol import DTYPES
+from rgpu.ops_protocol import DTYPES
 
 
 def test_import_rgpu_server_neither_builds_nor_loads_the_cpp_part():
@@ -18,6 +18,18 @@ def test_import_rgpu_server_neither_builds_nor_loads_the_cpp_part():
         "assert build._module is None, 'loaded'\n"
         "assert not [m for m in sys.modules if m.startswith('rgpu_device_')], 'extension in sys.modules'\n"
         "assert torch._C._get_privateuse1_backend_name() == 'rgpu'\n"
+        "print('ok')\n")
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+
+def test_the_client_never_imports_the_server_package():
+    # both ends share rgpu.ops_protocol and rgpu.ops_substitutes; neither imports the other
+    r = run_python(
+        "import sys, torch, rgpu\n"
+        "from rgpu.device_backend import compile, copies, encode, fallback, meta, optable, session, torch_rgpu\n"
+        "assert (torch.ones(3, device='rgpu') * 2).cpu().tolist() == [2.0] * 3\n"
+        "bad = [m for m in sys.modules if m.startswith('rgpu.server')]\n"
+        "assert not bad, bad\n"
         "print('ok')\n")
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr
 

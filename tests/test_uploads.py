@@ -9,7 +9,7 @@ import rgpu
 from rgpu import config
 from rgpu.device_backend.session import UPLOAD_PIECE_BYTES
 from rgpu.server.ops.codec import CODE_BY_DTYPE
-from rgpu.server.ops.protocol import Msg
+from rgpu.ops_protocol import Msg
 from rgpu.server.routes.base import Session
 from rgpu.server.routes.ops import Executor
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .protocol import DTYPES, EVENT_FIELDS, Event
+from rgpu.ops_protocol import DTYPES, EVENT_FIELDS, Event
 
 DTYPE_BY_CODE = tuple(getattr(torch, name, None) for name in DTYPES)
 

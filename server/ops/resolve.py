@@ -10,7 +10,7 @@ import re
 
 import torch
 
-from .substitutes import substitute
+from rgpu.ops_substitutes import substitute
 
 # Ops a client may never run on the server, and why.
 BLOCKED = {

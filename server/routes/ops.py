@@ -15,7 +15,7 @@ from rgpu.server.ops.codec import CODE_BY_DTYPE, Decoder, descriptor, encode_res
 from rgpu.server.ops.graphs import Graphs
 from rgpu.server.ops.uploads import Uploads
 from rgpu.server.ops.handles import DTYPE_BY_CODE, HandleTable, Poisoned
-from rgpu.server.ops.protocol import Msg
+from rgpu.ops_protocol import Msg
 from rgpu.server.ops.resolve import OpRefused, resolve
 
 from .base import Executor as BaseExecutor
