@@ -2,6 +2,7 @@
 
     rgpu bench transport --transport tcp,shm,ucx [--json] [--quick] [--plot PNG]   (rows from bench/transport.py)
     python -m rgpu.bench.transport_fast [--json] [--quick] [--repeats N] [--copy] [--plot PNG]
+    python -m rgpu.bench.transport_fast --plot-json ROWS.json --plot PNG        (two panels: up, down)
 
 Registered with ``bench/transport.py`` (same harness, same rows, client and server
 pinned to different cores, rgpu and baseline interleaved):
@@ -211,6 +212,38 @@ def copy_rows(args=None) -> list[dict]:
     return out
 
 
+def plot(rows: list[dict], path: str) -> str:
+    """Upload and download bandwidth against size: rgpu per transport (solid), each one's baseline (dashed)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
+    colors = {"tcp": "tab:blue", "shm": "tab:green", "ucx": "tab:red", "tcp+tls": "tab:purple"}
+    for ax, direction in zip(axes, (None, "download")):
+        for t in sorted({r["transport"] for r in rows if r["metric"] == "bandwidth"}):
+            pts = sorted((r["size"], r["value"], r["baseline"], r["baseline_name"]) for r in rows
+                         if r["metric"] == "bandwidth" and r["transport"] == t and r.get("direction") == direction)
+            if not pts:
+                continue
+            c = colors.get(t, "tab:gray")
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "-o", color=c, label=f"rgpu {t}")
+            ax.plot([p[0] for p in pts], [p[2] for p in pts], "--", color=c, alpha=0.6, label=f"  beside {pts[0][3]}")
+        ax.set_xscale("log", base=2)
+        ticks = sorted({r["size"] for r in rows if r["metric"] == "bandwidth"})
+        ax.set_xticks(ticks, [harness.label(t) for t in ticks], rotation=45)
+        ax.set_title("download (into caller memory)" if direction else "upload (read where it arrived)")
+        ax.set_xlabel("message size")
+        ax.grid(True, alpha=0.3)
+    axes[0].set_ylabel("GB/s, median of interleaved runs")
+    axes[0].legend(fontsize=8)
+    fig.suptitle("rgpu transports on one host (solid) beside their baselines (dashed)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main(argv=None) -> int:
     import argparse
 
@@ -222,7 +255,11 @@ def main(argv=None) -> int:
     p.add_argument("--transport", default="tcp,shm,ucx")
     p.add_argument("--copy", action="store_true", help="only the parallel copy beside copyto")
     p.add_argument("--plot", default=None)
+    p.add_argument("--plot-json", default=None, help="plot saved rows (--json output) to --plot, measure nothing")
     args = p.parse_args(argv)
+    if args.plot_json:
+        print(plot(json.load(open(args.plot_json)), args.plot or "transport_fast.png"))
+        return 0
     if args.copy:
         out = copy_rows(args)
     else:

@@ -67,6 +67,7 @@ KIND_FRAME, KIND_WRAP = 1, 2
 NO_SLOT = BLOB = 0xFFFFFFFF
 BACKSTOP_S = 0.05
 SHARED_CORE_S = 1.0
+CORE_CHECK_S = 0.1
 MAX_SEGMENT = 16 << 30
 
 _FENCE = threading.Lock()
@@ -103,6 +104,28 @@ def _spin(q, tail: int, head: int, busy: float, end: float, yield_core: bool) ->
             if clock() - now > 3e-6 and q[tail] != head:
                 return 2
     return 1 if q[tail] != head else 0
+
+
+def _peer_pid(sock: socket.socket) -> int:
+    try:
+        return struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+    except (OSError, AttributeError):
+        return 0
+
+
+def _cpu_of(path: str) -> int:
+    with open(path, "rb") as f:
+        return int(f.read().rsplit(b")", 1)[1].split()[36])   # field 39 of stat: the CPU it last ran on
+
+
+def _same_core(peer: int) -> bool:
+    """Whether the peer process last ran on the CPU this thread runs on (a cheap look, taken rarely)."""
+    if peer <= 0 or peer == os.getpid():
+        return False
+    try:
+        return _cpu_of("/proc/thread-self/stat") == _cpu_of(f"/proc/{peer}/stat")
+    except (OSError, ValueError, IndexError):
+        return False
 
 
 def _word(line: int) -> int:
@@ -159,9 +182,10 @@ class _Lease:
 class ShmTransport(Transport):
     name = "shm"
     # A waiting side polls busy_s keeping its core, then yields it until spin_s, then sleeps on its
-    # eventfd. When data arrives just as a yield comes back late, the peer most likely shares our
-    # core: for SHARED_CORE_S the receiver yields from the start (keeping the core would only
-    # delay the peer). Measured on the shared 2-core machine, docs/perf/transport.md.
+    # eventfd. When data arrives just as a yield comes back late and the peer last ran on our CPU
+    # (/proc, looked at most every CORE_CHECK_S), it shares our core: for SHARED_CORE_S the receiver
+    # yields from the start (keeping the core would only delay the peer). Measured on the shared
+    # 2-core machine, docs/perf/transport.md.
     busy_s = 20e-6
     spin_s = 100e-6
     spin_yield = True
@@ -190,7 +214,8 @@ class ShmTransport(Transport):
         self._in_segs: dict[int, Segment] = {}
         self._send_lock = threading.Lock()
         self._recv_lock = threading.Lock()
-        self._shared_until = 0.0
+        self._shared_until = self._core_checked = 0.0
+        self._peer_pid = _peer_pid(sock)
         self._closed = False
         self._peer_gone = False
         self._poll_data = select.poll()
@@ -363,8 +388,10 @@ class ShmTransport(Transport):
             end = min(end, now + deadline - time.monotonic())
         busy = now + (self.busy_s if now >= self._shared_until else 0.0)
         got = _spin(q, tail, head, busy, end, self.spin_yield)
-        if got == 2:
-            self._shared_until = now + SHARED_CORE_S      # the peer runs on our core: yield at once for a while
+        if got == 2 and now > self._core_checked + CORE_CHECK_S:
+            self._core_checked = now
+            if _same_core(self._peer_pid):
+                self._shared_until = now + SHARED_CORE_S    # keeping the core only delays the peer
         if got:
             return True
         while True:
