@@ -51,10 +51,22 @@ class Encoder:
             return {"m": str(v).removeprefix("torch.")}
         if t is complex:
             return {"c": [v.real, v.imag]}
-        if t is torch.Generator:  # silently using another stream of numbers would be worse than failing
-            raise NotImplementedError("rgpu: explicit generator= arguments are not supported yet; "
-                                      "seed the device's default generator (torch.manual_seed)")
+        if t is torch.Generator:
+            return self.generator(v)
         raise TypeError(f"rgpu: cannot send an argument of type {t.__name__} to the server")
+
+    def generator(self, g: torch.Generator):
+        """A generator's state, (seed, offset); each use moves the offset on, so each op draws a new stream.
+
+        The state lives here, in the generator object: ``get_state``/``set_state``
+        and seeding need no message, and the server derives an op's numbers from
+        the pair alone (``rgpu.server.ops.codec.GeneratorArg``).
+        """
+        if g.device.type != self.devtype:
+            raise RuntimeError(f"Expected a '{self.devtype}' device type for generator but found '{g.device.type}'")
+        seed, offset = g.initial_seed(), g.get_offset()
+        g.set_offset(offset + 1)
+        return {"g": [seed, offset]}
 
     def tensor(self, v: torch.Tensor):
         if v.device.type == self.devtype:

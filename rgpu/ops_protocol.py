@@ -51,7 +51,7 @@ TAG = {
     "l": "layout name",
     "m": "memory format name",
     "c": "complex number: [real, imag]",
-    "g": "generator: [seed, offset] (None: the session's generator for the device)",
+    "g": "generator: [seed, offset], the op's stream (None: the session's generator for the device)",
 }
 
 # c10::ScalarType codes, stable across torch releases (new types are appended);

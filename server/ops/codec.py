@@ -53,11 +53,32 @@ class Decoder:
         if tag == "c":
             return complex(x[0], x[1])
         if tag == "g":
-            raise ValueError("explicit generator arguments are not supported yet; use the default generator")
+            return GeneratorArg(int(x[0]), int(x[1]))
         raise ValueError(f"unknown value tag {tag!r}")
 
     def kwargs(self, v: dict) -> dict:
         return {k: self.value(x) for k, x in v.items()}
+
+
+class GeneratorArg:
+    """An explicit generator argument: the client's (seed, offset); the executor makes the generator."""
+
+    __slots__ = ("seed", "offset")
+
+    def __init__(self, seed: int, offset: int):
+        self.seed, self.offset = seed, offset
+
+    def stream_seed(self) -> int:
+        """The seed of this op's stream: (seed, offset) mixed, so neighbouring offsets draw unrelated numbers."""
+        return _splitmix64(self.seed ^ _splitmix64(self.offset))
+
+
+def _splitmix64(x: int) -> int:
+    m = (1 << 64) - 1
+    z = (x + 0x9E3779B97F4A7C15) & m
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+    return z ^ (z >> 31)
 
 
 def _check(name, allowed, what: str) -> str:

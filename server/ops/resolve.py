@@ -47,7 +47,8 @@ class Resolved:
         self.mutable = [(i, a.name, a.kwarg_only) for i, a in enumerate(args)
                         if a.alias_info is not None and a.alias_info.is_write]
         self.outs = [name for _, name, kwarg_only in self.mutable if kwarg_only]  # out= arguments
-        self.generator = any(a.name == "generator" for a in args)
+        # where the op takes its generator: (position, name, keyword-only) or None
+        self.generator = next(((i, a.name, a.kwarg_only) for i, a in enumerate(args) if a.name == "generator"), None)
         self.tensor_args = [(i, a.name, a.kwarg_only) for i, a in enumerate(args)
                             if str(a.type) in ("Tensor", "Optional[Tensor]")]
         self.wrap_numbers = False  # set once the op has refused a number where its schema says Tensor

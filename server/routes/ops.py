@@ -11,7 +11,7 @@ import warnings
 
 import torch
 
-from rgpu.server.ops.codec import CODE_BY_DTYPE, Decoder, descriptor, encode_result, flatten
+from rgpu.server.ops.codec import CODE_BY_DTYPE, Decoder, GeneratorArg, descriptor, encode_result, flatten
 from rgpu.server.ops.graphs import Graphs
 from rgpu.server.ops.uploads import Uploads
 from rgpu.server.ops.handles import DTYPE_BY_CODE, HandleTable, Poisoned
@@ -65,6 +65,7 @@ class Executor(BaseExecutor):
         # yet each must keep its own stream of random numbers. (This worker process is the
         # session's own, so the process-wide default generators are per-session as well.)
         self.gens = [torch.Generator() for _ in devices] if self.kind == "cpu" else None
+        self.scratch_gens: dict[int, torch.Generator] = {}  # reseeded per op for explicit generator= arguments
         self.graphs = Graphs(self.table, self._resolved, self.kind == "cuda")  # torch.compile(backend="rgpu")
         self.uploads = Uploads(self.table, self.kind == "cuda")  # big uploads in pieces, staged through pinned memory
         self.handlers = {Msg.GRAPH: self.graphs.define, Msg.RUN: self.graphs.run, Msg.UPLOAD_PART: self.uploads.part,
@@ -112,8 +113,8 @@ class Executor(BaseExecutor):
         k = dec.kwargs(kwargs)
         if self.kind == "cpu" and r.name in CPU_ADAPT:
             a = CPU_ADAPT[r.name](a)
-        if self.gens is not None and r.generator and k.get("generator") is None:
-            k["generator"] = self.gens[dec.device]
+        if r.generator is not None:
+            self._pick_generator(r.generator, a, k, dec.device)
         if r.wrap_numbers:
             r.numbers_as_tensors(a, k)
         try:
@@ -130,6 +131,25 @@ class Executor(BaseExecutor):
                 raise RuntimeError(f"out= tensor {name!r} has shape {descriptor(wire)[3]}, the result needs "
                                    f"{list(t.shape)}; resize it first (the client and server would disagree)")
         return result
+
+    def _pick_generator(self, where, a: list, k: dict, dev: int) -> None:
+        """The generator an op draws from: an explicit one's stream, or this device's own on the CPU."""
+        pos, name, kwarg_only = where
+        positional = not kwarg_only and pos < len(a)
+        g = a[pos] if positional else k.get(name)
+        if type(g) is GeneratorArg:
+            scratch = self.scratch_gens.get(dev)
+            if scratch is None:
+                scratch = self.scratch_gens[dev] = torch.Generator(self.table.device(dev))
+            g = scratch.manual_seed(g.stream_seed())
+        elif g is None and self.gens is not None:
+            g = self.gens[dev]
+        else:
+            return
+        if positional:
+            a[pos] = g
+        else:
+            k[name] = g
 
     def _op(self, meta, buffers):
         _, events, index, args, kwargs, outs = meta
