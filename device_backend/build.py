@@ -47,6 +47,11 @@ def _import_so(name: str, path: Path) -> ModuleType:
     return module
 
 
+def built() -> bool:
+    """Whether the C++ part for this torch and these sources is built (loading it then takes a millisecond)."""
+    return (cache_root() / extension_name() / "ready").exists()
+
+
 def load(verbose: bool = False) -> ModuleType:
     """The loaded C++ module (registers the allocator, guard, hooks and kernels on load)."""
     global _module

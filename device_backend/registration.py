@@ -33,6 +33,7 @@ def register() -> bool:
     _copies_read_math_bits(torch)
     _patch_printing(torch)
     _placeholder_guard(torch)
+    _load_if_built()
     _explain_cuda_autograd(torch)
     from . import compile as _compile
 
@@ -87,6 +88,21 @@ def _explain_cuda_autograd(torch) -> None:
 
     _engine_run_backward._rgpu_explained = True
     ag._engine_run_backward = _engine_run_backward
+
+
+def _load_if_built() -> None:
+    """Load the C++ part now when it is already built (a millisecond), never in the server.
+
+    Why: ``torch.Generator("rgpu")`` and ``pin_memory()`` ask for the device's
+    hooks before any op has reached the fallback; without them PyTorch refuses.
+    On a cold cache the build waits for the first op (``torch.rgpu.init()`` forces it).
+    """
+    if "rgpu.server" in sys.modules:
+        return
+    from . import build
+
+    if build.built():
+        build.load()
 
 
 def _placeholder_guard(torch) -> None:

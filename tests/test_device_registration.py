@@ -13,7 +13,9 @@ from rgpu.ops_protocol import DTYPES
 
 def test_import_rgpu_server_neither_builds_nor_loads_the_cpp_part():
     r = run_python(
-        "import sys, torch, rgpu.server, rgpu.server.routes.ops\n"
+        # the server's processes import rgpu.server before torch (a client's `import rgpu` with
+        # torch already there loads a built C++ part at once: generators need its hooks)
+        "import sys, rgpu.server, torch, rgpu.server.routes.ops\n"
         "from rgpu.device_backend import build\n"
         "assert build._module is None, 'loaded'\n"
         "assert not [m for m in sys.modules if m.startswith('rgpu_device_')], 'extension in sys.modules'\n"
