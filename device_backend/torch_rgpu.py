@@ -61,6 +61,21 @@ def _is_in_bad_fork() -> bool:
     return False
 
 
+def get_amp_supported_dtype() -> list:
+    """The dtypes ``torch.autocast("rgpu", dtype=...)`` takes, as on CUDA (the policy is CUDA's lists).
+
+    Loads the C++ part, which registers that policy, when autocast is first entered.
+    """
+    from . import build
+
+    build.load()
+    return [torch.float16, torch.bfloat16]
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    return True
+
+
 def device_count() -> int:
     return _s().count
 
