@@ -238,6 +238,8 @@ class Executor(BaseExecutor):
         except Poisoned as cause:
             raise OpFailed(cause.op, str(cause)) from None
         data = t.detach().to("cpu").contiguous().reshape(-1)
+        if data.stride() != (1,):  # one element keeps its view's stride: contiguous() leaves it be
+            data = data.clone(memory_format=torch.contiguous_format)
         return None, [memoryview(data.view(torch.uint8).numpy())]
 
     def _events(self, meta, buffers):
