@@ -7,6 +7,7 @@ failure once (an ERROR frame naming the op); reading a poisoned tensor names it 
 """
 from __future__ import annotations
 
+import math
 import warnings
 
 import torch
@@ -180,11 +181,13 @@ class Executor(BaseExecutor):
                     or t.storage_offset() != offset or storage.data_ptr() in taken):
                 # the kernel's layout differs from the meta kernel's (or it returned an input): copy
                 fixed = torch.empty(0, dtype=DTYPE_BY_CODE[code], device=t.device)
-                # Why an empty result becomes zeros: the CPU's batch norm in eval mode returns no saved
-                # statistics, where CUDA's (and the meta kernel the client sized by) returns C of them
-                alloc = torch.empty if t.numel() else torch.zeros
+                # Why no copy where either side is empty: the CPU's batch norm in eval mode returns no saved
+                # statistics, where CUDA's (and the meta kernel the client sized by) returns C of them (zeros
+                # here); its embedding_bag fills bookkeeping outputs that CUDA's leaves empty
+                copy = t.numel() and math.prod(size)
+                alloc = torch.empty if copy else torch.zeros
                 fixed.set_(alloc(nbytes, dtype=torch.uint8, device=t.device).untyped_storage(), offset, size, stride)
-                storage = (fixed.copy_(t) if t.numel() else fixed).untyped_storage()
+                storage = (fixed.copy_(t) if copy else fixed).untyped_storage()
             self.table.bind(sid, storage, dev)
 
     def _poison(self, r, args, kwargs, outs, cause: Poisoned) -> None:
