@@ -9,6 +9,7 @@
 #             vs native CUDA eager, round trips, graphs and how the server runs them, warm-up losses vs native
 #   upload    rgpu bench upload (1 GiB into device memory vs a pinned host-to-device copy), shm, later tcp
 #   ops       rgpu bench ops (client cost per streamed op vs native CUDA enqueue)
+#   rtt       rgpu bench rtt: a chain of 200 ops and one wait behind a simulated round trip vs 0 ms + 1 RTT
 #   train_rtt rgpu bench train --sim-rtt 1,10,30: eager steps behind a simulated round trip vs 0 ms + 1 RTT
 #   then, while time is left: the eager step over tcp, and the compiled step in reduce-overhead mode
 #   summary   $OUT/fast_path.json: each target of the fast-path issue beside its figure
@@ -56,6 +57,7 @@ print(json.dumps({"torch": torch.__version__, "build_and_import_s": built, "firs
 step train 200 python3 -m rgpu.bench.train --json --compile --repeats 5 $Q
 step upload 60 python3 -m rgpu.bench.upload --json --repeats 5 $Q
 step ops 60 python3 -m rgpu.bench.ops --json --repeats 5 $Q
+step rtt 40 python3 -m rgpu.bench.rtt --json --sim-rtt 1,10,30 --repeats 7 $Q
 step train_rtt 90 python3 -m rgpu.bench.train --json --sim-rtt 1,10,30 --repeats 5 $Q
 step upload_tcp 50 env RGPU_TRANSPORT=tcp python3 -m rgpu.bench.upload --json --repeats 3 $Q
 step train_tcp 70 env RGPU_TRANSPORT=tcp python3 -m rgpu.bench.train --json --repeats 5 $Q
@@ -101,6 +103,8 @@ for ms in ("1", "10", "30"):
     for what in ("training step",):
         summary.append(line(f"{what} at {ms} ms / (at 0 ms + 1 RTT)", "<= 1.10",
                             pick("train_rtt", f"{what} at a simulated {ms} ms"), "train_rtt"))
+    summary.append(line(f"chain of 200 ops + one wait at {ms} ms / (at 0 ms + 1 RTT)", "~1",
+                        pick("rtt", f"chain of 200 ops and one wait at {ms} ms"), "rtt"))
 for name, prefix in (("train", "round trips per step"), ("train", "round trips per compiled step"),
                      ("train", "graphs shipped"), ("train", "max |loss - native loss| over 3 warm-up steps"),
                      ("train", "max |loss - native loss| over 3 warm-up steps, compiled")):
