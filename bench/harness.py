@@ -133,35 +133,45 @@ def format_table(rows: list[dict]) -> str:
 
 
 def plot_bandwidth(rows: list[dict], path: str, title: str = "bandwidth against size") -> str | None:
-    """A PNG of bandwidth against size: one line per transport, dashed lines for their baselines."""
+    """A PNG: bandwidth against size (log-log; one line per transport and direction, dashed for the
+    baselines) above the ratio of each to its baseline."""
     series: dict[str, list[tuple[int, float]]] = {}
+    ratios: dict[str, list[tuple[int, float]]] = {}
     for r in rows:
         if r.get("metric") != "bandwidth" or not isinstance(r.get("size"), int):
             continue
-        direction = r.get("direction", "")
-        name = f"rgpu {r['transport']}" + (f" {direction}" if direction else "")
+        direction = f" {r['direction']}" if r.get("direction") else ""
+        name = f"rgpu {r['transport']}{direction}"
         series.setdefault(name, []).append((r["size"], r["value"]))
-        series.setdefault(f"baseline: {r['baseline_name']}" + (f" {direction}" if direction else ""),
-                          []).append((r["size"], r["baseline"]))
+        series.setdefault(f"baseline: {r['baseline_name']}{direction}", []).append((r["size"], r["baseline"]))
+        if r.get("ratio") is not None:
+            ratios.setdefault(f"{name} / {r['baseline_name']}", []).append((r["size"], r["ratio"]))
     if not series:
         return None
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True, gridspec_kw={"height_ratios": [3, 1.4]})
     for name, points in series.items():
         points = sorted(set(points))
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name,
-                linestyle="--" if name.startswith("baseline") else "-")
-    ax.set_xscale("log", base=2)
+        top.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name,
+                 linestyle="--" if name.startswith("baseline") else "-")
+    for name, points in ratios.items():
+        points = sorted(set(points))
+        bottom.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+    bottom.axhline(1.0, color="grey", linewidth=0.8)
+    top.set_xscale("log", base=2)
+    top.set_yscale("log")
     ticks = sorted({p[0] for pts in series.values() for p in pts})
-    ax.set_xticks(ticks, [label(t) for t in ticks], rotation=45)
-    ax.set_xlabel("message size")
-    ax.set_ylabel("GB/s (median of interleaved runs)")
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    ax.legend()
+    bottom.set_xticks(ticks, [label(t) for t in ticks], rotation=45)
+    bottom.set_xlabel("message size")
+    top.set_ylabel("GB/s (median of interleaved runs)")
+    bottom.set_ylabel("ratio to baseline")
+    top.set_title(title)
+    for ax in (top, bottom):
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
