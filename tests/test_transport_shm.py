@@ -308,3 +308,13 @@ def test_shm_copies_in_parallel_only_where_there_are_cores_for_it():
     expected = "memcpy" if fastcopy.cores() < fastcopy.MIN_CORES else ("numba-prange", "memcpy")
     got = fastcopy.backend()
     assert got == expected if isinstance(expected, str) else got.startswith(expected)
+
+
+def test_a_frame_with_more_big_buffers_than_a_record_can_name_still_arrives(ends, monkeypatch):
+    client, server = ends
+    monkeypatch.setattr(shm, "MAX_PLACED", 8)          # the real bound is about 16 000 buffers
+    bufs = [pattern((17 << 10) + i * 100, i) for i in range(20)]
+    send(client, {"n": 20}, bufs)
+    f = recv(server)
+    assert [bytes(b) for b in f.buffers] == [b.tobytes() for b in bufs]
+    f.release()

@@ -52,6 +52,7 @@ CTL_VERSION = 1
 RING_BYTES = 1 << 20
 RECORD_MAX = RING_BYTES // 4
 INLINE_MAX = 16 << 10          # bigger buffers go through the heap and are read in place
+MAX_PLACED = (RECORD_MAX - 24) // 16 - 1   # heap places one record can name
 SLOTS = 4096
 SLOTS_OFF = 4096
 RINGS_OFF = 16384
@@ -259,7 +260,10 @@ class ShmTransport(Transport):
             self._tail += rec_len
             return
         big = [i for i, n in enumerate(lengths) if n > INLINE_MAX]
-        blob_len = len(prefix) + sum(n for n in lengths if n <= INLINE_MAX)
+        if len(big) > MAX_PLACED:    # a record must fit the ring: the smallest of them join the prefix
+            big = sorted(sorted(big, key=lengths.__getitem__, reverse=True)[:MAX_PLACED])
+        placed = set(big)
+        blob_len = len(prefix) + sum(n for i, n in enumerate(lengths) if i not in placed)
         blob_in_heap = REC.size + DESC.size * (len(big) + 1) + blob_len > RECORD_MAX
         sizes = [lengths[i] for i in big] + ([blob_len] if blob_in_heap else [])
         slot, places = self._alloc(sizes)
@@ -269,7 +273,7 @@ class ShmTransport(Transport):
             descs.append((i, sid, off))
         if blob_in_heap:
             sid, off = places[-1]
-            _pack_blob(self._heap.view(sid, off, blob_len), 0, prefix, views, lengths)
+            _pack_blob(self._heap.view(sid, off, blob_len), 0, prefix, views, placed)
             descs.append((BLOB, sid, off))
         rec_len = (REC.size + DESC.size * len(descs) + (0 if blob_in_heap else blob_len) + 7) & ~7
         pos = self._reserve(rec_len)
@@ -280,7 +284,7 @@ class ShmTransport(Transport):
             DESC.pack_into(ring, p, *d)
             p += DESC.size
         if not blob_in_heap:
-            _pack_blob(ring, p, prefix, views, lengths)
+            _pack_blob(ring, p, prefix, views, placed)
         self._tail += rec_len
 
     def _alloc(self, sizes: list[int]):
@@ -684,11 +688,13 @@ def _frames(parts: Sequence):
         i += 1 + nbufs
 
 
-def _pack_blob(dst: memoryview, p: int, prefix: bytes, views: list, lengths: list) -> None:
+def _pack_blob(dst: memoryview, p: int, prefix: bytes, views: list, placed: set) -> None:
+    """The prefix, then every buffer not placed in the heap, back to back."""
     dst[p:p + len(prefix)] = prefix
     p += len(prefix)
-    for v, n in zip(views, lengths):
-        if n <= INLINE_MAX:
+    for i, v in enumerate(views):
+        if i not in placed:
+            n = v.nbytes
             dst[p:p + n] = v
             p += n
 
