@@ -22,6 +22,8 @@ def fallback(op, *args, **kwargs):
         session.get()  # first use of the device: load the C++ part, connect
         return op(*args, **kwargs)  # again: the op may have a C++ kernel now
     i = optable.info(op)
+    if i.indices is not None:
+        args, kwargs = _indices_to_device(i.indices, args, kwargs)
     kind = i.kind
     if kind == "stream":
         return stream(s, op, i, args, kwargs)
@@ -68,6 +70,18 @@ def stream(s, op, i, args, kwargs, mixed_ok: bool = False):
     if plan.post:
         s.post_op(op, wargs, wkwargs, outs if any(o is not None for o in outs) else None)
     return result
+
+
+def _indices_to_device(loc, args, kwargs):
+    """Index tensors on the CPU travel to the indexed tensor's device first (CUDA's kernels move them too)."""
+    indices = locate(loc, args, kwargs)
+    if not indices or not any(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in indices):
+        return args, kwargs
+    device = args[0].device
+    moved = [t.to(device) if isinstance(t, torch.Tensor) and t.device.type == "cpu" else t for t in indices]
+    if loc[0] == "a":
+        return (*args[:loc[1]], moved, *args[loc[1] + 1:]), kwargs
+    return args, {**kwargs, loc[1]: moved}
 
 
 def call(s, op, i, args, kwargs):

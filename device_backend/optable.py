@@ -34,7 +34,7 @@ _META_RETURNS = {"Tensor", "Optional[Tensor]", "List[Tensor]", "List[Optional[Te
 
 
 class OpInfo:
-    __slots__ = ("name", "kind", "writes", "outs", "by_type", "returns", "views")
+    __slots__ = ("name", "kind", "writes", "outs", "by_type", "returns", "views", "indices")
 
     def __init__(self, op):
         schema = op._schema
@@ -46,6 +46,9 @@ class OpInfo:
         # Why by type for in-place ops: their outputs are their inputs whatever the
         # scalar's value, and optimizers change scalars (learning rates) every step.
         self.by_type = bool(self.writes) and not self.outs
+        # advanced indexing's index tensors, which may sit on the CPU as they may for a CUDA tensor
+        self.indices = next((_loc(i, a) for i, a in enumerate(args)
+                             if a.name == "indices" and str(a.type) == "List[Optional[Tensor]]"), None)
         sets = {}
         for i, a in enumerate(args):
             if a.alias_info is not None:
