@@ -8,6 +8,8 @@ Kinds (``OpInfo.kind``):
 """
 from __future__ import annotations
 
+import torch
+
 from rgpu.ops_substitutes import SUBSTITUTES
 
 # Ops whose result is data the client must wait for, though their meta kernels answer.
@@ -84,6 +86,21 @@ def locate(loc, args, kwargs):
     return kwargs.get(loc[1])
 
 
+def functional(op):
+    """The out-of-place overload of an out= op (``linalg_lstsq.out`` -> ``.default``), or None."""
+    if op not in _FUNCTIONAL:
+        schema = op._schema
+        outs = [a for a in schema.arguments if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write]
+        want = [(a.name, str(a.type)) for a in schema.arguments if a not in outs]
+        packet = getattr(torch.ops.aten, schema.name[6:])
+        _FUNCTIONAL[op] = next((f for f in (getattr(packet, n) for n in packet.overloads())
+                                if [(a.name, str(a.type)) for a in f._schema.arguments] == want
+                                and not any(a.alias_info is not None for a in f._schema.arguments)
+                                and len(f._schema.returns) == len(outs)), None)
+    return _FUNCTIONAL[op]
+
+
+_FUNCTIONAL: dict = {}
 _INFO: dict = {}
 
 
