@@ -13,7 +13,8 @@ import torch
 from rgpu.ops_substitutes import SUBSTITUTES
 
 # Ops whose result is data the client must wait for, though their meta kernels answer.
-DATA = {"equal", "is_nonzero", "is_set_to", "_local_scalar_dense", "allclose", "_nnz"}
+DATA = {"equal", "is_nonzero", "is_set_to", "_local_scalar_dense", "allclose", "_nnz",
+        "repeat_interleave"}  # its meta kernel refuses when output_size is not given
 
 # Ops answered on the client: (name, overload) -> name of a function in copies.py.
 LOCAL = {
