@@ -87,6 +87,9 @@ def make_plan(op, info: optable.OpInfo, args, kwargs, devtype: str, kind: str) -
             return type(value)(spec(v, ret) for v in value)
         if not isinstance(value, torch.Tensor):
             return ("value", value)
+        if value.layout != torch.strided:
+            raise RuntimeError(f"rgpu supports only strided tensors: {info.name} makes a "
+                               f"{str(value.layout).removeprefix('torch.')} tensor")
         if ret is not None and ret[0] == "write":
             return ("arg", ret[1])
         if ret is not None and ret[0] == "view":

@@ -213,6 +213,9 @@ class Executor(BaseExecutor):
         taken = set(dec.inputs)
 
         def bind(t: torch.Tensor):
+            if t.layout != torch.strided:
+                raise OpFailed(r.name, f"rgpu supports only strided tensors: the op made a "
+                                       f"{str(t.layout).removeprefix('torch.')} tensor")
             if t.untyped_storage().data_ptr() in taken:
                 t = t.clone()
             sid = next(ids, None)
