@@ -35,7 +35,7 @@ SIGNATURES = {
     "cuModuleLoadDataEx": "ppupp", "cuModuleUnload": "p", "cuModuleGetFunction": "ppp", "cuModuleGetGlobal_v2": "pppp",
     "cuFuncGetParamInfo": "pzpp", "cuKernelGetParamInfo": "pzpp", "cuFuncGetName": "pp",
     "cuFuncGetAttribute": "pip", "cuFuncSetAttribute": "pii", "cuFuncSetCacheConfig": "pi",
-    "cuLibraryLoadData": "pppuppu", "cuLibraryUnload": "p", "cuLibraryGetModule": "pp", "cuLibraryGetKernel": "ppp",
+    "cuLibraryLoadData": "ppppuppu", "cuLibraryUnload": "p", "cuLibraryGetModule": "pp", "cuLibraryGetKernel": "ppp",
     "cuKernelGetFunction": "pp", "cuLibraryGetGlobal": "pppp",
     "cuLinkCreate_v2": "uppp", "cuLinkAddData_v2": "pipzpupp", "cuLinkComplete": "ppp", "cuLinkDestroy": "p",
     "cuLaunchKernel": "puuuuuuuppp", "cuLaunchKernelEx": "pppp",
