@@ -48,6 +48,30 @@ def register_backend() -> None:
         _register(sys.modules[REGISTRY_MODULE])
     elif not any(isinstance(f, _RegistryWatcher) for f in sys.meta_path):
         sys.meta_path.insert(0, _RegistryWatcher())
+    _guard_default_backend()
+
+
+DEFAULT_BACKEND_ERROR = (
+    "rgpu: torch.compile's default backend (Inductor) cannot generate code for rgpu tensors; "
+    "use torch.compile(model, backend=\"rgpu\"), which ships the graph to the server (Inductor runs there)")
+
+
+def _guard_default_backend() -> None:
+    """Inductor given rgpu tensors fails with a clear error naming ``backend="rgpu"`` (not an internal assert)."""
+    wrapper = getattr(torch, "_TorchCompileInductorWrapper", None)
+    if wrapper is None or getattr(wrapper.__call__, "_rgpu_guard", False):
+        return
+    call = wrapper.__call__
+
+    def __call__(self, model_, inputs_, **kwargs):
+        devtype = torch._C._get_privateuse1_backend_name()
+        tensors = [*inputs_, *getattr(model_, "parameters", lambda: ())(), *getattr(model_, "buffers", lambda: ())()]
+        if any(isinstance(t, torch.Tensor) and t.device.type == devtype for t in tensors):
+            raise RuntimeError(DEFAULT_BACKEND_ERROR)
+        return call(self, model_, inputs_, **kwargs)
+
+    __call__._rgpu_guard = True
+    wrapper.__call__ = __call__
 
 
 def _register(registry) -> None:
