@@ -41,14 +41,12 @@ def _returns(i: optable.OpInfo, args, kwargs):
 
 
 def post_out(s, op, i, args, kwargs):
-    """An out= op: trust the sizes the structured kernel gave its outputs, unless they are empty."""
-    for loc in i.outs:
-        o = locate(loc, args, kwargs)
-        if isinstance(o, torch.Tensor) and o.numel() == 0:
-            return stream(s, op, i, args, kwargs)
-    enc = Encoder(s.C.describe, s.devtype)
-    s.post_op(op, enc.value(args), enc.kwargs(kwargs), None)
-    return _returns(i, args, kwargs)
+    """An out= op: posted as it is once its plan (cached) says the outs have the sizes the result needs.
+
+    Why a plan even here: a user's ``out=`` tensor of another size is resized first,
+    with PyTorch's warning, as CUDA's kernels resize it (the server's would otherwise).
+    """
+    return stream(s, op, i, args, kwargs)
 
 
 def stream(s, op, i, args, kwargs, mixed_ok: bool = False):
@@ -61,7 +59,7 @@ def stream(s, op, i, args, kwargs, mixed_ok: bool = False):
         return call(s, op, i, args, kwargs)
     if plan.resize:  # out= tensors that must grow first (their storage ids may change)
         for loc, size in plan.resize:
-            locate(loc, args, kwargs).resize_(size)
+            locate(loc, args, kwargs).resize_(size)  # PyTorch's warning came from the meta kernel
         enc = Encoder(s.C.describe, s.devtype, i.by_type, mixed_ok)
         wargs, wkwargs = enc.value(args), enc.kwargs(kwargs)
     device = torch.device(s.devtype, s.C.current_device() if enc.device is None else enc.device)
