@@ -247,6 +247,8 @@ def test_a_view_kept_after_close_keeps_its_mapping_until_it_goes():
 
 
 def test_a_killed_server_is_noticed_at_once_and_its_mappings_go(start_server):
+    gc.collect()
+    before = ours()[1]                     # other tests' shm connections may still be open in this process
     server = start_server()
     conn = server.connect("echo", transport="shm")
     assert conn.transport_name == "shm"
@@ -257,7 +259,7 @@ def test_a_killed_server_is_noticed_at_once_and_its_mappings_go(start_server):
         conn.call({"op": "sizes"}, [b"after"], timeout=60)            # Timeout here would mean not noticed
     conn.close()
     gc.collect()
-    assert ours()[1] == 0
+    assert ours()[1] <= before
 
 
 CLIENT = """
