@@ -11,7 +11,8 @@
 #   ops       rgpu bench ops (client cost per streamed op vs native CUDA enqueue)
 #   rtt       rgpu bench rtt: a chain of 200 ops and one wait behind a simulated round trip vs 0 ms + 1 RTT
 #   train_rtt rgpu bench train --sim-rtt 1,10,30: eager steps behind a simulated round trip vs 0 ms + 1 RTT
-#   then, while time is left: the eager step over tcp, and the compiled step in reduce-overhead mode
+#   then, while time is left: the eager step over tcp, the compiled step in reduce-overhead mode, and
+#             the GPU test of tests/test_compile.py (Inductor on the server, losses vs native CUDA)
 #   summary   $OUT/fast_path.json: each target of the fast-path issue beside its figure
 # Each step has its own time limit, so one that hangs costs only itself. QUICK=1 SKIP_INSTALL=1: the
 # benches' --quick presets with the rgpu already installed (a dry run of the script on a machine without a GPU).
@@ -62,6 +63,7 @@ step train_rtt 90 python3 -m rgpu.bench.train --json --sim-rtt 1,10,30 --repeats
 step upload_tcp 50 env RGPU_TRANSPORT=tcp python3 -m rgpu.bench.upload --json --repeats 3 $Q
 step train_tcp 70 env RGPU_TRANSPORT=tcp python3 -m rgpu.bench.train --json --repeats 5 $Q
 step train_reduce_overhead 120 python3 -m rgpu.bench.train --json --quick --compile reduce-overhead --repeats 5
+step tests 100 python3 -m pytest -q -p no:cacheprovider -rs "$REPO/tests/test_compile.py" -k on_a_gpu_server  # text
 
 stamp summary
 python3 - "$OUT" >"$OUT/fast_path.json" 2>"$OUT/summary.err" <<'PY'

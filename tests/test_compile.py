@@ -165,14 +165,15 @@ def test_a_graph_that_cannot_be_shipped_runs_eagerly_with_one_warning(fresh_dyna
     assert rcompile.stats()["graphs_eager"] == eager_before + 1 and _shipped() == shipped_before
 
 
-def test_reduce_overhead_mode_is_accepted_and_the_cpu_server_interprets_the_graph(fresh_dynamo):
+def test_reduce_overhead_mode_reaches_the_server_which_interprets_on_a_cpu(fresh_dynamo):
     lin = nn.Linear(4, 3).to("rgpu")
     compiled = torch.compile(lin, backend="rgpu", mode="reduce-overhead")
     x = torch.randn(2, 4).to("rgpu")
     with torch.no_grad():
         torch.testing.assert_close(compiled(x).cpu(), lin(x).cpu())
+    want = "interpreted" if rgpu_device_kind() == "cpu" else "inductor (reduce-overhead)"
     mine = [i for i in rcompile.info() if i["runs"]]
-    assert mine and all(i["backend"] == "interpreted" and i["error"] is None for i in mine), mine
+    assert mine and all(i["backend"] == want and i["error"] is None for i in mine), mine
 
 
 def _graphs() -> Graphs:
@@ -221,3 +222,28 @@ def test_a_gpu_server_compiles_shipped_graphs_with_inductor_and_matches_the_inte
     for a, b_ in zip(results[False], results[True]):
         torch.testing.assert_close(a, b_)
     torch.testing.assert_close(results[True][0], torch.relu(x @ w.t() + b))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU: a CUDA server compiles with Inductor")
+def test_on_a_gpu_server_graphs_go_through_inductor_and_match_native_cuda(fresh_dynamo):
+    if rgpu_device_kind() != "cuda":
+        pytest.skip("the test server runs on the CPU")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    native, model = tiny_gpt().cuda(), tiny_gpt().to("rgpu")
+    compiled = torch.compile(model, backend="rgpu")
+    native_opt, opt = native.configure_optimizer(1e-3), model.configure_optimizer(1e-3)
+    gen = torch.Generator().manual_seed(4)
+    for _ in range(3):
+        x, y = torch.randint(0, 97, (2, 2, 16), generator=gen)
+        got = _train(compiled, opt, x.to("rgpu"), y.to("rgpu"))
+        want = _train(native, native_opt, x.cuda(), y.cuda())
+        assert got == pytest.approx(want, abs=1e-4)
+    backends = {i["backend"] for i in rcompile.info() if i["runs"]}
+    assert backends and all(b.startswith("inductor") for b in backends), rcompile.info()
+
+
+def rgpu_device_kind() -> str:
+    from rgpu.device_backend import session
+
+    return session.get().kind
