@@ -11,11 +11,9 @@
 namespace rgpu {
 namespace {
 
-// ATen's op lists name these unqualified (they are written for namespace at::autocast).
-using at::IntArrayRef;
-using at::Scalar;
-using at::ScalarType;
-using at::Tensor;
+// ATen's op lists name their types unqualified (they are written for namespace at::autocast), and
+// which types they name differs between torch releases (2.11's lists add DimnameList): take them all.
+using namespace at;
 
 // As on CUDA: its gradient is unsafe in float16 (binary_cross_entropy_with_logits is safe).
 at::Tensor binary_cross_entropy_banned(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
