@@ -145,3 +145,19 @@ def test_batch_norm_in_eval_mode_and_cpu_index_tensors_work_as_on_cuda(rgpu_devi
     d[idx] = torch.zeros(2, 3, device="rgpu")
     x[idx] = 0
     assert torch.equal(d.cpu(), x)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+@pytest.mark.parametrize("include_last_offset", [False, True])
+def test_embedding_bag_values_and_gradients_match_the_cpu(rgpu_device, mode, include_last_offset):
+    torch.manual_seed(0)
+    weight, indices = torch.randn(10, 3), torch.tensor([1, 2, 4, 5, 4, 3, 2, 9])
+    offsets = torch.tensor([0, 4, 8] if include_last_offset else [0, 4])
+    results = []
+    for dev in ("cpu", "rgpu"):
+        w = weight.clone().to(dev).requires_grad_()
+        out = torch.nn.functional.embedding_bag(indices.to(dev), w, offsets.to(dev), mode=mode,
+                                                include_last_offset=include_last_offset)
+        (out * torch.arange(6.0).reshape(2, 3).to(dev)).sum().backward()
+        results.append((out.detach().cpu(), w.grad.cpu()))
+    assert torch.allclose(results[0][0], results[1][0]) and torch.allclose(results[0][1], results[1][1])

@@ -7,7 +7,6 @@ failure once (an ERROR frame naming the op); reading a poisoned tensor names it 
 """
 from __future__ import annotations
 
-import math
 import warnings
 
 import torch
@@ -31,11 +30,48 @@ def _layer_norm_stats_like_input(a: list) -> list:
     return a
 
 
+def _batch_norm_stats_as_on_cuda(a: list, result):
+    # in eval mode the CPU kernel saves no statistics; CUDA's returns C of them (the backward reads neither)
+    out, mean, invstd = result
+    if mean.numel() == 0 and a[0].dim() > 1:
+        mean = invstd = torch.zeros(a[0].shape[1], dtype=torch.float32)
+    return out, mean, invstd
+
+
+def _embedding_bag_as_on_cuda(a: list, result):
+    # the CPU's sum-mode fast path leaves offset2bag empty, and its backward then rebuilds it; CUDA's fills
+    # it, so the client sized it, and the backward here must then get the real one: ATen's make_offset2bag.
+    # Outside max mode the CPU returns max_indices of one per bag, CUDA none; with include_last_offset
+    # CUDA's bag_size has one per offset, the CPU's one per bag.
+    out, offset2bag, bag_size, max_indices = result
+    indices, offsets = a[1], a[2]
+    if (a[4] if len(a) > 4 else 0) != 2:
+        max_indices = max_indices.new_empty(0)
+    if bag_size.numel() < offsets.numel():
+        bag_size = torch.cat([bag_size, bag_size.new_zeros(offsets.numel() - bag_size.numel())])
+    if offset2bag.numel() == 0 and indices.numel():
+        if out.shape[0] == offsets.numel() - 1:  # include_last_offset
+            offsets = offsets[:-1]
+        offset2bag = torch.zeros(indices.numel() + 1, dtype=indices.dtype)
+        offset2bag.index_add_(0, offsets.to(indices.dtype), torch.ones_like(offsets, dtype=indices.dtype))
+        offset2bag[0] -= 1
+        offset2bag = offset2bag.cumsum(0)[:-1]
+    return out, offset2bag, bag_size, max_indices
+
+
 # The client sizes outputs with meta kernels, which follow CUDA; where a CPU kernel
-# wants other dtypes (reduced-precision inputs), its arguments are adapted here.
+# wants other dtypes (reduced-precision inputs), its arguments are adapted here,
 CPU_ADAPT = {
     # CUDA keeps mean/rstd in float32 for bf16/fp16 inputs; the CPU backward wants the input's dtype
     "aten.native_layer_norm_backward.default": _layer_norm_stats_like_input,
+}
+# and where it returns other shapes, its results (args, result) -> result.
+CPU_RESULTS = {
+    "aten.native_batch_norm.default": _batch_norm_stats_as_on_cuda,
+    "aten._native_batch_norm_legit.default": _batch_norm_stats_as_on_cuda,
+    "aten._native_batch_norm_legit_no_training.default": _batch_norm_stats_as_on_cuda,
+    "aten._embedding_bag.default": _embedding_bag_as_on_cuda,
+    "aten._embedding_bag_forward_only.default": _embedding_bag_as_on_cuda,
 }
 
 
@@ -126,6 +162,8 @@ class Executor(BaseExecutor):
             r.wrap_numbers = True
             r.numbers_as_tensors(a, k)
             result = r.op(*a, **k)
+        if self.kind == "cpu" and r.name in CPU_RESULTS:
+            result = CPU_RESULTS[r.name](a, result)
         for name in r.outs:  # the client sized out= tensors: one the kernel resized would leave it behind
             t, wire = k.get(name), kwargs.get(name)
             if isinstance(t, torch.Tensor) and list(t.shape) != descriptor(wire)[3]:
@@ -181,13 +219,8 @@ class Executor(BaseExecutor):
                     or t.storage_offset() != offset or storage.data_ptr() in taken):
                 # the kernel's layout differs from the meta kernel's (or it returned an input): copy
                 fixed = torch.empty(0, dtype=DTYPE_BY_CODE[code], device=t.device)
-                # Why no copy where either side is empty: the CPU's batch norm in eval mode returns no saved
-                # statistics, where CUDA's (and the meta kernel the client sized by) returns C of them (zeros
-                # here); its embedding_bag fills bookkeeping outputs that CUDA's leaves empty
-                copy = t.numel() and math.prod(size)
-                alloc = torch.empty if copy else torch.zeros
-                fixed.set_(alloc(nbytes, dtype=torch.uint8, device=t.device).untyped_storage(), offset, size, stride)
-                storage = (fixed.copy_(t) if copy else fixed).untyped_storage()
+                fixed.set_(torch.empty(nbytes, dtype=torch.uint8, device=t.device).untyped_storage(), offset, size, stride)
+                storage = fixed.copy_(t).untyped_storage()
             self.table.bind(sid, storage, dev)
 
     def _poison(self, r, args, kwargs, outs, cause: Poisoned) -> None:
