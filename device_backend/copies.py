@@ -34,7 +34,8 @@ def upload(s, src: torch.Tensor, dst: torch.Tensor) -> None:
 def download(s, src: torch.Tensor, dst: torch.Tensor) -> None:
     if src.numel() == 0:
         return
-    direct = (dst.is_contiguous() and dst.dtype == src.dtype and dst.shape == src.shape
+    # Why not one element directly: a one-element view keeps any stride, and is "contiguous" all the same
+    direct = (dst.is_contiguous() and dst.numel() > 1 and dst.dtype == src.dtype and dst.shape == src.shape
               and not dst.is_conj() and not dst.is_neg() and not src.is_conj() and not src.is_neg())
     target = dst if direct else torch.empty(src.shape, dtype=src.dtype)
     s.download(s.C.describe(src), as_bytes_view(target))  # the bytes, without src's math bits
