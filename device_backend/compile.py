@@ -8,8 +8,8 @@ GPU, ``mode="reduce-overhead"``: CUDA graphs; interpreted on the CPU). A call
 then mints its output tensors here from the fake trace's metadata and posts one
 ``Msg.RUN`` naming its inputs and outputs: nothing waits.
 
-A graph that cannot be shipped (a tensor constant, a non-aten node) runs
-eagerly, op by op, with one warning saying why. Dynamic shapes are compiled per
+A graph that cannot be shipped (a tensor constant other than a CPU scalar, a
+non-aten node) runs eagerly, op by op, with one warning saying why. Dynamic shapes are compiled per
 concrete shape, so a new shape ships a new graph.
 """
 from __future__ import annotations
@@ -222,7 +222,8 @@ class ShippedGraph:
             elif node.op == "output":
                 outputs = node.args[0]
             elif node.op == "get_attr":
-                raise Unshippable(f"a constant the graph holds ({node.target})")
+                enc.index[node] = n_in + len(nodes)
+                nodes.append(self._constant(gm, node, enc, s))
             else:
                 raise Unshippable(f"a {node.op} node ({node.target})")
         outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
@@ -244,6 +245,23 @@ class ShippedGraph:
         if target.namespace != "aten":
             raise Unshippable(f"an op outside aten ({target})")
         return [s._index(target), enc.value(list(node.args)), enc.kwargs(dict(node.kwargs))]
+
+    @staticmethod
+    def _constant(gm, node, enc, s) -> list:
+        """A CPU scalar the graph holds (``torch.tensor(3.0)`` in forward) becomes a node that makes it."""
+        value = gm
+        for part in str(node.target).split("."):
+            value = getattr(value, part, None)
+        if not (type(value) is torch.Tensor and value.device.type == "cpu" and value.dim() == 0):
+            raise Unshippable(f"a constant the graph holds ({node.target}"
+                              f"{f': {tuple(value.shape)} on {value.device}' if isinstance(value, torch.Tensor) else ''})")
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():  # we compile inside dynamo's fake mode; the constant is real
+            number = value.item()
+        op = torch.ops.aten.scalar_tensor.default
+        return [s._index(op), [enc.value(number)],
+                enc.kwargs({"dtype": value.dtype, "device": torch.device("cpu")})]
 
     def _ship(self, s) -> None:
         s.post([Msg.GRAPH, self.gid, {"mode": self.mode}, self.wire])

@@ -130,9 +130,22 @@ def test_batch_norm_running_stats_update_through_the_graph_as_on_the_cpu(fresh_d
     torch.testing.assert_close(model[1].running_var.cpu(), ref[1].running_var, atol=1e-6, rtol=1e-5)
 
 
+class _Scalar(nn.Module):
+    def forward(self, x):
+        return x * torch.tensor(3.0) + 1  # a CPU scalar made in forward: a constant of the graph
+
+
 class _Constant(nn.Module):
     def forward(self, x):
-        return x * torch.tensor(3.0) + 1  # a CPU tensor made in forward: a constant of the graph
+        return x * torch.tensor([1.0, 2.0, 3.0, 4.0]).to(x.device)  # a CPU tensor made in forward
+
+
+def test_a_cpu_scalar_the_graph_holds_is_shipped_as_a_value(fresh_dynamo):
+    before = _shipped()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no eager fallback
+        out = torch.compile(_Scalar(), backend="rgpu")(torch.ones(2, 4, device="rgpu"))
+    assert torch.equal(out.cpu(), torch.full((2, 4), 4.0)) and _shipped() == before + 1
 
 
 @torch.library.custom_op("rgputest::twice", mutates_args=())
@@ -150,8 +163,9 @@ class _CustomOp(nn.Module):
         return _twice(x) + 1
 
 
-@pytest.mark.parametrize("module, why, want", [(_Constant, "a constant the graph holds", 4.0),
-                                                (_CustomOp, "an op outside aten", 3.0)])
+@pytest.mark.parametrize("module, why, want", [
+    (_Constant, "a constant the graph holds", torch.tensor([1.0, 2.0, 3.0, 4.0]).expand(2, 4)),
+    (_CustomOp, "an op outside aten", torch.full((2, 4), 3.0))])
 def test_a_graph_that_cannot_be_shipped_runs_eagerly_with_one_warning(fresh_dynamo, module, why, want):
     compiled = torch.compile(module(), backend="rgpu")
     eager_before, shipped_before = rcompile.stats()["graphs_eager"], _shipped()
@@ -159,7 +173,7 @@ def test_a_graph_that_cannot_be_shipped_runs_eagerly_with_one_warning(fresh_dyna
         warnings.simplefilter("always")
         for _ in range(3):
             out = compiled(torch.ones(2, 4, device="rgpu"))
-    assert torch.equal(out.cpu(), torch.full((2, 4), want))
+    assert torch.equal(out.cpu(), want)
     ours = [str(w.message) for w in caught if str(w.message).startswith("rgpu:")]
     assert len(ours) == 1 and why in ours[0] and "eagerly" in ours[0], ours
     assert rcompile.stats()["graphs_eager"] == eager_before + 1 and _shipped() == shipped_before
