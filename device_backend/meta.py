@@ -67,6 +67,27 @@ def _set_bits(t: torch.Tensor, conj: bool, neg: bool) -> torch.Tensor:
     return t
 
 
+_WRAPPED = {bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128}
+
+
+def _numbers_as_scalars(op, args, kwargs):
+    """Numbers where the schema says Tensor become 0-dim stand-ins of a wrapped number's dtype.
+
+    Why: PyTorch wraps a scalar into a tensor (``x % 4`` calls ``remainder.Tensor``), the
+    boxed fallback receives it as a number again, and ``torch.ops`` takes numbers for
+    Tensor arguments of only a few ops (add, mul, ...).
+    """
+    args, kwargs = list(args), dict(kwargs)
+    for i, a in enumerate(op._schema.arguments):
+        if str(a.type) not in ("Tensor", "Optional[Tensor]"):
+            continue
+        if not a.kwarg_only and i < len(args) and type(args[i]) in _WRAPPED:
+            args[i] = torch.empty((), dtype=_WRAPPED[type(args[i])], device="meta")
+        elif type(kwargs.get(a.name)) in _WRAPPED:
+            kwargs[a.name] = torch.empty((), dtype=_WRAPPED[type(kwargs[a.name])], device="meta")
+    return args, kwargs
+
+
 def make_plan(op, info: optable.OpInfo, args, kwargs, devtype: str, kind: str) -> Plan:
     """Run the meta kernel on stand-ins of the inputs (raises what the op would raise on shapes/dtypes).
 
@@ -75,7 +96,14 @@ def make_plan(op, info: optable.OpInfo, args, kwargs, devtype: str, kind: str) -
     """
     margs = _to_meta(args, devtype)
     mkwargs = {k: _to_meta(v, devtype) for k, v in kwargs.items()}
-    result = (substitute(info.name, kind) or op)(*margs, **mkwargs)
+    run = substitute(info.name, kind) or op
+    try:
+        result = run(*margs, **mkwargs)
+    except RuntimeError as exc:
+        if "Expected a value of type 'Tensor" not in str(exc):
+            raise
+        margs, mkwargs = _numbers_as_scalars(op, margs, mkwargs)  # as the server does (its resolve.py)
+        result = run(*margs, **mkwargs)
     resize = []
     for loc in info.outs:
         real, fake = optable.locate(loc, args, kwargs), optable.locate(loc, margs, mkwargs)
