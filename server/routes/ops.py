@@ -75,6 +75,22 @@ CPU_RESULTS = {
 }
 
 
+def _resolved_bits(t: torch.Tensor) -> torch.Tensor:
+    """A result read through its conjugate/negative bit (vdot returns ``dot(...).conj()``): ids name bytes only."""
+    return t.resolve_conj().resolve_neg() if t.is_conj() or t.is_neg() else t
+
+
+def _bits_into_memory(t: torch.Tensor, wire) -> None:
+    """An out= tensor whose kernel flipped its conjugate/negative bit (linalg_lu_solve(left=False) ends with
+    ``result._set_conj(...)``): the client's tensor keeps its bits, so the bytes must say the value."""
+    conj, neg = (bool(wire["j"][1]), bool(wire["j"][2])) if "j" in wire else (False, False)
+    if t.is_conj() != conj or t.is_neg() != neg:
+        value = t.resolve_conj().resolve_neg()
+        torch._C._set_conj(t, conj)
+        torch._C._set_neg(t, neg)
+        t.copy_(value)
+
+
 def pick_devices(settings) -> tuple[str, list[torch.device], list[str]]:
     """('cuda'|'cpu', the devices rgpu:0.. map to, their names) from ``--device``/``--devices``."""
     kind = settings.device
@@ -166,6 +182,8 @@ class Executor(BaseExecutor):
             result = CPU_RESULTS[r.name](a, result)
         for name in r.outs:  # the client sized out= tensors: one the kernel resized would leave it behind
             t, wire = k.get(name), kwargs.get(name)
+            if isinstance(t, torch.Tensor):
+                _bits_into_memory(t, wire)
             if isinstance(t, torch.Tensor) and list(t.shape) != descriptor(wire)[3]:
                 raise RuntimeError(f"out= tensor {name!r} has shape {descriptor(wire)[3]}, the result needs "
                                    f"{list(t.shape)}; resize it first (the client and server would disagree)")
@@ -213,7 +231,7 @@ class Executor(BaseExecutor):
             if desc is None:
                 continue
             sid, nbytes, code, size, stride, offset, dev = desc
-            t = value
+            t = _resolved_bits(value)
             storage = t.untyped_storage()
             if (t.dtype is not DTYPE_BY_CODE[code] or list(t.shape) != size or list(t.stride()) != stride
                     or t.storage_offset() != offset or storage.data_ptr() in taken):
@@ -246,6 +264,7 @@ class Executor(BaseExecutor):
         taken = set(dec.inputs)
 
         def bind(t: torch.Tensor):
+            t = _resolved_bits(t)
             if t.layout != torch.strided:
                 raise OpFailed(r.name, f"rgpu supports only strided tensors: the op made a "
                                        f"{str(t.layout).removeprefix('torch.')} tensor")
