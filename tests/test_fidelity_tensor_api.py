@@ -67,6 +67,9 @@ def test_complex_tensors_keep_their_conjugate_and_negative_bits(rgpu_device):
     pairs = [
         (da.conj(), a.conj()), (da.mH @ db, a.mH @ b), (da.conj().imag, a.conj().imag),
         (torch.vdot(da[0], db[0]), torch.vdot(a[0], b[0])), (da.conj().unfold(1, 2, 1), a.conj().unfold(1, 2, 1)),
+        (torch.vdot(da[0], db[0].conj()), torch.vdot(a[0], b[0].conj())),  # the kernel returns a conj view
+        (torch.linalg.lu_solve(*torch.linalg.lu_factor(da), db, left=False),  # its kernel flips the out's bit
+         torch.linalg.lu_solve(*torch.linalg.lu_factor(a), b, left=False)),
         (torch.addmm(da, da.conj(), db.mT), torch.addmm(a, a.conj(), b.mT)), (a.conj().to("rgpu"), a.conj()),
         (da.conj().imag * 2, a.conj().imag * 2), (torch.view_as_real(da.conj().resolve_conj()), torch.view_as_real(a.conj().resolve_conj())),
     ]
