@@ -44,6 +44,7 @@ def plot(folder: str, out: str, title: str = "rgpu fast path") -> str:
         left.axhline(native, linestyle="--", color="#888")
         for i, v in enumerate(values):
             left.text(i, v, f"{v:.1f} ms" + (f"\n{v / native:.2f}x" if i else ""), ha="center", va="bottom")
+        left.set_ylim(0, max(v + e for v, e in zip(values, errs[1])) * 1.25)  # room for the labels
         left.set_ylabel("ms per training step")
         left.set_title(bars[0][1].get("size") or "training step")
     points, what = [], "rgpu eager training step"
