@@ -2,8 +2,8 @@
 
     python -m rgpu.bench.plot_fast_path OUT_DIR --out docs/perf/fast_path.png [--title TEXT]
 
-``OUT_DIR`` holds what ``gpu/check_fast_path.sh`` writes (``train.json``: eager and
-compiled steps; ``train_rtt.json``: steps at 1, 10, 30 ms; else ``rtt.json``: the op
+``OUT_DIR`` holds what ``gpu/check_fast_path.sh`` writes (``train_compiled.json``, else
+``train.json``: eager and compiled steps; ``train_rtt.json``: steps at 1, 10, 30 ms; else ``rtt.json``: the op
 chain). Left: the step of each kind with its spread, native eager dashed across.
 Right: the step (or chain) at each simulated round trip against the ideal, the
 same at 0 ms plus one round trip.
@@ -30,7 +30,7 @@ def plot(folder: str, out: str, title: str = "rgpu fast path") -> str:
     import matplotlib.pyplot as plt
 
     d = Path(folder)
-    train, rtt = _rows(d, "train"), _rows(d, "train_rtt")
+    train, rtt = _rows(d, "train_compiled") or _rows(d, "train"), _rows(d, "train_rtt")
     bars = [("rgpu compiled" if "compile" in r["metric"] else "rgpu eager", r) for r in train
             if r["metric"].startswith("training step")]
     fig, axes = plt.subplots(1, 2 if bars else 1, figsize=(11 if bars else 6, 4.5), squeeze=False)
