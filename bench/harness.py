@@ -20,10 +20,10 @@ import os
 import re
 import statistics
 import subprocess
-import sys
 import tempfile
-import time
 from typing import Callable, Sequence
+
+from rgpu.transport import local_server
 
 METRIC_UNITS = {"bandwidth": "GB/s", "rtt": "us", "time": "ms"}
 
@@ -204,40 +204,11 @@ def spawn(cmd: list[str], cpus: set[int] | None = None, env: dict | None = None,
     return subprocess.Popen(cmd, preexec_fn=preexec, env=env, stdin=subprocess.DEVNULL, **popen)
 
 
-class LocalServer:
-    """``rgpu serve`` on a free loopback port with its own token, no preload; ``stop()`` ends it."""
+class LocalServer(local_server.LocalServer):
+    """``rgpu serve`` on a free loopback port with its own token and folder, no preload; ``stop()`` ends it."""
 
-    def __init__(self, flags: Sequence[str] = (), cpus: set[int] | None = None, env: dict | None = None,
-                 timeout: float = 60.0):
+    def __init__(self, flags: Sequence[str] = (), cpus: set[int] | None = None, env: dict | None = None):
         self.folder = tempfile.mkdtemp(prefix="rgpu-bench-")
-        self.token = "bench-" + os.urandom(8).hex()
         child_env = {k: v for k, v in os.environ.items() if not k.startswith("RGPU_")}
-        child_env.update(RGPU_TOKEN=self.token, RGPU_TOKEN_FILE=os.path.join(self.folder, "token"), **(env or {}))
-        cmd = [sys.executable, "-m", "rgpu", "serve", "--host", "127.0.0.1", "--port", "0", "--preload", "",
-               "--exit-with-parent", str(os.getpid()), *flags]
-        self.proc = spawn(cmd, cpus, child_env, stdout=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + timeout
-        line = ""
-        while "listening on" not in line and time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line and self.proc.poll() is not None:
-                break
-        m = re.search(r"listening on (\S+):(\d+)", line)
-        if not m:
-            self.stop()
-            raise RuntimeError(f"rgpu serve did not start: {line!r}")
-        self.host, self.port = m.group(1), int(m.group(2))
-        import threading
-        threading.Thread(target=lambda: [None for _ in self.proc.stdout], daemon=True).start()
-
-    @property
-    def address(self) -> str:
-        return f"{self.host}:{self.port}"
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        child_env.update(RGPU_TOKEN_FILE=os.path.join(self.folder, "token"), **(env or {}))
+        super().__init__("bench-" + os.urandom(8).hex(), ["--preload", "", *flags], env=child_env, cpus=cpus)

@@ -17,7 +17,8 @@ _LISTENING = re.compile(r"listening on (\S+):(\d+)")
 
 
 class LocalServer:
-    def __init__(self, token: str, extra_args: list[str] | None = None, env: dict | None = None):
+    def __init__(self, token: str, extra_args: list[str] | None = None, env: dict | None = None,
+                 cpus: set[int] | None = None):
         self.token = token
         child_env = dict(os.environ if env is None else env)
         child_env["RGPU_TOKEN"] = token
@@ -25,8 +26,9 @@ class LocalServer:
             child_env.pop(name, None)
         cmd = [sys.executable, "-m", "rgpu", "serve", "--host", "127.0.0.1", "--port", "0",
                "--exit-with-parent", str(os.getpid()), *(extra_args or [])]
+        pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None  # benchmarks pin client and server apart
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=None, stdin=subprocess.DEVNULL,
-                                     env=child_env, text=True)
+                                     env=child_env, text=True, preexec_fn=pin)
         lines = []
         for line in self.proc.stdout:
             lines.append(line)
