@@ -10,7 +10,7 @@ and the same batches (``make_batches``) as the rgpu side.
 
     python bench/native_step.py        # driven by ``Native`` below over stdin/stdout, one JSON object a line
 
-Requests: ``{"setup": {preset, vocab, device, tf32}}``, ``{"warm": n}`` (losses of
+Requests: ``{"setup": {preset, vocab, device, tf32[, compile]}}``, ``{"warm": n}`` (losses of
 the first n batches), ``{"block": steps}`` (ms per step), ``{"quit": true}``.
 This file imports torch and the model only; a test asserts rgpu stays out.
 """
@@ -61,7 +61,10 @@ def _serve() -> int:
             cfg = GPTConfig(vocab_size=s["vocab"], block_size=p["block_size"], n_layer=p["n_layer"],
                             n_head=p["n_head"], n_embd=p["n_embd"], dropout=0.0)
             model = GPT(cfg).to(dev)
-            state.update(device=dev, model=model, opt=model.configure_optimizer(3e-4),
+            opt = model.configure_optimizer(3e-4)
+            if s.get("compile"):  # native torch.compile (Inductor): the reference for rgpu's compiled step
+                model = torch.compile(model)
+            state.update(device=dev, model=model, opt=opt,
                          batches=make_batches(torch, s["vocab"], p["batch"], p["block_size"], s.get("batches", 4)))
             reply = {"device": dev, "torch": torch.__version__, "rgpu_imported": "rgpu" in sys.modules}
         elif "warm" in req:
@@ -83,11 +86,13 @@ def _serve() -> int:
 class Native:
     """The parent's handle on a ``native_step`` process."""
 
-    def __init__(self, device: str, preset: dict, vocab: int, tf32: bool = False, batches: int = 4):
+    def __init__(self, device: str, preset: dict, vocab: int, tf32: bool = False, batches: int = 4,
+                 compile: bool = False):
         env = {k: v for k, v in os.environ.items() if k != "PYTHONSTARTUP"}
         self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve())], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=env)
-        self.info = self._ask(setup=dict(preset=preset, vocab=vocab, device=device, tf32=tf32, batches=batches))
+        self.info = self._ask(setup=dict(preset=preset, vocab=vocab, device=device, tf32=tf32, batches=batches,
+                                         compile=compile))
         if self.info.get("rgpu_imported"):
             raise RuntimeError("the native reference process imported rgpu; its CUDA autograd would fail")
 

@@ -80,22 +80,28 @@ def rows(args=None, profile: str | None = None) -> list[dict]:
     native_run = Native(native, p, vocab, tf32)
     runs = {"rgpu": _setup("rgpu", p, vocab)}
     mode = getattr(args, "compile", None)
+    natives = {native: native_run}
     if mode:  # the same step, the model under torch.compile(backend="rgpu")
         model, opt = _setup("rgpu", p, vocab)
         runs[COMPILED] = (torch.compile(model, backend="rgpu", mode=None if mode == "default" else mode), opt)
+        if native == "cuda":  # what Inductor does natively with the same step: the floor of the compiled figure
+            natives[NATIVE_COMPILED] = Native(native, p, vocab, tf32, compile=True)
     warm = {}  # the same init and batches everywhere: the warm-up losses double as a correctness check
     for dev, (model, opt) in runs.items():  # warm: kernels, allocator, op definitions, meta cache (and compile)
         warm[dev] = [_step(model, opt, *b, _device(dev)) for b in batches[:3]]
-    warm[native] = native_run.warm(3)
-    per_step = {dev: [] for dev in (*runs, native)}
+    for key, run in natives.items():
+        warm[key] = run.warm(3)
+    per_step = {dev: [] for dev in (*runs, *natives)}
     for _ in range(blocks):
         for dev, (model, opt) in runs.items():
             t0 = time.perf_counter()
             for i in range(steps):
                 _step(model, opt, *batches[i % 4], _device(dev))
             per_step[dev].append((time.perf_counter() - t0) / steps * 1e3)
-        per_step[native].append(native_run.block(steps))
-    native_run.close()
+        for key, run in natives.items():
+            per_step[key].append(run.block(steps))
+    for run in natives.values():
+        run.close()
     model, opt = runs["rgpu"]
     timings: list = []
     rgpu.stats(reset=True)
@@ -127,6 +133,10 @@ def rows(args=None, profile: str | None = None) -> list[dict]:
     out.append(row("max |loss - native loss| over 3 warm-up steps", "abs", _max_diff(warm["rgpu"], warm[native])))
     if COMPILED in runs:
         out += _compiled_rows(runs[COMPILED], batches, steps, per_step, med[native], base, row)
+        if NATIVE_COMPILED in per_step:
+            ms = per_step[NATIVE_COMPILED]
+            out.append(row("native CUDA step under torch.compile (Inductor), for reference", "ms",
+                           statistics.median(ms), base, med[native], [min(ms), max(ms)]))
         out.append(row("max |loss - native loss| over 3 warm-up steps, compiled", "abs",
                        _max_diff(warm[COMPILED], warm[native])))
     for ms in _rtts(getattr(args, "sim_rtt", None)):
@@ -137,6 +147,7 @@ def rows(args=None, profile: str | None = None) -> list[dict]:
 
 
 COMPILED = "rgpu, torch.compile(backend='rgpu')"
+NATIVE_COMPILED = "cuda, torch.compile"
 
 
 def _device(key: str) -> str:
@@ -158,18 +169,24 @@ def _compiled_rows(run, batches, steps, per_step, native_ms, base, row) -> list[
     from rgpu.device_backend import compile as rcompile
 
     model, opt = run
+    timings: list = []
     rgpu.stats(reset=True)
     for i in range(steps):
-        _step(model, opt, *batches[i % 4], "rgpu")
+        _step(model, opt, *batches[i % 4], "rgpu", timings)
     counts = rgpu.stats()
     ms = per_step[COMPILED]
-    backends = sorted({i.get("backend") or "?" for i in rcompile.info() if i.get("runs")})
+    graphs = [i for i in rcompile.info() if i.get("runs")]
+    backends = sorted({i.get("backend") or "?" for i in graphs})
     errors = sorted({i["error"][:300] for i in rcompile.info() if i.get("error")})
     return [
         row("training step, torch.compile(backend='rgpu')", "ms", statistics.median(ms), base, native_ms,
             [min(ms), max(ms)]),
         row("round trips per compiled step", "count", counts["round_trips"] / steps, "expected", 1),
         row("messages per compiled step", "count", counts["messages"] / steps),
+        row("client time to enqueue a compiled step", "ms", statistics.median(a for a, _ in timings) * 1e3),
+        row("wait at loss.item(), compiled", "ms", statistics.median(b for _, b in timings) * 1e3),
+        row("server time per compiled step in its graphs (inputs, launches, outputs; not GPU time)", "ms",
+            sum(i.get("run_ms", 0.0) for i in graphs)),
         row("graphs shipped; server backend: " + ", ".join(backends) + (
             f"; compile errors: {' | '.join(errors)}" if errors else ""), "count",
             rcompile.stats()["graphs_shipped"]),
