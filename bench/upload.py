@@ -6,13 +6,18 @@ Value: GB/s of ``dst.copy_(src)`` from a CPU tensor into a preallocated rgpu
 tensor, timed to ``torch.rgpu.synchronize()`` (big uploads go in 8 MiB pieces,
 staged through pinned memory on a GPU server). Baseline, measured in the same
 run and interleaved: on a GPU host (client and server share it), a pinned
-host-to-device copy of the same size in this process; with a CPU server, a
+host-to-device copy of the same size in a helper process that never imports rgpu
+(``h2d_baseline.py``; with rgpu registered, pinning gives no CUDA pinned memory); with a CPU server, a
 memcpy of the same size into a preallocated buffer (``numpy.copyto``).
 Default size 1 GiB (``--quick``: 64 MiB).
 """
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 from rgpu.bench import harness
 
@@ -40,16 +45,18 @@ def rows(args=None) -> list[dict]:
             torch.rgpu.synchronize()
             return n / (time.perf_counter() - t0) / 1e9
 
+        helper = None
         if on_gpu:
-            pinned, device = src.pin_memory(), torch.empty(n // 4, dtype=torch.float32, device="cuda")
-            name = "pinned host-to-device copy on the GPU host (this process)"
+            # in a process without rgpu: here torch's accelerator is rgpu, and pinning gives no CUDA pinned memory
+            helper = subprocess.Popen([sys.executable, str(Path(__file__).with_name("h2d_baseline.py")), str(n)],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            started = json.loads(helper.stdout.readline() or "{}")
+            name = f"pinned host-to-device copy on the GPU host (a process without rgpu; pinned: {started.get('pinned')})"
 
             def baseline():
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                device.copy_(pinned, non_blocking=True)
-                torch.cuda.synchronize()
-                return n / (time.perf_counter() - t0) / 1e9
+                helper.stdin.write("copy\n")
+                helper.stdin.flush()
+                return json.loads(helper.stdout.readline())["GBps"]
         else:
             a, b = src.numpy(), np.empty(n // 4, dtype=np.float32)
             name = "memcpy of the same size (numpy.copyto, this process)"
@@ -59,8 +66,13 @@ def rows(args=None) -> list[dict]:
                 np.copyto(b, a)
                 return n / (time.perf_counter() - t0) / 1e9
 
-        upload(), baseline()  # warm: pieces' staging slots, pages, the copy path
-        result = harness.compare(upload, baseline, repeats)
+        try:
+            upload(), baseline()  # warm: pieces' staging slots, pages, the copy path
+            result = harness.compare(upload, baseline, repeats)
+        finally:
+            if helper is not None:
+                helper.stdin.close()
+                helper.wait(30)
         out.append(harness.row("upload", s.conn.transport_name, "bandwidth", n, result, name,
                                server=s.kind))
         del dst

@@ -10,10 +10,11 @@
 #   upload    rgpu bench upload (1 GiB into device memory vs a pinned host-to-device copy), shm, later tcp
 #   ops       rgpu bench ops (client cost per streamed op vs native CUDA enqueue)
 #   rtt       rgpu bench rtt: a chain of 200 ops and one wait behind a simulated round trip vs 0 ms + 1 RTT
-#   train_compiled  rgpu bench train --compile: the compiled step too (Inductor on the server: its first
-#             step compiles), graphs and how the server runs them, warm-up losses vs native
+#   train_compiled  RGPU_TRANSPORT=tcp rgpu bench train --compile: the eager step over tcp, the compiled
+#             step (Inductor on the server: its first step compiles) with its client, wait and server times,
+#             native torch.compile as its reference, graphs and how the server runs them, losses vs native
 #   train_rtt rgpu bench train --sim-rtt 1,10,30: eager steps behind a simulated round trip vs 0 ms + 1 RTT
-#   then, while time is left: the eager step over tcp, the compiled step in reduce-overhead mode, and
+#   then, while time is left: the compiled step in reduce-overhead mode (small preset), and
 #             the GPU test of tests/test_compile.py (Inductor on the server, losses vs native CUDA)
 #   summary   $OUT/fast_path.json: each target of the fast-path issue beside its figure
 # Each step has its own time limit, so one that hangs costs only itself. QUICK=1 SKIP_INSTALL=1: the
@@ -61,11 +62,10 @@ step train 80 python3 -m rgpu.bench.train --json --repeats 5 $Q
 step upload 60 python3 -m rgpu.bench.upload --json --repeats 5 $Q
 step ops 60 python3 -m rgpu.bench.ops --json --repeats 5 $Q
 step rtt 40 python3 -m rgpu.bench.rtt --json --sim-rtt 1,10,30 --repeats 7 $Q
-step train_compiled 200 python3 -m rgpu.bench.train --json --compile --repeats 5 $Q
+step train_compiled 220 env RGPU_TRANSPORT=tcp python3 -m rgpu.bench.train --json --compile --repeats 5 $Q
 step train_rtt 90 python3 -m rgpu.bench.train --json --sim-rtt 1,10,30 --repeats 5 $Q
 step upload_tcp 50 env RGPU_TRANSPORT=tcp python3 -m rgpu.bench.upload --json --repeats 3 $Q
-step train_tcp 70 env RGPU_TRANSPORT=tcp python3 -m rgpu.bench.train --json --repeats 5 $Q
-step train_reduce_overhead 120 python3 -m rgpu.bench.train --json --quick --compile reduce-overhead --repeats 5
+step train_reduce_overhead 120 env RGPU_TRANSPORT=tcp python3 -m rgpu.bench.train --json --quick --compile reduce-overhead --repeats 5
 step tests 100 python3 -m pytest -q -p no:cacheprovider -rs "$REPO/tests/test_compile.py" -k on_a_gpu_server  # text
 
 stamp summary
@@ -95,9 +95,12 @@ def line(figure, target, r, name):
 
 summary = [
     line("rgpu eager step / native CUDA eager step", "<= 1.10", pick("train", "training step"), "train"),
-    line("rgpu eager step / native CUDA eager step (tcp)", "<= 1.10", pick("train_tcp", "training step"), "train_tcp"),
-    line("rgpu compiled step / native CUDA eager step", "<= 0.90",
+    line("rgpu eager step / native CUDA eager step (tcp)", "<= 1.10", pick("train_compiled", "training step"),
+         "train_compiled"),
+    line("rgpu compiled step / native CUDA eager step (tcp)", "<= 0.90",
          pick("train_compiled", "training step, torch.compile"), "train_compiled"),
+    line("native CUDA compiled step / native eager (reference)", "", pick("train_compiled", "native CUDA step"),
+         "train_compiled"),
     line("compiled step (reduce-overhead, small preset) / native eager", "",
          pick("train_reduce_overhead", "training step, torch.compile"), "train_reduce_overhead"),
     line("client cost per streamed op / native CUDA enqueue", "<= 1.0", pick("ops", "client cost per streamed op"), "ops"),
@@ -112,6 +115,9 @@ for ms in ("1", "10", "30"):
                         pick("rtt", f"chain of 200 ops and one wait at {ms} ms"), "rtt"))
 for name, prefix in (("train", "round trips per step"), ("train_compiled", "round trips per compiled step"),
                      ("train_compiled", "messages per compiled step"), ("train", "messages per step"),
+                     ("train_compiled", "client time to enqueue a compiled step"),
+                     ("train_compiled", "wait at loss.item(), compiled"), ("train_compiled", "server time per compiled"),
+                     ("train", "client time to enqueue a step"), ("train", "wait at loss.item()"),
                      ("train_compiled", "graphs shipped"), ("train", "max |loss - native loss| over 3 warm-up steps"),
                      ("train_compiled", "max |loss - native loss| over 3 warm-up steps, compiled")):
     summary.append(line(prefix, "", pick(name, prefix), name))

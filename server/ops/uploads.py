@@ -81,10 +81,16 @@ class Pinned:
 
 
 class _Slot:
-    __slots__ = ("host", "done")
+    __slots__ = ("host", "done", "registered")
 
     def __init__(self):
-        self.host = torch.empty(SLOT_BYTES, dtype=torch.uint8, pin_memory=True)
+        # pinned by registering it with CUDA ourselves: with rgpu imported, torch's current accelerator
+        # is rgpu, and pin_memory=True does not give CUDA pinned memory
+        self.host = torch.empty(SLOT_BYTES, dtype=torch.uint8)
+        rc = int(torch.cuda.cudart().cudaHostRegister(self.host.data_ptr(), SLOT_BYTES, 0))
+        self.registered = rc == 0
+        if not self.registered:
+            log.warning("cudaHostRegister of a staging slot failed (%d): its copies run at pageable speed", rc)
         self.done: torch.cuda.Event | None = None
 
 
@@ -98,9 +104,13 @@ class Uploads:
         self.pinned = Pinned()
 
     def close(self) -> None:
-        if self.pinned.entries:
+        if self.pinned.entries or self.slots:
             torch.cuda.synchronize()
             self.pinned.close()
+            for slot in self.slots:
+                if slot.registered:
+                    torch.cuda.cudart().cudaHostUnregister(slot.host.data_ptr())
+            self.slots = []
 
     def part(self, meta, buffers):
         _, events, desc, offset = meta

@@ -1,0 +1,39 @@
+"""The pinned host-to-device copy ``rgpu bench upload`` compares with, in a process that never imports rgpu.
+
+Why a process of its own: with PrivateUse1 registered (``import rgpu``), torch's
+current accelerator is rgpu, and ``pin_memory()`` there did not give CUDA pinned
+memory (the baseline ran at pageable speed: 6.8 GB/s where pinned is ~52).
+
+    python bench/h2d_baseline.py NBYTES      # then "copy" on stdin -> {"GBps": x} on stdout, one per line
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def main() -> int:
+    sys.path[:] = [d for d in sys.path if Path(d or ".").resolve() != HERE]  # bench/ holds cuda.py, ops.py...
+    import torch
+
+    n = int(sys.argv[1])
+    src = torch.ones(n // 4, dtype=torch.float32).pin_memory()
+    dst = torch.empty(n // 4, dtype=torch.float32, device="cuda")
+    print(json.dumps({"pinned": src.is_pinned(), "rgpu_imported": "rgpu" in sys.modules}), flush=True)
+    for line in sys.stdin:
+        if line.strip() != "copy":
+            break
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        dst.copy_(src, non_blocking=True)
+        torch.cuda.synchronize()
+        print(json.dumps({"GBps": n / (time.perf_counter() - t0) / 1e9}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
