@@ -27,6 +27,7 @@ def rows(args=None) -> list[dict]:
     import torch
 
     from rgpu.device_backend import session
+    from rgpu.ops_protocol import Msg
 
     quick = getattr(args, "quick", False)
     sizes = harness.parse_sizes(getattr(args, "sizes", None), [64 << 20] if quick else [1 << 30])
@@ -73,8 +74,9 @@ def rows(args=None) -> list[dict]:
             if helper is not None:
                 helper.stdin.close()
                 helper.wait(30)
+        how = s.request([Msg.UPLOAD_INFO])  # which path the server's pieces took
         out.append(harness.row("upload", s.conn.transport_name, "bandwidth", n, result, name,
-                               server=s.kind))
+                               server=s.kind, server_pieces=how))
         del dst
     return out
 

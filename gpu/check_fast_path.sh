@@ -91,7 +91,8 @@ def line(figure, target, r, name):
         return {"figure": figure, "target": target, "from": name, "value": None}
     return {"figure": figure, "target": target, "from": name, "metric": r.get("metric"), "transport": r.get("transport"),
             "value": r.get("value"), "unit": r.get("unit"), "baseline": r.get("baseline"),
-            "baseline_name": r.get("baseline_name"), "ratio": r.get("ratio"), "spread": r.get("spread")}
+            "baseline_name": r.get("baseline_name"), "ratio": r.get("ratio"), "spread": r.get("spread"),
+            **({"server_pieces": r["server_pieces"]} if "server_pieces" in r else {})}
 
 summary = [
     line("rgpu eager step / native CUDA eager step", "<= 1.10", pick("train", "training step"), "train"),

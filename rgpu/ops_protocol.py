@@ -30,6 +30,7 @@ class Msg(IntEnum):
     GRAPH_FREE = 13  # [graph id]                                                       post
     GRAPH_INFO = 14  # [graph id]                              request -> {"backend", "error", "runs"}
     UPLOAD_PART = 15  # [events, tensor, byte offset] + one buffer (a piece of a big upload)  post
+    UPLOAD_INFO = 16  # []              request -> {"pieces": {path: count}, "registered_bytes", "slots_pinned"}
 
 
 class Event(IntEnum):

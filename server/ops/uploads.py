@@ -102,6 +102,11 @@ class Uploads:
         self.slots: list[_Slot] = []
         self.next = 0
         self.pinned = Pinned()
+        self.pieces = {"cpu": 0, "dma from shm": 0, "staged": 0}  # how pieces went (UPLOAD_INFO)
+
+    def info(self, meta, buffers):
+        return {"pieces": dict(self.pieces), "registered_bytes": sum(r.nbytes for r in self.pinned.entries.values()),
+                "slots_pinned": sum(s.registered for s in self.slots), "register_failed": self.pinned.failed}, []
 
     def close(self) -> None:
         if self.pinned.entries or self.slots:
@@ -131,13 +136,16 @@ class Uploads:
         if not self.on_gpu or into.device.type != "cuda":
             # one thread: a parallel copy per piece costs a thread-pool barrier per piece, a stall on a busy host
             np.copyto(into.numpy(), np.frombuffer(buffers[0], dtype=np.uint8))
+            self.pieces["cpu"] += 1
             return None
         src = torch.frombuffer(buffers[0], dtype=torch.uint8)
         pinned = self.pinned.view(buffers[0])
         if pinned is not None:
             into.copy_(pinned)  # DMA, and finished here: the frame's memory goes back when we return
+            self.pieces["dma from shm"] += 1
             return None
         self._staged(into, src)
+        self.pieces["staged"] += 1
         return None
 
     def _staged(self, into: torch.Tensor, src: torch.Tensor) -> None:

@@ -122,6 +122,7 @@ class Executor(BaseExecutor):
         self.graphs = Graphs(self.table, self._resolved, self.kind == "cuda")  # torch.compile(backend="rgpu")
         self.uploads = Uploads(self.table, self.kind == "cuda")  # big uploads in pieces, staged through pinned memory
         self.handlers = {Msg.GRAPH: self.graphs.define, Msg.RUN: self.graphs.run, Msg.UPLOAD_PART: self.uploads.part,
+                         Msg.UPLOAD_INFO: self.uploads.info,
                          Msg.GRAPH_FREE: self.graphs.free, Msg.GRAPH_INFO: self.graphs.info,
                          Msg.DEFINE: self._define, Msg.OP: self._op, Msg.CALL: self._call,
                          Msg.UPLOAD: self._upload, Msg.DOWNLOAD: self._download, Msg.EVENTS: self._events,
