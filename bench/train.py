@@ -187,6 +187,8 @@ def _compiled_rows(run, batches, steps, per_step, native_ms, base, row) -> list[
         row("wait at loss.item(), compiled", "ms", statistics.median(b for _, b in timings) * 1e3),
         row("server time per compiled step in its graphs (inputs, launches, outputs; not GPU time)", "ms",
             sum(i.get("run_ms", 0.0) for i in graphs)),
+        row("graph outputs copied per compiled step (layout differed from the client's trace)", "count",
+            sum(i.get("copies_per_run", 0.0) for i in graphs)),
         row("graphs shipped; server backend: " + ", ".join(backends) + (
             f"; compile errors: {' | '.join(errors)}" if errors else ""), "count",
             rcompile.stats()["graphs_shipped"]),

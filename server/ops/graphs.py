@@ -146,6 +146,7 @@ class Graph:
         self.compiled = None
         self.runs = 0
         self.seconds = 0.0  # server time in calls after the first (GRAPH_INFO's run_ms)
+        self.copies = 0     # outputs copied because their layout differed from the client's (or aliased)
         self.pending_compile = options.get("compile", False)
 
     def _plan_frees(self, total: int) -> None:
@@ -264,7 +265,7 @@ class Graphs:
         if isinstance(g, GraphError):
             return {"backend": None, "error": str(g), "runs": 0}, []
         return {"backend": g.backend, "error": g.error, "runs": g.runs, "nodes": len(g.steps),
-                "run_ms": g.seconds / max(g.runs - 1, 1) * 1e3}, []
+                "run_ms": g.seconds / max(g.runs - 1, 1) * 1e3, "copies_per_run": g.copies / max(g.runs, 1)}, []
 
     def run(self, meta, buffers):
         """Inputs from the handle table, the graph, outputs bound to the client's ids (or poisoned)."""
@@ -285,7 +286,7 @@ class Graphs:
             cause = Poisoned(f"graph {gid}", f"{type(exc).__name__}: {exc}")
             self._poison(outs, cause)
             raise GraphFailed(f"graph {gid}", str(exc)) from None
-        self._bind(results, outs, args)
+        g.copies += self._bind(results, outs, args)
         if g.runs > 1:  # the first call's compile is not a call's cost
             g.seconds += time.perf_counter() - t0
         return None
@@ -295,8 +296,10 @@ class Graphs:
             if type(d) is list:
                 self.table.poison(d[0], d[6], cause)
 
-    def _bind(self, results: list, outs: list, inputs: list) -> None:
+    def _bind(self, results: list, outs: list, inputs: list) -> int:
+        """Bind each output to its client id; returns how many had to be copied."""
         taken = {t.untyped_storage().data_ptr() for t in inputs if isinstance(t, torch.Tensor)}
+        copies = 0
         for value, desc in zip(results, outs):
             if type(desc) is not list or not isinstance(value, torch.Tensor) or desc[0] == 0:
                 continue  # the client's own (an input, a view, a value), or a storage of no bytes
@@ -308,7 +311,13 @@ class Graphs:
                 fixed = torch.empty(0, dtype=DTYPE_BY_CODE[code], device=t.device)
                 fixed.set_(torch.empty(nbytes, dtype=torch.uint8, device=t.device).untyped_storage(),
                            offset, size, stride)
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug("graph output %s copied: %s %s+%s %s, client %s %s+%s %s%s", sid, list(t.shape),
+                              list(t.stride()), t.storage_offset(), t.dtype, size, stride, offset,
+                              DTYPE_BY_CODE[code], " (storage taken)" if ptr in taken else "")
                 t = fixed.copy_(t)
                 ptr = t.untyped_storage().data_ptr()
+                copies += 1
             taken.add(ptr)
             self.table.bind(sid, t.untyped_storage(), dev)
+        return copies
