@@ -165,7 +165,8 @@ for op in t._op_db():
         continue
     s = next(iter(op.sample_inputs("rgpu:0", torch.float32)))
     other = s.args[0] if s.args else None
-    if not isinstance(other, torch.Tensor) or other.dim() == 0:
+    cpu = s.transform(lambda x: x.cpu() if isinstance(x, torch.Tensor) else x)
+    if not isinstance(other, torch.Tensor) or not t._runs_on_cpu(op, cpu):  # 0-dim: raises on CUDA too
         continue
     try:
         op(s.input, other.to(f"rgpu:{{last}}"), *s.args[1:], **s.kwargs)
