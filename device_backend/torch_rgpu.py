@@ -53,6 +53,14 @@ def is_initialized() -> bool:
     return _session.current() is not None
 
 
+def __getattr__(name: str):
+    # ``torch.cuda._initialized``'s twin: torch.utils.checkpoint saves a device's random
+    # state only where this is true (read as an attribute, so answered per access)
+    if name == "_initialized":
+        return is_initialized()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def init() -> None:
     _s()
 
@@ -149,6 +157,25 @@ def seed_all() -> None:
 
 def initial_seed() -> int:
     return _initial_seed
+
+
+def get_rng_state(device="rgpu") -> torch.Tensor:
+    """The server's generator state for ``device``, a CPU ByteTensor (``torch.utils.checkpoint`` saves it)."""
+    state = _s().request([Msg.GET_RNG_STATE, _index(device)])[0]
+    return torch.frombuffer(bytearray(state), dtype=torch.uint8)
+
+
+def set_rng_state(new_state: torch.Tensor, device="rgpu") -> None:
+    _s().post([Msg.SET_RNG_STATE, _index(device), new_state.detach().cpu().contiguous().numpy().tobytes()])
+
+
+def get_rng_state_all() -> list:
+    return [get_rng_state(i) for i in range(device_count())]
+
+
+def set_rng_state_all(new_states) -> None:
+    for i, state in enumerate(new_states):
+        set_rng_state(state, i)
 
 
 def memory_allocated(device=None) -> int:

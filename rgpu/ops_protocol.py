@@ -31,6 +31,8 @@ class Msg(IntEnum):
     GRAPH_INFO = 14  # [graph id]                              request -> {"backend", "error", "runs"}
     UPLOAD_PART = 15  # [events, tensor, byte offset] + one buffer (a piece of a big upload)  post
     UPLOAD_INFO = 16  # []              request -> {"pieces": {path: count}, "registered_bytes", "slots_pinned"}
+    GET_RNG_STATE = 17  # [device]                              request -> [state bytes]: the device's generators
+    SET_RNG_STATE = 18  # [device, state bytes]                 post
 
 
 class Event(IntEnum):

@@ -87,3 +87,23 @@ def test_random_ops_repeat_from_one_run_to_the_next(rgpu_server):
     for r in runs:
         assert r.returncode == 0, r.stderr[-2000:]
     assert runs[0].stdout == runs[1].stdout and runs[0].stdout.strip()
+
+
+def test_the_devices_random_state_round_trips_and_checkpointing_replays_dropout(rgpu_device):
+    torch.manual_seed(0)
+    state = torch.rgpu.get_rng_state()
+    first = _draws()
+    torch.rgpu.set_rng_state(state)
+    assert state.dtype == torch.uint8 and _equal(first, _draws())
+    assert len(torch.rgpu.get_rng_state_all()) == torch.rgpu.device_count()
+    lin = torch.nn.Linear(8, 8).to("rgpu")
+    x = torch.randn(4, 8, device="rgpu", requires_grad=True)
+    grads = []
+    for ckpt in (True, False):  # the recomputed forward must draw the forward's dropout mask again
+        torch.manual_seed(1)
+        fn = lambda t: F.dropout(lin(t), 0.5, training=True)  # noqa: E731
+        y = torch.utils.checkpoint.checkpoint(fn, x, use_reentrant=False) if ckpt else fn(x)
+        y.sum().backward()
+        grads.append(x.grad.cpu())
+        x.grad = None
+    assert torch.equal(grads[0], grads[1])

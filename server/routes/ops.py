@@ -127,6 +127,7 @@ class Executor(BaseExecutor):
                          Msg.DEFINE: self._define, Msg.OP: self._op, Msg.CALL: self._call,
                          Msg.UPLOAD: self._upload, Msg.DOWNLOAD: self._download, Msg.EVENTS: self._events,
                          Msg.SEED: self._seed, Msg.SYNC: self._sync, Msg.MEMORY: self._memory,
+                         Msg.GET_RNG_STATE: self._get_rng_state, Msg.SET_RNG_STATE: self._set_rng_state,
                          Msg.PROFILE: self._profile}
         self.profiler = None
 
@@ -315,6 +316,23 @@ class Executor(BaseExecutor):
             torch.manual_seed(seed)  # ops without a generator argument (dropout) use the default one
         else:
             torch.cuda.default_generators[device.index].manual_seed(seed)
+
+    def _get_rng_state(self, meta, buffers):
+        device = self.table.device(meta[1])
+        if self.gens is not None:  # the device's generator, then the default one that dropout draws from
+            return [bytes(self.gens[meta[1]].get_state().numpy()) + bytes(torch.default_generator.get_state().numpy())], []
+        return [bytes(torch.cuda.get_rng_state(device).numpy())], []
+
+    def _set_rng_state(self, meta, buffers):
+        _, dev, state = meta
+        device = self.table.device(dev)
+        t = torch.frombuffer(bytearray(state), dtype=torch.uint8)
+        if self.gens is not None:
+            half = t.numel() // 2
+            self.gens[dev].set_state(t[:half].clone())
+            torch.default_generator.set_state(t[half:].clone())
+        else:
+            torch.cuda.set_rng_state(t, device)
 
     def _sync(self, meta, buffers):
         if self.kind == "cuda":
