@@ -27,6 +27,8 @@ LOCAL = {
 # (fewer messages, the server's fused kernels); registered for PrivateUse1 at load.
 CLAIMED = (
     "native_layer_norm.default", "native_layer_norm_backward.default",
+    # decomposed for a backend without a kernel, they round bfloat16 at each step; CUDA's kernels fuse them
+    "native_group_norm.default", "addr.default", "addr.out",
     "_has_compatible_shallow_copy_type.default",  # else Module.to makes new Parameters (breaks weight tying)
     *SUBSTITUTES,  # kernels that only raise for a third-party device (convolution, fused attention)
 )
