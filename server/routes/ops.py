@@ -113,7 +113,9 @@ class Executor(BaseExecutor):
         self.ops: dict[int, object] = {}
         # TF32 off unless asked for, so results match a CPU reference
         torch.backends.cuda.matmul.allow_tf32 = session.settings.tf32
-        torch.backends.cudnn.allow_tf32 = session.settings.tf32
+        # the setter beneath the attribute: the attribute refuses once a test harness in this process
+        # has called torch.backends.disable_global_flags() (PyTorch's OpInfo suite does, at import)
+        torch._C._set_cudnn_allow_tf32(session.settings.tf32)
         # Why per-device generators on the CPU: rgpu:0..N-1 all run on the one CPU here,
         # yet each must keep its own stream of random numbers. (This worker process is the
         # session's own, so the process-wide default generators are per-session as well.)
