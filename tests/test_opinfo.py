@@ -15,6 +15,7 @@ The test fails when the rate falls below the one recorded in docs/ops.md.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from device_helpers import rgpu_device, run_python  # noqa: F401
+from device_helpers import run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 OPS_MD = ROOT / "docs" / "ops.md"
@@ -133,30 +134,23 @@ def _full() -> bool:
     return os.environ.get("RGPU_OPINFO_FULL") == "1"
 
 
-def test_float32_samples_match_the_cpu_at_the_recorded_rate(rgpu_device):
-    total, passed, failures = sweep("float32", full=_full())
-    rate = round(100.0 * passed / total, 2)  # as docs/ops.md records it
-    listing = "\n".join(f"  {n}[{i}]: {why}" for n, i, why in failures)
-    assert rate >= recorded_rate("float32", _full()), f"{passed}/{total} = {rate:.2f}%; failures:\n{listing}"
-
-
-def test_the_op_reference_names_every_op_the_server_refuses():
-    from rgpu.server.ops.resolve import BLOCKED
-
-    text = OPS_MD.read_text()
-    assert [name for name in BLOCKED if f"| `{name}` |" not in text] == []
-
-
-# Run in a process of its own, on a server with several devices (the device session is process-wide).
-_MULTI_DEVICE = """
-import sys, torch, rgpu
+# The sweep runs in a process of its own: importing PyTorch's test harness changes
+# process-wide state (it disables cudnn's global flags), and the device session is
+# process-wide too, so a second server (several devices) needs a second process.
+_SWEEP = """
+import json, sys, torch, rgpu
 sys.path.insert(0, {tests!r})
 import test_opinfo as t
+{checks}
+print("RESULT " + json.dumps(t.sweep("float32", device={device!r}, full={full})))
+"""
+
+# Inputs on two devices raise as on CUDA, and .to() moves the bytes between them.
+_TWO_DEVICES = """
 last = torch.rgpu.device_count() - 1
 assert last >= 1, torch.rgpu.device_count()
 x = torch.arange(6.0).reshape(2, 3)
-a = x.to("rgpu:0")
-b = a.to(f"rgpu:{{last}}")  # moves the bytes between devices
+b = x.to("rgpu:0").to(f"rgpu:{last}")
 assert b.device.index == last and torch.equal(b.cpu(), x)
 c = torch.zeros(2, 3, device="rgpu:0").copy_(b * 2)
 assert c.device.index == 0 and torch.equal(c.cpu(), x * 2)
@@ -166,29 +160,48 @@ for op in t._op_db():
         continue
     s = next(iter(op.sample_inputs("rgpu:0", torch.float32)))
     other = s.args[0] if s.args else None
-    cpu = s.transform(lambda x: x.cpu() if isinstance(x, torch.Tensor) else x)
+    cpu = s.transform(lambda v: v.cpu() if isinstance(v, torch.Tensor) else v)
     if not isinstance(other, torch.Tensor) or not t._runs_on_cpu(op, cpu):  # 0-dim: raises on CUDA too
         continue
     try:
-        op(s.input, other.to(f"rgpu:{{last}}"), *s.args[1:], **s.kwargs)
+        op(s.input, other.to(f"rgpu:{last}"), *s.args[1:], **s.kwargs)
     except RuntimeError as e:
         assert "same device" in str(e), (op.name, str(e)[:200])
         mixed += 1
     else:
-        raise AssertionError(f"{{op.name}}: inputs on rgpu:0 and rgpu:{{last}} did not raise")
+        raise AssertionError(f"{op.name}: inputs on rgpu:0 and rgpu:{last} did not raise")
 assert mixed >= 20, mixed  # binary ufuncs whose second input is a tensor
-total, passed, failures = t.sweep("float32", device=f"rgpu:{{last}}", full={full})
-assert round(100 * passed / total, 2) >= t.recorded_rate("float32", {full}), failures
-print("ok", mixed, passed, total)
 """
+
+
+def _sweep_in_a_process(server, device: str, checks: str = ""):
+    code = _SWEEP.format(tests=str(ROOT / "tests"), checks=checks, device=device, full=_full())
+    r = run_python(code, env={"RGPU_SERVER": server.address, "RGPU_TOKEN": server.token}, timeout=1500)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads([line for line in r.stdout.splitlines() if line.startswith("RESULT ")][-1][7:])
+
+
+def _assert_at_the_recorded_rate(total: int, passed: int, failures: list) -> None:
+    rate = round(100.0 * passed / total, 2)  # as docs/ops.md records it
+    listing = "\n".join(f"  {n}[{i}]: {why}" for n, i, why in failures)
+    assert rate >= recorded_rate("float32", _full()), f"{passed}/{total} = {rate:.2f}%; failures:\n{listing}"
+
+
+def test_float32_samples_match_the_cpu_at_the_recorded_rate(rgpu_server):
+    _assert_at_the_recorded_rate(*_sweep_in_a_process(rgpu_server, "rgpu"))
+
+
+def test_the_op_reference_names_every_op_the_server_refuses():
+    from rgpu.server.ops.resolve import BLOCKED
+
+    text = OPS_MD.read_text()
+    assert [name for name in BLOCKED if f"| `{name}` |" not in text] == []
 
 
 def test_samples_on_another_device_stay_there_and_mixing_devices_raises_as_on_cuda(start_server):
     devices = max(2, int(os.environ.get("RGPU_TEST_DEVICES", "2")))
     server = start_server("--device", "cpu", "--devices", str(devices))
-    r = run_python(_MULTI_DEVICE.format(tests=str(ROOT / "tests"), full=_full()),
-                   env={"RGPU_SERVER": server.address, "RGPU_TOKEN": server.token}, timeout=1200)
-    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
+    _assert_at_the_recorded_rate(*_sweep_in_a_process(server, f"rgpu:{devices - 1}", _TWO_DEVICES))
 
 
 def main(argv: list[str]) -> None:
