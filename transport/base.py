@@ -30,6 +30,9 @@ class Transport(ABC):
     # it returns True (waiting for input too), False (another thread reads; wait to write)
     # or None (no reply can come: block as usual). Transports that cannot fill up ignore it.
     on_block: Callable[[], "bool | None"] | None = None
+    # Whether a connection writes posts on the caller's thread when nothing is queued, instead
+    # of handing them to its I/O thread (for transports whose write is a memory copy, no syscall).
+    posts_inline: ClassVar[bool] = False
 
     @abstractmethod
     def send(self, parts: Sequence[memoryview]) -> None:

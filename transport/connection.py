@@ -103,6 +103,7 @@ class Connection:
         # read on every call: plain attributes, not a dataclass lookup each time (settings are frozen)
         self._copy_bytes, self._queue_max = settings.post_copy_bytes, settings.queue_max_bytes
         self._request_timeout = settings.request_timeout
+        self._posts_inline = getattr(transport, "posts_inline", False)
         transport.on_block = self._drain_while_blocked
 
     @property
@@ -147,7 +148,8 @@ class Connection:
             if self._dead:
                 raise self._dead
             seq = next(self._seq)
-            if (kind is _REQUEST or big) and not self._queue and self._send_lock.acquire(blocking=False):
+            if ((kind is _REQUEST or big or self._posts_inline) and not self._queue
+                    and self._send_lock.acquire(blocking=False)):
                 inline = True                     # nothing ahead of us: write on this thread
             elif views and not big and kind is _REQUEST:
                 views = [memoryview(bytearray(v)) for v in views]  # queued: the caller may change its memory
