@@ -67,5 +67,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_device_count", [](int n) { rgpu::set_device_count(static_cast<c10::DeviceIndex>(n)); });
   m.def("current_device", []() { return static_cast<int>(rgpu::current_device()); });
   m.def("set_device", [](int d) { rgpu::set_current_device(static_cast<c10::DeviceIndex>(d)); });
+  m.def("pinned_region", &rgpu::pinned_region);
   m.def("id_shift", []() { return rgpu::kIdShift; });
 }

@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-SOURCES = ("allocator.cpp", "guard.cpp", "hooks.cpp", "metadata_ops.cpp", "attention.cpp", "autocast.cpp",
-           "bindings.cpp")
+SOURCES = ("allocator.cpp", "guard.cpp", "hooks.cpp", "pinned.cpp", "metadata_ops.cpp", "attention.cpp",
+           "autocast.cpp", "bindings.cpp")
 HEADERS = ("rgpu_device.h",)
 HERE = Path(__file__).resolve().parent
 

@@ -15,7 +15,7 @@ from rgpu.transport.buffers import as_bytes_view
 aten = torch.ops.aten
 
 
-def upload(s, src: torch.Tensor, dst: torch.Tensor) -> None:
+def upload(s, src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> None:
     data = src
     if data.dtype != dst.dtype:
         data = data.to(dst.dtype)
@@ -28,7 +28,7 @@ def upload(s, src: torch.Tensor, dst: torch.Tensor) -> None:
     if data.shape != dst.shape:
         data = data.expand(dst.shape)
     if dst.numel():
-        s.upload(s.C.describe(dst), data.contiguous())
+        s.upload(s.C.describe(dst), data.contiguous(), non_blocking)
 
 
 def download(s, src: torch.Tensor, dst: torch.Tensor) -> None:
@@ -53,7 +53,7 @@ def copy_from(s, stream, src, dst, non_blocking=False):
     if on_src and on_dst:
         stream(aten.copy_.default, (dst, src), {}, mixed_ok=True)
     elif on_dst:
-        upload(s, src, dst)
+        upload(s, src, dst, non_blocking)
     else:
         download(s, src, dst)
     return dst

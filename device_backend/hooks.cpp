@@ -1,4 +1,4 @@
-// hooks.cpp: at::PrivateUse1HooksInterface for rgpu, with the device's generators and pinned memory.
+// hooks.cpp: at::PrivateUse1HooksInterface for rgpu, with the device's generators (pinned memory: pinned.cpp).
 //
 // A generator here holds only a seed and an offset: the random state that ops
 // use lives on the server, per session; Python reads these numbers when it
@@ -10,12 +10,9 @@
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/GeneratorImpl.h>
 
-#include <c10/core/impl/alloc_cpu.h>
-
 #include <cstring>
 #include <deque>
 #include <mutex>
-#include <unordered_set>
 
 namespace rgpu {
 namespace {
@@ -61,40 +58,6 @@ struct Generator final : c10::GeneratorImpl {
   uint64_t offset_ = 0;
 };
 
-// Pinned host memory for tensors headed to the device (x.pin_memory(), DataLoader(pin_memory=True)).
-// Why ordinary memory: the transport sends from any host memory; pinning only has
-// to be remembered, so that is_pinned() answers as code written for CUDA expects.
-std::mutex g_pinned_mutex;
-std::unordered_set<const void*> g_pinned;
-
-void free_pinned(void* ptr) {
-  {
-    std::lock_guard<std::mutex> lock(g_pinned_mutex);
-    g_pinned.erase(ptr);
-  }
-  c10::free_cpu(ptr);
-}
-
-struct PinnedAllocator final : c10::Allocator {
-  c10::DataPtr allocate(size_t nbytes) override {
-    void* ptr = nbytes ? c10::alloc_cpu(nbytes) : nullptr;
-    if (ptr) {
-      std::lock_guard<std::mutex> lock(g_pinned_mutex);
-      g_pinned.insert(ptr);
-    }
-    return {ptr, ptr, &free_pinned, c10::Device(c10::DeviceType::CPU)};
-  }
-  c10::DeleterFnPtr raw_deleter() const override { return &free_pinned; }
-  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
-};
-
-PinnedAllocator g_pinned_allocator;
-
-bool is_pinned(const void* ptr) {
-  std::lock_guard<std::mutex> lock(g_pinned_mutex);
-  return g_pinned.count(ptr) != 0;
-}
-
 const at::Generator& default_generator(c10::DeviceIndex index) {
   static std::mutex mutex;
   static std::deque<at::Generator> generators;  // deque: references stay valid as it grows
@@ -127,7 +90,7 @@ struct Hooks final : at::PrivateUse1HooksInterface {
   }
   at::Device getDeviceFromPtr(void*) const { return c10::Device(c10::DeviceType::PrivateUse1, current_device()); }
   bool isPinnedPtr(const void* ptr) const { return is_pinned(ptr); }
-  at::Allocator* getPinnedMemoryAllocator() const { return &g_pinned_allocator; }
+  at::Allocator* getPinnedMemoryAllocator() const { return pinned_allocator(); }
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t nbytes) const {
     resize_bytes(storage.unsafeGetStorageImpl(), nbytes);
   }

@@ -36,6 +36,11 @@ c10::DataPtr data_ptr_for(uint64_t id, c10::DeviceIndex device);
 void resize_bytes(c10::StorageImpl* storage, size_t nbytes);
 std::vector<int64_t> drain_events();
 
+// pinned.cpp: host memory for pin_memory(); big blocks are memfds a same-host server can map
+c10::Allocator* pinned_allocator();
+bool is_pinned(const void* ptr);
+std::vector<int64_t> pinned_region(uint64_t addr);  // [fd, base, size] of the memfd block holding addr, or []
+
 // guard.cpp
 c10::DeviceIndex current_device();
 void set_current_device(c10::DeviceIndex index);

@@ -19,6 +19,7 @@ from rgpu.transport.buffers import as_bytes_view
 from . import build
 
 UPLOAD_PIECE_BYTES = 8 << 20  # bigger uploads go in pieces of this size (to a contiguous destination)
+SHARED_MIN_BYTES = 16 << 10   # what the shm transport sends by naming it, when in pinned memory (its INLINE_MAX)
 
 _lock = threading.RLock()
 _session: "Session | None" = None
@@ -36,6 +37,8 @@ class Session:
         self.server_torch = w.get("torch")
         self.devtype = torch._C._get_privateuse1_backend_name()
         C.set_device_count(self.count)
+        if hasattr(conn.transport, "find_shared") and hasattr(C, "pinned_region"):
+            conn.transport.find_shared = _region_finder(C)   # pinned tensors upload with no copy over shm
 
     def _index(self, op) -> int:
         idx = self.ops.get(op)
@@ -56,18 +59,27 @@ class Session:
         reply.release()
         return reply.meta[0]
 
-    def upload(self, desc, data) -> None:
+    def upload(self, desc, data, non_blocking: bool = False) -> None:
         view = as_bytes_view(data)
         if view.nbytes <= UPLOAD_PIECE_BYTES or not _contiguous(desc[3], desc[4]):
             with self.lock:
                 self.conn.post([Msg.UPLOAD, self.C.drain_events(), desc], [view])
-            return
-        # in pieces, the lock let go between them: other threads' ops never wait for the whole upload,
-        # and the server copies each piece to the device while the next one arrives
-        for offset in range(0, view.nbytes, UPLOAD_PIECE_BYTES):
-            with self.lock:
-                self.conn.post([Msg.UPLOAD_PART, self.C.drain_events(), desc, offset],
-                               [view[offset:offset + UPLOAD_PIECE_BYTES]])
+        else:
+            # in pieces, the lock let go between them: other threads' ops never wait for the whole upload,
+            # and the server copies each piece to the device while the next one arrives
+            for offset in range(0, view.nbytes, UPLOAD_PIECE_BYTES):
+                with self.lock:
+                    self.conn.post([Msg.UPLOAD_PART, self.C.drain_events(), desc, offset],
+                                   [view[offset:offset + UPLOAD_PIECE_BYTES]])
+        if not non_blocking and self._shared(data):
+            # sent by naming the pinned memory, not copied: as CUDA's copy from pinned memory, a
+            # blocking one returns once the device has the bytes, so the caller may change them then
+            self.request([Msg.SYNC])
+
+    def _shared(self, data) -> bool:
+        finder = getattr(self.conn.transport, "find_shared", None)
+        return (finder is not None and isinstance(data, torch.Tensor) and data.nbytes > SHARED_MIN_BYTES
+                and finder(data.data_ptr(), 0) is not None)
 
     def download(self, desc, into: memoryview) -> None:
         with self.lock:
@@ -105,6 +117,13 @@ class Session:
             self.conn.close()
         except Exception:  # the server may already be gone at exit
             pass
+
+
+def _region_finder(C):
+    def find(addr: int, nbytes: int):
+        region = C.pinned_region(addr)
+        return tuple(region) if region else None
+    return find
 
 
 def _contiguous(sizes, strides) -> bool:

@@ -34,7 +34,9 @@ import struct
 import threading
 import time
 import weakref
-from typing import Sequence
+from typing import Callable, Sequence
+
+import numpy as np
 
 from rgpu.errors import ConnectionLost, ProtocolError
 
@@ -194,6 +196,10 @@ class ShmTransport(Transport):
     # connection's I/O thread (GPU host, 5000 streamed adds: 25 us per op inline, 67 us through the
     # thread, whose GIL hand-offs also slowed the caller; `gpu/diag_client.sh`).
     posts_inline = True
+    # Set by the layer above: find_shared(address, nbytes) -> (memfd, base, size) of host memory holding
+    # that range which the peer may map (pinned tensors, pinned.cpp), or None. Such buffers are sent by
+    # naming them, with no copy; the sender must leave them alone until the peer has let the frame go.
+    find_shared: Callable[[int, int], "tuple[int, int, int] | None"] | None = None
 
     def __init__(self, side: str, sock: socket.socket, control: Segment, efds: list[int],
                  max_segment: int = MAX_SEGMENT):
@@ -217,6 +223,8 @@ class ShmTransport(Transport):
         self._head = self._q[self._head_in]
         self._heap = Heap(mem[SLOTS_OFF + out * SLOTS:SLOTS_OFF + (out + 1) * SLOTS], self._announce, self._drop)
         self._in_segs: dict[int, Segment] = {}
+        self._shared: dict[int, int] = {}      # base address of a region the peer maps -> its segment id
+        self.shared_regions = self.shared_bytes = 0
         self._send_lock = threading.Lock()
         self._recv_lock = threading.Lock()
         self._shared_until = self._core_checked = 0.0
@@ -269,9 +277,15 @@ class ShmTransport(Transport):
         placed = set(big)
         blob_len = len(prefix) + sum(n for i, n in enumerate(lengths) if i not in placed)
         blob_in_heap = REC.size + DESC.size * (len(big) + 1) + blob_len > RECORD_MAX
+        descs = []
+        if self.find_shared is not None:   # buffers in memory the peer maps already: named, not copied
+            for i in big:
+                where = self._shared_place(views[i])
+                if where is not None:
+                    descs.append((i, *where))
+            big = [i for i in big if i not in {d[0] for d in descs}]
         sizes = [lengths[i] for i in big] + ([blob_len] if blob_in_heap else [])
         slot, places = self._alloc(sizes)
-        descs = []
         for i, (sid, off) in zip(big, places):
             fastcopy.copy(self._heap.view(sid, off, lengths[i]), views[i])
             descs.append((i, sid, off))
@@ -290,6 +304,23 @@ class ShmTransport(Transport):
         if not blob_in_heap:
             _pack_blob(ring, p, prefix, views, placed)
         self._tail += rec_len
+
+    def _shared_place(self, view: memoryview) -> tuple[int, int] | None:
+        """(segment id, offset) of ``view`` in a region the peer maps (announced on first use), or None."""
+        addr = np.frombuffer(view, dtype=np.uint8).ctypes.data
+        region = self.find_shared(addr, view.nbytes)
+        if region is None:
+            return None
+        fd, base, size = region
+        if not (base <= addr and addr + view.nbytes <= base + size):
+            return None
+        sid = self._shared.get(base)
+        if sid is None:
+            sid = self._shared[base] = self._heap.new_id()
+            socket.send_fds(self._sock, [CTL_MSG.pack(OP_SEGMENT, sid, size)], [fd])
+            self.shared_regions += 1
+        self.shared_bytes += view.nbytes
+        return sid, addr - base
 
     def _alloc(self, sizes: list[int]):
         got = self._heap.alloc(sizes)

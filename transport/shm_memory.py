@@ -136,6 +136,11 @@ class Heap:
     def view(self, seg_id: int, off: int, n: int) -> memoryview:
         return self.segments[seg_id].view(off, n)
 
+    def new_id(self) -> int:
+        """A segment id the peer has not seen (heap segments and shared regions draw from one count)."""
+        self._next_id += 1
+        return self._next_id - 1
+
     def reap(self) -> bool:
         """Take back what the receiver has let go of; True when anything came back."""
         done = [s for s in self._inflight if self.slots[s] == 0]
@@ -183,8 +188,7 @@ class Heap:
             if self._inflight:
                 return None                           # wait for the receiver rather than grow past the cap
             size = round_up(n, GROW_STEP)
-        seg = Segment.create(self._next_id, size, "rgpu-shm-heap")
-        self._next_id += 1
+        seg = Segment.create(self.new_id(), size, "rgpu-shm-heap")
         try:
             self._announce(seg)
         except BaseException:

@@ -1,0 +1,78 @@
+"""Pinned host memory: big pinned blocks are shared memory, and over shm they upload by name, with no copy."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from device_helpers import run_python
+
+# Each case runs in its own interpreter: the device session (and its transport) is process-wide.
+SCRIPT = r"""
+import json, torch, rgpu
+from rgpu.device_backend import session
+torch.ones(1, device="rgpu")
+s = session.current()
+t = s.conn.transport
+heap = getattr(t, "_heap", None)
+out = {"transport": s.conn.transport_name}
+
+x = torch.arange(1 << 20, dtype=torch.float32).pin_memory()          # 4 MiB: a shared block
+region = s.C.pinned_region(x.data_ptr())
+out["region"] = [region[2], region[1] <= x[7:].data_ptr() < region[1] + region[2]] if region else None
+out["small_region"] = s.C.pinned_region(torch.arange(8.0).pin_memory().data_ptr())
+out["pinned"] = [x.is_pinned(), x[7:].is_pinned(), torch.arange(8.0).pin_memory().is_pinned()]
+heap_before = heap.total if heap else None
+
+y = x.to("rgpu")                      # blocking: returns once the device has the bytes
+x.add_(1)                             # so this change never reaches y
+out["blocking_kept"] = torch.equal(y.cpu(), torch.arange(1 << 20, dtype=torch.float32))
+z = torch.empty(1 << 20, device="rgpu")
+z.copy_(x, non_blocking=True)
+torch.rgpu.synchronize()
+out["non_blocking"] = torch.equal(z.cpu(), x)
+part = torch.empty(100_000, device="rgpu")
+part.copy_(x[1000:101_000])           # a slice inside the block
+out["slice"] = torch.equal(part.cpu(), x[1000:101_000])
+
+base = x.data_ptr()
+del x
+again = torch.empty(1 << 20, pin_memory=True)       # the freed block comes back from the cache
+again.fill_(3.0)
+w = again.to("rgpu")
+out["reused"] = again.data_ptr() == base
+out["after_reuse"] = bool((w.cpu() == 3.0).all())
+loader = torch.utils.data.DataLoader(torch.arange(4 * 131072.0).view(4, 131072), batch_size=2, pin_memory=True)
+out["loader"] = all(torch.equal(b.to("rgpu").cpu(), b) and b.is_pinned() for b in loader)
+out["shared_bytes"] = getattr(t, "shared_bytes", 0)
+out["shared_regions"] = getattr(t, "shared_regions", 0)
+out["heap_grew"] = (heap.total - heap_before) if heap else None
+print(json.dumps(out))
+"""
+
+
+def _run(server, transport: str) -> dict:
+    r = run_python(SCRIPT, env={"RGPU_SERVER": server.address, "RGPU_TOKEN": server.token,
+                                "RGPU_TRANSPORT": transport})
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_a_pinned_tensor_uploads_over_shm_by_name_with_no_copy(rgpu_server):
+    out = _run(rgpu_server, "shm")
+    assert out["transport"] == "shm"
+    assert out["region"] == [4 << 20, True]          # rounded to a power of two; any address inside it counts
+    assert out["small_region"] == [] and out["pinned"] == [True, True, True]
+    assert out["blocking_kept"] and out["non_blocking"] and out["slice"]
+    assert out["reused"] and out["after_reuse"] and out["loader"]
+    # 4 MiB blocking + 4 MiB non-blocking + the slice + the reused block + two 1 MiB loader batches, all named
+    assert out["shared_bytes"] == (4 << 20) * 3 + 400_000 + 2 * (1 << 20)
+    assert out["shared_regions"] == 3                 # the 4 MiB block (reused: mapped once) and the loader's
+    assert out["heap_grew"] == 0                       # nothing went through the copy heap
+
+
+@pytest.mark.parametrize("transport", ["tcp"])
+def test_a_pinned_tensor_uploads_as_plain_memory_where_the_server_cannot_map_it(rgpu_server, transport):
+    out = _run(rgpu_server, transport)
+    assert out["transport"] == transport and out["shared_bytes"] == 0
+    assert out["blocking_kept"] and out["non_blocking"] and out["slice"] and out["reused"] and out["loader"]
