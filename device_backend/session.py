@@ -66,8 +66,7 @@ class Session:
     def upload(self, desc, data, non_blocking: bool = False) -> None:
         view = as_bytes_view(data)
         shared = self._shared(data)
-        piece = (SHARED_PIECE_BYTES if shared else SHM_PIECE_BYTES if self.conn.transport_name == "shm"
-                 else UPLOAD_PIECE_BYTES)
+        piece = self.piece_bytes(shared)
         if view.nbytes <= piece or not _contiguous(desc[3], desc[4]):
             with self.lock:
                 self.conn.post([Msg.UPLOAD, self.C.drain_events(), desc], [view])
@@ -81,6 +80,12 @@ class Session:
             # sent by naming the pinned memory, not copied: as CUDA's copy from pinned memory, a
             # blocking one returns once the device has the bytes, so the caller may change them then
             self.request([Msg.SYNC])
+
+    def piece_bytes(self, shared: bool = False) -> int:
+        """The size of an upload's pieces: named pinned memory, other memory over shm, else."""
+        if shared:
+            return SHARED_PIECE_BYTES
+        return SHM_PIECE_BYTES if self.conn.transport_name == "shm" else UPLOAD_PIECE_BYTES
 
     def _shared(self, data) -> bool:
         finder = getattr(self.conn.transport, "find_shared", None)

@@ -15,7 +15,7 @@ from rgpu.server.routes.ops import Executor
 
 
 def test_a_big_upload_goes_in_pieces_and_arrives_whole(rgpu_device):
-    src = torch.randn(2 * UPLOAD_PIECE_BYTES // 4 + 1000)  # two full pieces and a bit
+    src = torch.randn(2 * rgpu_device.piece_bytes() // 4 + 1000)  # two full pieces and a bit
     torch.rgpu.synchronize()
     rgpu.stats(reset=True)
     dst = src.to("rgpu")
