@@ -14,6 +14,10 @@ from __future__ import annotations
 import os
 import time
 
+from rgpu.bench import harness
+
+OPS = 5000  # enough for the server's 10 ms ticks; one run, so --quick and --repeats change nothing
+
 
 def _cpu(thread) -> float:
     if thread is None:
@@ -79,7 +83,7 @@ def rows(args=None) -> list[dict]:
     import rgpu
     from rgpu.device_backend import session
 
-    n = getattr(args, "ops", None) or 5000
+    n = getattr(args, "ops", None) or OPS
     x = torch.ones(4, device="rgpu")
     y = x
     for _ in range(50):
@@ -111,18 +115,14 @@ def rows(args=None) -> list[dict]:
              "wakes_per_op": counts.wakes / n}]
 
 
-def main(argv=None) -> int:
-    import argparse
-    import json
+def _lines(rows: list[dict]) -> str:
+    """One ``name value`` line per figure: these rows are a profile, not the harness's comparison table."""
+    return "\n".join(f"{k:26s} {v:.2f}" if isinstance(v, float) else f"{k:26s} {v}" for r in rows for k, v in r.items())
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--ops", type=int, default=5000)
-    args = p.parse_args(argv)
-    out = rows(args)
-    print(json.dumps(out, indent=1) if args.json else "\n".join(
-        f"{k:26s} {v:.2f}" if isinstance(v, float) else f"{k:26s} {v}" for r in out for k, v in r.items()))
-    return 0
+
+def main(argv=None) -> int:
+    return harness.main(rows, argv, __doc__, text=_lines,
+                        flags={"--ops": {"type": int, "default": OPS, "help": "ops in the chain"}})
 
 
 if __name__ == "__main__":

@@ -90,14 +90,11 @@ def rows(args=None) -> list[dict]:
     return out
 
 
+def main(argv=None) -> int:
+    from rgpu.bench import harness
+
+    return harness.main(rows, argv, __doc__, flags={"--server": {"help": "host:port of a running server"}})
+
+
 if __name__ == "__main__":
-    import argparse
-    p = argparse.ArgumentParser(prog="python -m rgpu.bench.cuda")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--server", default=None)
-    a = p.parse_args()
-    result = rows(a)
-    print(json.dumps(result, indent=1) if a.json else "\n".join(
-        f"{r['metric']:44} {r['value']:10.3f} {r['unit']:3} baseline {r['baseline']} ratio {r['ratio']}" for r in result))
+    raise SystemExit(main())

@@ -1,7 +1,8 @@
 """The one measurement harness: interleaved runs of rgpu beside its baseline, rows, a table, a plot.
 
 A suite is a module ``rgpu.bench.<name>`` with ``rows(args) -> list[dict]``; ``rgpu bench <name>``
-calls ``run_suite`` and prints ``format_table`` (or the rows as JSON). Every row:
+calls ``run_suite`` and prints ``format_table`` (or the rows as JSON); ``python -m rgpu.bench.<name>``
+runs the suite's ``main``, one call of ``main`` here with the suite's own flags. Every row:
 
     bench, transport, metric, unit, size, value, baseline_name, baseline, ratio, spread
     (+ baseline_spread, ratio_spread, runs)
@@ -14,8 +15,11 @@ runs (``baseline_spread`` and ``ratio_spread`` likewise).
 """
 from __future__ import annotations
 
+import argparse
+import contextlib
 import gc
 import importlib
+import json
 import os
 import re
 import statistics
@@ -132,6 +136,34 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines)
 
 
+# ---- a suite's command line: python -m rgpu.bench.<name> ------------------------------------------
+
+def parser(doc: str, repeats: int | None = 5, flags: dict | None = None, prog: str | None = None):
+    """``--json``, ``--quick``, ``--repeats`` (the suite's default) and the suite's own ``flags``, given as
+    data: ``{"--sim-rtt": {"default": "1,10"}}``, each flag's ``add_argument`` keywords. ``doc``: the
+    suite's docstring (its first line is the description)."""
+    p = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
+    p.add_argument("--json", action="store_true", help="print one JSON array of rows")
+    p.add_argument("--quick", action="store_true", help="fewer sizes and repeats")
+    p.add_argument("--repeats", type=int, default=repeats, help="interleaved runs per figure (median reported)")
+    for flag, keywords in (flags or {}).items():
+        p.add_argument(flag, **keywords)
+    return p
+
+
+def show(rows: list[dict], as_json: bool, text: Callable[[list[dict]], str] | None = None) -> int:
+    """Print the rows as JSON or as text (``format_table`` unless the suite has its own); 0, the exit status."""
+    print(json.dumps(rows, indent=1) if as_json else (text or format_table)(rows))
+    return 0
+
+
+def main(rows: Callable, argv: Sequence[str] | None, doc: str, repeats: int | None = 5, flags: dict | None = None,
+         text: Callable[[list[dict]], str] | None = None) -> int:
+    """A suite's ``main``: parse the common flags and ``flags`` (see ``parser``), print ``rows(args)``."""
+    args = parser(doc, repeats, flags).parse_args(argv)
+    return show(rows(args), args.json, text)
+
+
 def plot_bandwidth(rows: list[dict], path: str, title: str = "bandwidth against size") -> str | None:
     """A PNG: bandwidth against size (log-log; one line per transport and direction, dashed for the
     baselines) above the ratio of each to its baseline."""
@@ -196,6 +228,17 @@ def cpu_split() -> tuple[set[int], set[int]] | None:
 def pin_self(cpus: set[int] | None) -> None:
     if cpus:
         os.sched_setaffinity(0, cpus)
+
+
+@contextlib.contextmanager
+def pinned(cpus: set[int] | None):
+    """This process on ``cpus`` (``None``: left where it is) for the block; its CPUs given back after."""
+    before = os.sched_getaffinity(0)
+    pin_self(cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def spawn(cmd: list[str], cpus: set[int] | None = None, env: dict | None = None, **popen) -> subprocess.Popen:

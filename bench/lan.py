@@ -78,16 +78,7 @@ def rows(args=None) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    import argparse
-
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--repeats", type=int, default=3)
-    args = ap.parse_args(argv)
-    out = rows(args)
-    print(json.dumps(out, indent=1) if args.json else harness.format_table(out))
-    return 0
+    return harness.main(rows, argv, __doc__, repeats=3)
 
 
 if __name__ == "__main__":

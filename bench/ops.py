@@ -11,6 +11,8 @@ from __future__ import annotations
 import statistics
 import time
 
+from rgpu.bench import harness
+
 CHAIN = 1000  # adds per run
 SIZE = 4      # elements per tensor
 
@@ -47,31 +49,22 @@ def rows(args=None) -> list[dict]:
             y = y + 1.0
         y.cpu()
 
-    def enqueue(dev):
+    def chain(dev, whole: bool):
+        """One run of the chain on ``dev``: the client's time per op to enqueue it (us), or with ``whole``
+        the chain through ``.cpu()`` (ms)."""
         def run():
             y = x[dev]
             torch.rgpu.synchronize() if dev == "rgpu" else sync()
             t0 = time.perf_counter()
             for _ in range(CHAIN):
                 y = y + 1.0
-            per_op = (time.perf_counter() - t0) / CHAIN * 1e6
+            enqueued = time.perf_counter() - t0
             y.cpu()
-            return per_op
+            return (time.perf_counter() - t0) * 1e3 if whole else enqueued / CHAIN * 1e6
         return run
 
-    def chain(dev):
-        def run():
-            y = x[dev]
-            torch.rgpu.synchronize() if dev == "rgpu" else sync()
-            t0 = time.perf_counter()
-            for _ in range(CHAIN):
-                y = y + 1.0
-            y.cpu()
-            return (time.perf_counter() - t0) * 1e3
-        return run
-
-    per_op = _median_runs({"rgpu": enqueue("rgpu"), native: enqueue(native)}, repeats)
-    whole = _median_runs({"rgpu": chain("rgpu"), native: chain(native)}, repeats)
+    per_op = _median_runs({dev: chain(dev, whole=False) for dev in x}, repeats)
+    whole = _median_runs({dev: chain(dev, whole=True) for dev in x}, repeats)
     torch.rgpu.synchronize()
     rgpu.stats(reset=True)
     y = x["rgpu"]
@@ -87,25 +80,13 @@ def rows(args=None) -> list[dict]:
              per_op[native][0], transport, [per_op["rgpu"][1], per_op["rgpu"][2]]),
         _row(f"chain of {CHAIN} adds ending in .cpu() (server: {server})", "ms", whole["rgpu"][0], base,
              whole[native][0], transport, [whole["rgpu"][1], whole["rgpu"][2]]),
-        _row(f"round trips for that chain", "count", trips["round_trips"], "expected", 1, transport),
-        _row(f"messages for that chain", "count", trips["messages"], "ops in the chain", CHAIN, transport),
+        _row("round trips for that chain", "count", trips["round_trips"], "expected", 1, transport),
+        _row("messages for that chain", "count", trips["messages"], "ops in the chain", CHAIN, transport),
     ]
 
 
 def main(argv=None) -> int:
-    import argparse
-    import json
-
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--repeats", type=int, default=5)
-    args = p.parse_args(argv)
-    out = rows(args)
-    print(json.dumps(out, indent=1) if args.json else "\n".join(
-        f"{r['metric']:58s} {r['value']:10.2f} {r['unit']:5s} vs {r['baseline']:10.2f} ({r['baseline_name']})"
-        for r in out))
-    return 0
+    return harness.main(rows, argv, __doc__)
 
 
 if __name__ == "__main__":

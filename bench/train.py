@@ -241,24 +241,18 @@ def _profile(path: str, run) -> None:
     Path(path + ".server").write_text(server)
 
 
-def main(argv=None) -> int:
-    import argparse
-    import json
+FLAGS = {
+    "--profile": {"help": "write a cProfile of rgpu steps (client side) here"},
+    "--compile": {"nargs": "?", "const": "default",
+                  "help": "also the step under torch.compile(backend='rgpu') [mode, e.g. reduce-overhead]"},
+    "--sim-rtt": {"help": "comma list of simulated round trips in ms, e.g. 1,10,30"},
+}
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--profile", default=None, help="write a cProfile of rgpu steps (client side) here")
-    ap.add_argument("--compile", nargs="?", const="default", default=None,
-                    help="also the step under torch.compile(backend='rgpu') [mode, e.g. reduce-overhead]")
-    ap.add_argument("--sim-rtt", default=None, help="comma list of simulated round trips in ms, e.g. 1,10,30")
-    args = ap.parse_args(argv)
-    out = rows(args, args.profile)
-    print(json.dumps(out, indent=1) if args.json else "\n".join(
-        f"{r['metric']:58s} {r['value']:10.2f} {r['unit']:5s}" + (
-            f" vs {r['baseline']:8.2f} ({r['baseline_name']})" if r["baseline"] else "") for r in out))
-    return 0
+
+def main(argv=None) -> int:
+    from rgpu.bench import harness
+
+    return harness.main(lambda args: rows(args, args.profile), argv, __doc__, flags=FLAGS)
 
 
 if __name__ == "__main__":

@@ -28,8 +28,6 @@ from its own bench module (``register("shm", pairs)`` in ``rgpu.bench.<module>``
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import socket
 import struct
 import subprocess
@@ -254,6 +252,12 @@ class Context:
             except Exception:  # noqa: BLE001 - closing what is left; report nothing
                 pass
 
+    def __enter__(self) -> "Context":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
 
 def tcp_pairs(ctx: Context) -> dict:
     """tcp: rgpu beside the raw socket pair, for every metric."""
@@ -378,31 +382,25 @@ def rows(args=None) -> list[dict]:
     sizes = harness.parse_sizes(getattr(args, "sizes", None), QUICK_SIZES if quick else SIZES)
     repeats = harness.repeats_of(args)
     budget = RUN_SECONDS / 3 if quick else RUN_SECONDS
-    ctx = Context(args)
-    pinned = os.sched_getaffinity(0)
-    harness.pin_self(ctx.client_cpus)
     out = []
-    try:
+    with Context(args) as ctx, harness.pinned(ctx.client_cpus):
         for name in names:
             out += transport_rows(name, TRANSPORTS[name](ctx), sizes, repeats, budget)
-    finally:
-        ctx.close()
-        os.sched_setaffinity(0, pinned)
     return out
 
 
+FLAGS = {
+    "--sizes": {"help": "comma list of sizes, e.g. 64,1M,64M"},
+    "--transport": {"help": "comma list (default: every registered one)"},
+    "--server": {"help": "host:port of a running rgpu server (default: start a local one)"},
+    "--plot": {"help": "write a bandwidth-against-size PNG here"},
+    "--no-pin": {"dest": "pin", "action": "store_false", "help": "leave the processes where the scheduler puts them"},
+    "--raw-server": {"action": "store_true", "help": argparse.SUPPRESS},  # the baseline's server, a child of Context
+}
+
+
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m rgpu.bench.transport", description=__doc__.splitlines()[0])
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--sizes", default=None)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--transport", default=None)
-    p.add_argument("--server", default=None)
-    p.add_argument("--plot", default=None)
-    p.add_argument("--no-pin", dest="pin", action="store_false")
-    p.add_argument("--raw-server", action="store_true", help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    return harness.parser(__doc__, flags=FLAGS, prog="python -m rgpu.bench.transport").parse_args(argv)
 
 
 def main(argv=None) -> int:
@@ -410,9 +408,7 @@ def main(argv=None) -> int:
     if args.raw_server:
         raw_server()
         return 0
-    out = harness.run_suite("transport", args)
-    print(json.dumps(out, indent=1) if args.json else harness.format_table(out))
-    return 0
+    return harness.show(harness.run_suite("transport", args), args.json)
 
 
 if __name__ == "__main__":

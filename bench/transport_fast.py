@@ -244,29 +244,28 @@ def plot(rows: list[dict], path: str) -> str:
     return path
 
 
-def main(argv=None) -> int:
-    import argparse
+FLAGS = {
+    "--sizes": {"help": "comma list of sizes, e.g. 64,1M,64M"},
+    "--transport": {"default": "tcp,shm,ucx", "help": "those of them available here"},
+    "--copy": {"action": "store_true", "help": "only the parallel copy beside copyto"},
+    "--plot": {"help": "write the PNG here"},
+    "--plot-json": {"help": "plot saved rows (--json output) to --plot, measure nothing"},
+}
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--sizes", default=None)
-    p.add_argument("--transport", default="tcp,shm,ucx")
-    p.add_argument("--copy", action="store_true", help="only the parallel copy beside copyto")
-    p.add_argument("--plot", default=None)
-    p.add_argument("--plot-json", default=None, help="plot saved rows (--json output) to --plot, measure nothing")
-    args = p.parse_args(argv)
+
+def _rows(args) -> list[dict]:
+    if args.copy:
+        return copy_rows(args)
+    args.transport = ",".join(n for n in args.transport.split(",") if n in tb.TRANSPORTS)
+    return harness.run_suite("transport", args)
+
+
+def main(argv=None) -> int:
+    args = harness.parser(__doc__, flags=FLAGS).parse_args(argv)
     if args.plot_json:
         print(plot(json.load(open(args.plot_json)), args.plot or "transport_fast.png"))
         return 0
-    if args.copy:
-        out = copy_rows(args)
-    else:
-        args.transport = ",".join(n for n in args.transport.split(",") if n in tb.TRANSPORTS)
-        out = harness.run_suite("transport", args)
-    print(json.dumps(out, indent=1) if args.json else harness.format_table(out))
-    return 0
+    return harness.show(_rows(args), args.json)
 
 
 if __name__ == "__main__":

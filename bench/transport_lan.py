@@ -16,6 +16,7 @@ the LAN stands for two hosts.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -100,27 +101,22 @@ def rows(args=None) -> list[dict]:
     return out
 
 
-def main(argv=None) -> int:
-    import argparse
+FLAGS = {
+    "--sizes": {"help": "comma list of sizes, e.g. 1M,64M"},
+    "--rate": {"help": "tbf rate on both veth ends, e.g. 10gbit"},
+    "--transport": {"help": "tcp,ucx (default: both where available)"},
+    "--client": {"help": argparse.SUPPRESS},  # the measuring client, in namespace a
+    "--raw": {"help": argparse.SUPPRESS},
+}
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--repeats", type=int, default=None)
-    p.add_argument("--sizes", default=None)
-    p.add_argument("--rate", default=None, help="tbf rate on both veth ends, e.g. 10gbit")
-    p.add_argument("--transport", default=None, help="tcp,ucx (default: both where available)")
-    p.add_argument("--client", help=argparse.SUPPRESS)       # the measuring client, in namespace a
-    p.add_argument("--raw", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.client:
-        out = client(args.client, args.raw, args.transport.split(","),
-                     harness.parse_sizes(args.sizes, SIZES), args.repeats, args.quick)
-        print(json.dumps(out))
+
+def main(argv=None) -> int:
+    args = harness.parser(__doc__, repeats=None, flags=FLAGS).parse_args(argv)
+    if args.client:  # one line of JSON, read back by rows() in the parent
+        print(json.dumps(client(args.client, args.raw, args.transport.split(","),
+                                harness.parse_sizes(args.sizes, SIZES), args.repeats, args.quick)))
         return 0
-    out = rows(args)
-    print(json.dumps(out, indent=1) if args.json else harness.format_table(out))
-    return 0
+    return harness.show(rows(args), args.json)
 
 
 if __name__ == "__main__":

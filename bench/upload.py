@@ -82,18 +82,7 @@ def rows(args=None) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    import argparse
-    import json
-
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--sizes", default=None, help="comma list, e.g. 256M,1G")
-    args = ap.parse_args(argv)
-    out = rows(args)
-    print(json.dumps(out, indent=1) if args.json else harness.format_table(out))
-    return 0
+    return harness.main(rows, argv, __doc__, flags={"--sizes": {"help": "comma list, e.g. 256M,1G"}})
 
 
 if __name__ == "__main__":
