@@ -65,6 +65,27 @@ def both_sides(pair, client_token=TOKEN, server_token=TOKEN, client_hello=None, 
     return out["client"], out["server"]
 
 
+def server_in_thread(server) -> tuple[threading.Thread, dict]:
+    """The server's handshake on a thread, as the test plays the client by hand; ``out["server"]``: its error."""
+    out = {}
+
+    def serve():
+        try:
+            handshake.server_handshake(server, TOKEN.encode(), LIMITS, ROUTES)
+        except RgpuError as exc:
+            out["server"] = exc
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    return t, out
+
+
+def raw_hello(**change) -> dict:
+    """A HELLO's metadata as a client writes it by hand, with ``change`` applied."""
+    return {"proto": wire.PROTOCOL_VERSION, "versions": {}, "route": "echo", "session": "x", "transports": [],
+            "nonce": b"n" * 32, "options": {}, **change}
+
+
 def test_a_shared_token_opens_a_session_and_each_side_learns_the_others_versions(pair):
     welcome, h = both_sides(pair)
     assert welcome["session"] == "s1" and welcome["info"] == {"hi": 1}
@@ -80,19 +101,9 @@ def test_a_client_with_a_wrong_token_refuses_the_server_and_proves_nothing(pair)
 
 def test_a_client_that_fakes_its_proof_is_refused_with_nothing_run(pair):
     client, server = pair
-    result = {}
-
-    def serve():
-        try:
-            handshake.server_handshake(server, TOKEN.encode(), LIMITS, ROUTES)
-        except RgpuError as exc:
-            result["server"] = exc
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
+    t, result = server_in_thread(server)
     # the attacker sends a HELLO, reads the challenge, answers with a made-up proof
-    handshake._send(client, MsgKind.HELLO, {"proto": wire.PROTOCOL_VERSION, "versions": {}, "route": "echo",
-                                            "session": "x", "transports": [], "nonce": b"n" * 32, "options": {}})
+    handshake._send(client, MsgKind.HELLO, raw_hello())
     handshake._recv(client, LIMITS, MsgKind.CHALLENGE)
     handshake._send(client, MsgKind.PROOF, {"proof": b"\0" * 32})
     with pytest.raises(AuthenticationError, match="refused our token"):
@@ -112,16 +123,7 @@ def test_a_proof_for_another_session_does_not_open_this_one(pair):
 
 def test_a_client_of_a_newer_protocol_gets_version_mismatch_and_so_does_the_server(pair, monkeypatch):
     client, server = pair
-    out = {}
-
-    def serve():
-        try:
-            handshake.server_handshake(server, TOKEN.encode(), LIMITS, ROUTES)
-        except RgpuError as exc:
-            out["server"] = exc
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
+    t, out = server_in_thread(server)
     # the client writes frames of protocol 2 (the server thread decodes with the real version check)
     head = wire.HEADER.pack(MAGIC, wire.PROTOCOL_VERSION + 1, MsgKind.HELLO, 0, 0, 0, 0, 0)
     client.send([head])
@@ -151,8 +153,7 @@ def test_a_hello_naming_another_protocol_is_refused_as_a_version_mismatch(pair):
     t = threading.Thread(target=lambda: out.setdefault("r", pytest.raises(
         VersionMismatch, handshake.server_handshake, server, TOKEN.encode(), LIMITS, ROUTES)), daemon=True)
     t.start()
-    handshake._send(client, MsgKind.HELLO, {"proto": 99, "versions": {}, "route": "echo", "session": "x",
-                                            "transports": [], "nonce": b"n" * 32, "options": {}})
+    handshake._send(client, MsgKind.HELLO, raw_hello(proto=99))
     with pytest.raises(VersionMismatch):
         handshake._recv(client, LIMITS, MsgKind.CHALLENGE)
     t.join(10)
@@ -178,9 +179,7 @@ BAD_HELLOS = {
 def test_a_malformed_hello_is_a_protocol_error_naming_the_field(pair, case):
     change, field = BAD_HELLOS[case]
     client, server = pair
-    meta = {"proto": wire.PROTOCOL_VERSION, "versions": {}, "route": "echo", "session": "x",
-            "transports": [], "nonce": b"n" * 32, "options": {}, **change}
-    handshake._send(client, MsgKind.HELLO, meta)
+    handshake._send(client, MsgKind.HELLO, raw_hello(**change))
     with pytest.raises(ProtocolError, match=field):
         handshake.server_handshake(server, TOKEN.encode(), LIMITS, ROUTES)
 

@@ -1,14 +1,18 @@
 """The transport contract, the same cases for every transport: tcp, shm, ucx (where UCXX is installed).
 
-send(parts) with parts from frame_parts; recv_frame(limits, pool, into); close; abort.
+send(parts) with parts from frame_parts; recv_frame(limits, pool, into); close; abort. Last, through a
+real server: a killed client's worker ends.
 """
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 import numpy as np
 import pytest
 
+from conftest import clean_env, pid_gone, wait_until
 from rgpu.errors import ConnectionLost, ProtocolError
 from rgpu.transport.buffers import BufferPool, as_bytes_view
 from rgpu.transport.wire import Limits, MsgKind
@@ -191,10 +195,15 @@ def test_metadata_beyond_the_limit_is_a_protocol_error(ends):
     sent()
 
 
-def test_the_peer_closing_is_connection_lost_for_a_blocked_receiver(ends):
+ENDINGS = {"the peer closes": lambda client, server: server.close(),
+           "its own end aborts": lambda client, server: client.abort()}
+
+
+@pytest.mark.parametrize("ending", list(ENDINGS))
+def test_a_thread_blocked_in_receive_gets_connection_lost_when(ends, ending):
     client, server = ends
     waiting = in_thread(lambda: recv(client))
-    server.close()
+    ENDINGS[ending](client, server)
     with pytest.raises(ConnectionLost):
         waiting()
 
@@ -207,14 +216,6 @@ def test_frames_sent_before_the_peer_closed_are_still_delivered(ends):
     assert f.meta == "last words"
     with pytest.raises(ConnectionLost):
         recv(client)
-
-
-def test_abort_wakes_a_thread_blocked_in_receive(ends):
-    client, _ = ends
-    waiting = in_thread(lambda: recv(client))
-    client.abort()
-    with pytest.raises(ConnectionLost):
-        waiting()
 
 
 def test_sending_after_close_is_connection_lost(ends):
@@ -232,3 +233,35 @@ def test_readable_says_whether_a_frame_is_waiting(ends):
     send(client, MsgKind.POST, 1, "here")()
     assert server.readable(10)
     assert recv(server).meta == "here"
+
+
+# ---- through a real server --------------------------------------------------------------------
+
+CLIENT = """
+import sys, time
+from rgpu import config
+from rgpu.transport.client import connect
+conn = connect("echo", settings=config.settings(environ={}, server=sys.argv[1], token=sys.argv[2],
+                                                transport=sys.argv[3]))
+conn.call({"op": "echo"}, [b"x" * (4 << 20)]).release()
+print(conn.transport_name, conn.welcome["info"]["pid"], flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("name", ["shm", "ucx"])  # the two that notice a dead peer by means of their own
+def test_a_killed_client_ends_its_worker(start_server, name):
+    why = skip_reason(name)
+    if why:
+        pytest.skip(why)
+    server = start_server()
+    client = subprocess.Popen([sys.executable, "-c", CLIENT, server.address, server.token, name],
+                              stdout=subprocess.PIPE, text=True, env=clean_env())
+    try:
+        got, pid = client.stdout.readline().split()
+        assert got == name
+        client.kill()
+        wait_until(lambda: pid_gone(int(pid)), 30, f"the worker of a killed {name} client to exit")
+    finally:
+        client.kill()
+        client.wait()

@@ -15,6 +15,13 @@ from rgpu.transport.wire import Limits, MsgKind
 pytestmark = pytest.mark.skipif(shm.available() is not None, reason=str(shm.available()))
 
 
+def auto_stays_on_tcp(server, payload: bytes) -> None:
+    """Under ``auto`` the connection lands on tcp, and carries a call."""
+    conn = server.connect("echo", transport="auto")
+    assert conn.transport_name == "tcp"
+    assert conn.call({"op": "sizes"}, [payload]).meta["sizes"] == [len(payload)]
+
+
 def test_auto_takes_shm_on_one_host_and_says_so(rgpu_server):
     conn = rgpu_server.connect("echo", transport="auto")
     assert conn.transport_name == "shm"
@@ -33,9 +40,7 @@ def test_a_server_that_does_not_offer_shm_is_a_clear_error_when_forced_and_tcp_u
     server = start_server(env={"RGPU_TRANSPORT": "tcp"})
     with pytest.raises(ConnectError, match="RGPU_TRANSPORT=shm.*does not offer"):
         server.connect("echo", transport="shm")
-    conn = server.connect("echo", transport="auto")
-    assert conn.transport_name == "tcp"
-    assert conn.call({"op": "sizes"}, [b"ok"]).meta["sizes"] == [2]
+    auto_stays_on_tcp(server, b"ok")
 
 
 def test_a_wrong_nonce_is_refused_and_auto_stays_on_tcp(rgpu_server, monkeypatch):
@@ -47,9 +52,7 @@ def test_a_wrong_nonce_is_refused_and_auto_stays_on_tcp(rgpu_server, monkeypatch
     monkeypatch.setattr(shm_setup, "attach", forged)
     with pytest.raises(ConnectError, match="proof"):
         rgpu_server.connect("echo", transport="shm")
-    conn = rgpu_server.connect("echo", transport="auto")
-    assert conn.transport_name == "tcp"
-    assert conn.call({"op": "sizes"}, [b"x"]).meta["sizes"] == [1]
+    auto_stays_on_tcp(rgpu_server, b"x")
 
 
 def test_an_unreachable_shm_socket_is_another_host_never_a_guess_from_the_address(rgpu_server, monkeypatch):
@@ -58,9 +61,7 @@ def test_an_unreachable_shm_socket_is_another_host_never_a_guess_from_the_addres
     monkeypatch.setattr(shm_setup, "attach", elsewhere)   # what a client at the far end of an SSH tunnel sees
     with pytest.raises(ConnectError, match="not reachable"):
         rgpu_server.connect("echo", transport="shm")
-    conn = rgpu_server.connect("echo", transport="auto")   # 127.0.0.1 all the same: still tcp
-    assert conn.transport_name == "tcp"
-    assert conn.call({"op": "sizes"}, [b"x"]).meta["sizes"] == [1]
+    auto_stays_on_tcp(rgpu_server, b"x")   # 127.0.0.1 all the same: still tcp
 
 
 def test_a_stranger_on_the_unix_socket_gets_nothing_and_the_session_goes_on(rgpu_server, monkeypatch):
@@ -75,9 +76,7 @@ def test_a_stranger_on_the_unix_socket_gets_nothing_and_the_session_goes_on(rgpu
         assert got == b""                                 # hung up on, no descriptors
         return real(details, timeout)                     # the one connection is spent: refused
     monkeypatch.setattr(shm_setup, "attach", raced)
-    conn = rgpu_server.connect("echo", transport="auto")
-    assert conn.transport_name == "tcp"
-    assert conn.call({"op": "sizes"}, [b"abc"]).meta["sizes"] == [3]
+    auto_stays_on_tcp(rgpu_server, b"abc")
 
 
 def test_auto_logs_its_choice_once(rgpu_server, monkeypatch, caplog):

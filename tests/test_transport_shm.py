@@ -4,14 +4,11 @@ from __future__ import annotations
 import gc
 import os
 import signal
-import subprocess
-import sys
 import threading
 
 import numpy as np
 import pytest
 
-from conftest import clean_env, pid_gone, wait_until
 from rgpu.errors import ConnectionLost, ProtocolError
 from rgpu.transport import shm
 from rgpu.transport.buffers import BufferPool, as_bytes_view
@@ -260,31 +257,6 @@ def test_a_killed_server_is_noticed_at_once_and_its_mappings_go(start_server):
     conn.close()
     gc.collect()
     assert ours()[1] <= before
-
-
-CLIENT = """
-import sys, time
-from rgpu import config
-from rgpu.transport.client import connect
-conn = connect("echo", settings=config.settings(environ={}, server=sys.argv[1], token=sys.argv[2], transport="shm"))
-conn.call({"op": "echo"}, [b"x" * (4 << 20)]).release()
-print(conn.transport_name, conn.welcome["info"]["pid"], flush=True)
-time.sleep(600)
-"""
-
-
-def test_a_killed_client_ends_its_worker(start_server):
-    server = start_server()
-    client = subprocess.Popen([sys.executable, "-c", CLIENT, server.address, server.token], stdout=subprocess.PIPE,
-                              text=True, env=clean_env())
-    try:
-        name, pid = client.stdout.readline().split()
-        assert name == "shm"
-        client.kill()
-        wait_until(lambda: pid_gone(int(pid)), 30, "the worker of a killed shm client to exit")
-    finally:
-        client.kill()
-        client.wait()
 
 
 # ---- the copy into segments -------------------------------------------------------------

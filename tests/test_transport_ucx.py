@@ -3,13 +3,10 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from conftest import clean_env, pid_gone, wait_until
 from rgpu.errors import ConnectionLost
 from rgpu.transport import ucx
 from transport_pairs import skip_reason
@@ -68,29 +65,3 @@ def test_a_killed_server_is_connection_lost_not_a_hang(start_server):
     os.kill(conn.welcome["info"]["pid"], signal.SIGKILL)
     with pytest.raises(ConnectionLost):
         conn.call({"op": "sizes"}, [b"after"], timeout=60)
-
-
-CLIENT = """
-import sys, time
-from rgpu import config
-from rgpu.transport.client import connect
-conn = connect("echo", settings=config.settings(environ={}, server=sys.argv[1], token=sys.argv[2], transport="ucx"))
-conn.call({"op": "echo"}, [b"x" * (4 << 20)]).release()
-print(conn.transport_name, conn.welcome["info"]["pid"], flush=True)
-time.sleep(600)
-"""
-
-
-@needs_ucxx
-def test_a_killed_client_ends_its_worker(start_server):
-    server = start_server()
-    client = subprocess.Popen([sys.executable, "-c", CLIENT, server.address, server.token], stdout=subprocess.PIPE,
-                              text=True, env=clean_env())
-    try:
-        name, pid = client.stdout.readline().split()
-        assert name == "ucx"
-        client.kill()
-        wait_until(lambda: pid_gone(int(pid)), 30, "the worker of a killed ucx client to exit")
-    finally:
-        client.kill()
-        client.wait()
