@@ -3,6 +3,7 @@
 // describe() reads a tensor's storage id and geometry in one call, the
 // operation the op stream does for every tensor argument; the rest mint ids,
 // drain allocator events and build tensors the fallback cannot build in Python.
+// The fast path's functions (fast_path.cpp) join the same module.
 #include "rgpu_device.h"
 
 #include <torch/extension.h>
@@ -36,7 +37,6 @@ at::Tensor with_storage(at::Storage storage, int dtype, at::IntArrayRef size, at
   return t;
 }
 
-// A new tensor on src's storage: views whose kernels the fallback works out itself.
 at::Tensor alias(const at::Tensor& src, int dtype, std::vector<int64_t> size, std::vector<int64_t> stride,
                  int64_t offset) {
   return with_storage(src.storage(), dtype, size, stride, offset);
@@ -53,6 +53,15 @@ at::Tensor adopt(uint64_t id, size_t nbytes, int device, int dtype, std::vector<
 }
 
 }  // namespace
+
+// A new tensor on src's storage: views whose kernels the fallback works out itself.
+at::Tensor alias_of(const at::Tensor& src, at::ScalarType dtype, at::IntArrayRef size, at::IntArrayRef stride,
+                    int64_t offset) {
+  return with_storage(src.storage(), static_cast<int>(dtype), size, stride, offset);
+}
+
+void bind_fast_path(py::module_& m);  // fast_path.cpp
+
 }  // namespace rgpu
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -69,4 +78,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_device", [](int d) { rgpu::set_current_device(static_cast<c10::DeviceIndex>(d)); });
   m.def("pinned_region", &rgpu::pinned_region);
   m.def("id_shift", []() { return rgpu::kIdShift; });
+  rgpu::bind_fast_path(m);
 }

@@ -49,14 +49,42 @@ def post_out(s, op, i, args, kwargs):
     return stream(s, op, i, args, kwargs)
 
 
+def from_cpp(op, args, kwargs, learn: bool):
+    """The C++ fast path's way in (fast_path.cpp), for a call it has no plan for: (result, what it may learn).
+
+    What it may learn: None (nothing: this call's plan is not one C++ replays), False
+    (this op never streams: C++ stops asking), or the plan in C++'s terms (``meta.express``).
+    """
+    s = session.current()
+    if not learn or s is None:
+        return fallback(op, *args, **kwargs), None
+    i = optable.info(op)
+    if i.kind not in ("stream", "out"):
+        return fallback(op, *args, **kwargs), False
+    if i.indices is not None:
+        args, kwargs = _indices_to_device(i.indices, args, kwargs)
+    empty = [loc for loc in i.outs if _empty(optable.locate(loc, args, kwargs))]  # before they are resized
+    result, plan = _stream(s, op, i, args, kwargs)
+    return result, None if plan is None else meta.express(plan, op, i, s._index(op) if plan.post else 0, empty)
+
+
+def _empty(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.numel() == 0
+
+
 def stream(s, op, i, args, kwargs, mixed_ok: bool = False):
+    return _stream(s, op, i, args, kwargs, mixed_ok)[0]
+
+
+def _stream(s, op, i, args, kwargs, mixed_ok: bool = False):
+    """The op streamed from its plan: (result, plan), plan None when the op went to the server to be sized."""
     enc = Encoder(s.C.describe, s.devtype, i.by_type, mixed_ok)
     wargs, wkwargs = enc.value(args), enc.kwargs(kwargs)
     try:
         plan = meta.plan_for(op, i, (op, tuple(enc.key)), args, kwargs, s.devtype, s.kind)
     except NotImplementedError:  # no meta kernel, or a data-dependent shape: the server sizes it
         i.kind = "call"
-        return call(s, op, i, args, kwargs)
+        return call(s, op, i, args, kwargs), None
     if plan.resize:  # out= tensors that must grow first (their storage ids may change)
         for loc, size in plan.resize:
             locate(loc, args, kwargs).resize_(size)  # PyTorch's warning came from the meta kernel
@@ -67,7 +95,7 @@ def stream(s, op, i, args, kwargs, mixed_ok: bool = False):
     result = meta.build(plan.specs, args, kwargs, device, s.C.describe, s.C.alias, outs)
     if plan.post:
         s.post_op(op, wargs, wkwargs, outs if any(o is not None for o in outs) else None)
-    return result
+    return result, plan
 
 
 def _indices_to_device(loc, args, kwargs):

@@ -135,6 +135,54 @@ def make_plan(op, info: optable.OpInfo, args, kwargs, devtype: str, kind: str) -
     return Plan(specs, resize, post)
 
 
+def express(plan: Plan, op, info: optable.OpInfo, index: int, empty_outs=()):
+    """The plan in the C++ fast path's terms, or None where it has no such terms (fast_path.cpp replays it).
+
+    ``(op index, post, returns, resize)``, a return being a leaf or a list of leaves:
+    ``(0, dtype, sizes, strides)`` new, ``(1, position)`` an input written in place,
+    ``(2, position, dtype, sizes, strides, offset)`` a view, ``(3,)`` None; ``resize``
+    is ``[(position, sizes)]``, out= tensors to resize first. Positions are the
+    schema's, which is how C++ sees the boxed arguments.
+    """
+    schema = op._schema
+    position = {a.name: n for n, a in enumerate(schema.arguments)}
+    resize = []
+    for loc, size in plan.resize:
+        # Only outs that were empty: what PyTorch makes for a structured op's out= kernel (``x + 1``
+        # runs ``add.out``). Resizing one with elements warns, and the warning stays Python's.
+        if loc not in empty_outs:
+            return None
+        resize.append((loc[1] if loc[0] == "a" else position[loc[1]], list(size)))
+
+    def leaf(spec, optional: bool):
+        if type(spec) is not tuple or not spec or type(spec[0]) is not str:
+            return None
+        kind = spec[0]
+        if kind == "new":
+            return (0, spec[1], list(spec[2]), list(spec[3]))
+        where = None if kind == "value" else spec[1][1] if spec[1][0] == "a" else position[spec[1][1]]
+        if kind == "arg":
+            return (1, where)
+        if kind == "alias" and not spec[6] and not spec[7]:  # math bits stay with Python
+            return (2, where, spec[2], list(spec[3]), list(spec[4]), spec[5])
+        return (3,) if kind == "value" and spec[1] is None and optional else None
+
+    specs = () if plan.specs is None else (plan.specs,) if len(info.returns) == 1 else plan.specs
+    returns = []
+    for spec, r in zip(specs, schema.returns):
+        rtype = str(r.type)
+        if rtype == "List[Tensor]" and type(spec) is list:
+            leaves = [leaf(s, False) for s in spec]
+        elif rtype in ("Tensor", "Optional[Tensor]"):
+            leaves = leaf(spec, rtype == "Optional[Tensor]")
+        else:
+            return None
+        if leaves is None or (type(leaves) is list and None in leaves):
+            return None
+        returns.append(leaves)
+    return (index, plan.post, returns, resize)
+
+
 def build(spec, args, kwargs, device, describe, alias, outs: list):
     """The op's outputs from its plan; ``outs`` collects the wire form of each leaf, in order."""
     if spec is None:

@@ -12,6 +12,7 @@ import sys
 
 NAME = "rgpu"
 _libs: list = []  # torch.library registrations live as long as these objects
+_fallback_lib = None  # the Python fallback's registration, until the C++ fast path takes its place
 
 
 def register() -> bool:
@@ -27,9 +28,9 @@ def register() -> bool:
     torch.utils.rename_privateuse1_backend(NAME)
     torch._register_device_module(NAME, torch_rgpu)
     torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
-    lib = torch.library.Library("_", "IMPL")
-    lib.fallback(fallback.fallback, dispatch_key="PrivateUse1")
-    _libs.append(lib)
+    global _fallback_lib
+    _fallback_lib = torch.library.Library("_", "IMPL")
+    _fallback_lib.fallback(fallback.fallback, dispatch_key="PrivateUse1")
     _copies_read_math_bits(torch)
     _patch_printing(torch)
     _placeholder_guard(torch)
@@ -155,8 +156,29 @@ class _TorchWatcher:
         return spec
 
 
-def claim_composites() -> None:
-    """Register the fallback as the PrivateUse1 kernel of ``optable.CLAIMED`` ops (once, at session start)."""
+def fast_path(s, on: bool) -> None:
+    """A session starts: with ``on``, C++ (fast_path.cpp) streams the ops whose plan it knows.
+
+    Why the Python fallback's registration goes: PyTorch takes one fallback per
+    dispatch key, and the C++ one hands Python every call it cannot replay itself.
+    Once installed, it stays; a session with the fast path off passes every call on.
+    """
+    global _fallback_lib
+    from . import fallback
+
+    if on and _fallback_lib is not None:
+        _fallback_lib._destroy()
+        _fallback_lib = None
+    if _fallback_lib is None:
+        s.C.fast_install(fallback.from_cpp)
+    s.C.fast_session(s.post_packed if on else None, on)
+
+
+def claim_composites(C=None, fast: bool = False) -> None:
+    """Register the fallback as the PrivateUse1 kernel of ``optable.CLAIMED`` ops (once, at session start).
+
+    With ``fast``, the kernel is the C++ fast path's (it hands Python what it cannot replay).
+    """
     import torch
 
     from . import fallback, optable
@@ -167,6 +189,9 @@ def claim_composites() -> None:
         ns, _, qualified = full.partition("::")
         if ns == "aten" and qualified.startswith(optable.CLAIMED_PREFIXES):
             names.add(qualified if "." in qualified else f"{qualified}.default")
+    if fast:  # after fast_path(): the C++ kernel hands its misses to fallback.from_cpp
+        C.fast_claim([q if not q.endswith(".default") else q[:-8] for q in sorted(names)])
+        return
     for qualified in sorted(names):
         name, overload = qualified.split(".")
         op = getattr(getattr(torch.ops.aten, name), overload)

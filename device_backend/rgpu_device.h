@@ -5,6 +5,7 @@
 // machine. The server binds the id to real memory the first time an op names it.
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/Device.h>
 #include <c10/core/Storage.h>
@@ -35,6 +36,10 @@ uint64_t mint_ids(uint64_t n);  // reserve n consecutive ids, return the first
 c10::DataPtr data_ptr_for(uint64_t id, c10::DeviceIndex device);
 void resize_bytes(c10::StorageImpl* storage, size_t nbytes);
 std::vector<int64_t> drain_events();
+
+// bindings.cpp: a tensor on src's storage with this geometry (views the fallback works out itself)
+at::Tensor alias_of(const at::Tensor& src, at::ScalarType dtype, at::IntArrayRef size, at::IntArrayRef stride,
+                    int64_t offset);
 
 // pinned.cpp: host memory for pin_memory(); big blocks are memfds a same-host server can map
 c10::Allocator* pinned_allocator();

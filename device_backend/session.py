@@ -56,6 +56,15 @@ class Session:
         with self.lock:
             self.conn.post([Msg.OP, self.C.drain_events(), self._index(op), args, kwargs, outs])
 
+    def post_packed(self, idx: int, body: bytes) -> None:
+        """An OP message whose args, kwargs and outs C++ packed already (fast_path.cpp, on a plan's hit).
+
+        Why the events are drained here, under the lock: every message carries the
+        events recorded before it, in the order the messages go out.
+        """
+        with self.lock:
+            self.conn.post_packed(self.C.op_message(idx, body))
+
     def call_op(self, op, args, kwargs, first_id: int, count: int):
         with self.lock:
             fut = self.conn.request([Msg.CALL, self.C.drain_events(), self._index(op), args, kwargs, first_id, count])
@@ -167,22 +176,31 @@ def get() -> Session:
 def use(conn, C=None) -> Session:
     """Make ``conn`` the session's connection (closing the previous one)."""
     global _session
+    from . import registration
+
     with _lock:
         old, _session = _session, Session(conn, C or build.load())
+        fast = fast_path()
+        registration.fast_path(_session, fast)
         if old is not None:
             old.close()
             from . import meta
 
             meta.clear()
         else:
-            from . import registration
-
-            registration.claim_composites()
+            registration.claim_composites(_session.C, fast)
             atexit.register(lambda: _session is not None and _session.close())
         from . import torch_rgpu
 
         torch_rgpu.send_pending_seeds(_session)
     return _session
+
+
+def fast_path() -> bool:
+    """Whether ops whose plan is known stream from C++ (``RGPU_FAST_PATH``, read when a session starts)."""
+    from rgpu import config
+
+    return config.settings().fast_path
 
 
 def stats(reset: bool = False) -> dict:

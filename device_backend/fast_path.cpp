@@ -1,0 +1,498 @@
+// fast_path.cpp: the boxed fallback for PrivateUse1 that streams an op whose plan is known without Python.
+//
+// The Python fallback (fallback.py) stays the authority. The first call of each
+// op signature goes to it: PyTorch's errors come out at the user's line, the
+// meta kernel sizes the outputs, the op is posted; it hands back a plan C++ can
+// replay. A later call with the same signature (tensor geometry and dtypes,
+// scalar types, scalar values where encode.py keys them) builds its outputs
+// here, packs the op's message as encode.py would, and posts it through the
+// session (under its lock, with the allocator's events). Anything unusual
+// (CPU tensors, math bits, generators, devices, layouts) goes to Python.
+#include "msgpack.h"
+#include "rgpu_device.h"
+
+#include <ATen/EmptyTensor.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/PyInterpreter.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/utils/tensor_memoryformats.h>
+#include <torch/extension.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <unordered_map>
+
+namespace rgpu {
+namespace {
+
+constexpr c10::DispatchKeySet kKeys(c10::DispatchKey::PrivateUse1);
+constexpr size_t kMaxPlans = 50000;  // why a bound: scalar values are part of some signatures
+
+enum class Leaf : int { kNew = 0, kArg = 1, kAlias = 2, kNone = 3 };
+
+struct Out {
+  Leaf kind = Leaf::kNone;
+  int arg = -1;  // schema position of the input it is (kArg) or views (kAlias)
+  at::ScalarType dtype = at::kFloat;
+  std::vector<int64_t> sizes, strides;
+  int64_t offset = 0;
+};
+
+struct Plan {
+  std::vector<Out> outs;     // every leaf of the result, in order (the wire's `outs` has one entry each)
+  std::vector<int> returns;  // per schema return: -1 for one leaf, else the length of its list of leaves
+  std::vector<std::pair<int, std::vector<int64_t>>> resize;  // empty out= tensors to size first
+  bool post = true;          // false: the op only makes views, nothing to tell the server
+};
+
+// How a schema argument travels: as msgpack-python would write its Python value,
+// as {"d": code} (a dtype), or only when None (layouts, devices, generators...: Python's).
+enum class Kind : uint8_t { kPlain, kDtype, kNoneOnly };
+
+struct OpRecord {
+  bool never = false;    // the Python side said this op does not stream (call, local)
+  bool by_type = false;  // in-place op: float scalars key by type only (optable.OpInfo.by_type)
+  int index = 0;         // the session's op index (sent with DEFINE by the first post)
+  size_t kwarg_only_start = 0;
+  std::vector<Kind> kinds;
+  std::unordered_map<std::string, Plan> plans;
+};
+
+// Every field below is touched with the GIL held: the fallback takes it first.
+PyObject* g_miss = nullptr;  // fallback.from_cpp(op, args, kwargs, learn) -> (result, learned)
+PyObject* g_post = nullptr;  // Session.post_packed(op index, body) or None: no session streams from here
+bool g_enabled = false;
+size_t g_plan_count = 0;
+std::unordered_map<const c10::FunctionSchema*, OpRecord> g_records;
+std::atomic<uint64_t> g_hits{0}, g_misses{0}, g_passes{0};
+
+bool is_kind(const c10::Argument& a, c10::TypeKind kind) {
+  const auto& t = a.real_type();
+  if (t->kind() == kind) return true;
+  auto opt = t->cast<c10::OptionalType>();
+  return opt && opt->getElementType()->kind() == kind;
+}
+
+OpRecord& record_for(const c10::FunctionSchema& schema) {
+  auto it = g_records.find(&schema);
+  if (it != g_records.end()) return it->second;
+  OpRecord& r = g_records[&schema];
+  const auto& args = schema.arguments();
+  bool writes = false, outs = false;
+  for (const auto& a : args) {
+    bool w = a.alias_info() && a.alias_info()->isWrite();
+    writes |= w;
+    outs |= w && a.kwarg_only();
+    r.kinds.push_back(is_kind(a, c10::TypeKind::ScalarTypeType) ? Kind::kDtype
+                      : (is_kind(a, c10::TypeKind::LayoutType) || is_kind(a, c10::TypeKind::MemoryFormatType) ||
+                         is_kind(a, c10::TypeKind::DeviceObjType) || is_kind(a, c10::TypeKind::GeneratorType))
+                          ? Kind::kNoneOnly
+                          : Kind::kPlain);
+  }
+  r.by_type = writes && !outs;
+  r.kwarg_only_start = args.size();
+  while (r.kwarg_only_start > 0 && args[r.kwarg_only_start - 1].kwarg_only()) --r.kwarg_only_start;
+  return r;
+}
+
+// ---- the signature: what output metadata may depend on, as encode.py's key ----
+
+template <typename T>
+void put(std::string& s, T v) {
+  s.append(reinterpret_cast<const char*>(&v), sizeof(v));
+}
+
+bool device_tensor(const at::Tensor& t) {
+  return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1 && !t.is_conj() && !t.is_neg() &&
+         t.layout() == at::kStrided && !t.key_set().has(c10::DispatchKey::Python);
+}
+
+bool wrapped_number(const at::Tensor& t) {
+  return t.defined() && t.unsafeGetTensorImpl()->is_wrapped_number() && t.device().is_cpu() &&
+         (t.scalar_type() == at::kDouble || t.scalar_type() == at::kLong || t.scalar_type() == at::kBool);
+}
+
+bool sig_double(std::string& s, double v, bool by_type) {
+  s.push_back('f');
+  if (!by_type) put(s, v);
+  return true;
+}
+
+bool sig_value(std::string& s, const c10::IValue& v, bool by_type, int& device) {
+  if (v.isNone()) {
+    s.push_back('N');
+  } else if (v.isTensor()) {
+    const auto& t = v.toTensor();
+    if (wrapped_number(t)) {  // Python sees the number (torch::jit::toPyObject)
+      if (t.scalar_type() == at::kDouble) return sig_double(s, *t.const_data_ptr<double>(), by_type);
+      s.push_back(t.scalar_type() == at::kLong ? 'i' : 'b');
+      put(s, t.scalar_type() == at::kLong ? *t.const_data_ptr<int64_t>()
+                                          : static_cast<int64_t>(*t.const_data_ptr<bool>()));
+      return true;
+    }
+    if (!device_tensor(t)) return false;
+    int d = t.device().index();
+    if (device < 0) device = d;
+    if (d != device) return false;  // Python raises (or mixes, for copies): its business
+    s.push_back('T');
+    put(s, static_cast<int8_t>(t.scalar_type()));
+    put(s, static_cast<int8_t>(d));
+    put(s, static_cast<int32_t>(t.dim()));
+    for (auto x : t.sizes()) put(s, x);
+    for (auto x : t.strides()) put(s, x);
+    put(s, t.storage_offset());
+    put(s, t.storage().nbytes());
+  } else if (v.isDouble()) {
+    return sig_double(s, v.toDouble(), by_type);
+  } else if (v.isInt()) {
+    s.push_back('i');
+    put(s, v.toInt());
+  } else if (v.isBool()) {
+    s.push_back('b');
+    put(s, static_cast<int64_t>(v.toBool()));
+  } else if (v.isString()) {
+    const auto& str = v.toStringRef();
+    s.push_back('s');
+    put(s, str.size());
+    s.append(str);
+  } else if (v.isList()) {
+    auto items = v.toListRef();
+    s.push_back('L');
+    put(s, items.size());
+    for (const auto& x : items)
+      if (!sig_value(s, x, by_type, device)) return false;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// ---- the wire: msgpack of what encode.py makes of the same values ----
+
+void pack_ints(Packer& p, at::IntArrayRef values) {
+  p.array(values.size());
+  for (auto x : values) p.integer(x);
+}
+
+void pack_descriptor(Packer& p, const at::TensorBase& t) {  // bindings.cpp's describe(), packed
+  const auto& storage = t.storage();
+  p.array(7);
+  p.integer(static_cast<int64_t>(id_of(storage.data())));
+  p.integer(static_cast<int64_t>(storage.nbytes()));
+  p.integer(static_cast<int64_t>(t.scalar_type()));
+  pack_ints(p, t.sizes());
+  pack_ints(p, t.strides());
+  p.integer(t.storage_offset());
+  p.integer(t.device().index());
+}
+
+void pack_value(Packer& p, const c10::IValue& v, Kind kind) {  // sig_value() accepted v
+  if (v.isNone()) {
+    p.nil();
+  } else if (kind == Kind::kDtype) {
+    p.map(1);
+    p.str("d");
+    p.integer(v.toInt());
+  } else if (v.isTensor()) {
+    const auto& t = v.toTensor();
+    if (!wrapped_number(t)) {
+      p.map(1);
+      p.str("t");
+      pack_descriptor(p, t);
+    } else if (t.scalar_type() == at::kDouble) {
+      p.real(*t.const_data_ptr<double>());
+    } else if (t.scalar_type() == at::kLong) {
+      p.integer(*t.const_data_ptr<int64_t>());
+    } else {
+      p.boolean(*t.const_data_ptr<bool>());
+    }
+  } else if (v.isDouble()) {
+    p.real(v.toDouble());
+  } else if (v.isInt()) {
+    p.integer(v.toInt());
+  } else if (v.isBool()) {
+    p.boolean(v.toBool());
+  } else if (v.isString()) {
+    p.str(v.toStringRef());
+  } else {
+    auto items = v.toListRef();
+    p.array(items.size());
+    for (const auto& x : items) pack_value(p, x, Kind::kPlain);
+  }
+}
+
+// Arguments as PyTorch's Python fallback receives them: positional arguments up to
+// the last one that is not its default, keyword-only ones unless at their default
+// (torch/csrc/autograd/python_variable.cpp, parseIValuesToPyArgsKwargs).
+bool is_default(const c10::Argument& a, const c10::IValue& v) {
+  return a.default_value().has_value() && !(*a.default_value() != v);
+}
+
+size_t positional_end(const c10::FunctionSchema& schema, const OpRecord& r, c10::ArrayRef<c10::IValue> args) {
+  size_t end = r.kwarg_only_start;
+  while (end > 0 && is_default(schema.arguments()[end - 1], args[end - 1])) --end;
+  return end;
+}
+
+void pack_arguments(Packer& p, const c10::FunctionSchema& schema, const OpRecord& r,
+                    c10::ArrayRef<c10::IValue> args) {
+  size_t end = positional_end(schema, r, args);
+  p.array(end);
+  for (size_t i = 0; i < end; ++i) pack_value(p, args[i], r.kinds[i]);
+  size_t count = 0;
+  for (size_t i = r.kwarg_only_start; i < args.size(); ++i) count += !is_default(schema.arguments()[i], args[i]);
+  p.map(count);
+  for (size_t i = r.kwarg_only_start; i < args.size(); ++i) {
+    if (is_default(schema.arguments()[i], args[i])) continue;
+    p.str(schema.arguments()[i].name());
+    pack_value(p, args[i], r.kinds[i]);
+  }
+}
+
+// ---- a miss: the Python fallback, with PyTorch's own conversions ----
+
+std::pair<py::tuple, py::dict> to_python(const c10::FunctionSchema& schema, const OpRecord& r,
+                                         c10::ArrayRef<c10::IValue> args) {
+  auto value = [&](size_t i) -> py::object {
+    const auto& a = schema.arguments()[i];
+    const auto& v = args[i];
+    if (v.isNone()) return py::none();
+    if (is_kind(a, c10::TypeKind::ScalarTypeType))
+      return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(v.toScalarType())));
+    if (is_kind(a, c10::TypeKind::LayoutType))
+      return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPLayout(v.toLayout())));
+    if (is_kind(a, c10::TypeKind::MemoryFormatType))
+      return py::reinterpret_borrow<py::object>(torch::utils::getTHPMemoryFormat(v.toMemoryFormat()));
+    return torch::jit::toPyObject(v);
+  };
+  size_t end = positional_end(schema, r, args);
+  py::tuple positional(end);
+  for (size_t i = 0; i < end; ++i) positional[i] = value(i);
+  py::dict kwargs;
+  for (size_t i = r.kwarg_only_start; i < args.size(); ++i)
+    if (!is_default(schema.arguments()[i], args[i])) kwargs[py::str(schema.arguments()[i].name())] = value(i);
+  return {std::move(positional), std::move(kwargs)};
+}
+
+void push_result(const c10::FunctionSchema& schema, torch::jit::Stack* stack, py::handle out) {
+  const auto& rets = schema.returns();
+  if (rets.empty()) {
+    TORCH_CHECK(out.is_none(), "rgpu: ", schema.name(), " returns nothing, the fallback returned a value");
+  } else if (rets.size() == 1) {
+    stack->push_back(torch::jit::toIValue(out, rets[0].real_type()));
+  } else {
+    auto seq = py::reinterpret_borrow<py::sequence>(out);
+    for (size_t i = 0; i < rets.size(); ++i) stack->push_back(torch::jit::toIValue(seq[i], rets[i].real_type()));
+  }
+}
+
+Out out_from(py::handle leaf) {
+  auto t = py::reinterpret_borrow<py::tuple>(leaf);
+  Out o;
+  o.kind = static_cast<Leaf>(t[0].cast<int>());
+  if (o.kind == Leaf::kArg || o.kind == Leaf::kAlias) o.arg = t[1].cast<int>();
+  if (o.kind == Leaf::kNew || o.kind == Leaf::kAlias) {
+    size_t at = o.kind == Leaf::kNew ? 1 : 2;
+    o.dtype = static_cast<at::ScalarType>(t[at].cast<int>());
+    o.sizes = t[at + 1].cast<std::vector<int64_t>>();
+    o.strides = t[at + 2].cast<std::vector<int64_t>>();
+    if (o.kind == Leaf::kAlias) o.offset = t[at + 3].cast<int64_t>();
+  }
+  return o;
+}
+
+// learned: (op index, post, returns, resize); each return a leaf tuple or a list of them (meta.express).
+void learn(const c10::FunctionSchema& schema, const std::string& sig, py::handle learned) {
+  auto it = g_records.find(&schema);  // found again: the Python call may have started a new session
+  if (it == g_records.end()) return;
+  OpRecord& r = it->second;
+  if (learned.ptr() == Py_False) {
+    r.never = true;
+    return;
+  }
+  if (learned.is_none()) return;
+  auto t = py::reinterpret_borrow<py::tuple>(learned);
+  Plan plan;
+  if (t[0].cast<int>() > 0) r.index = t[0].cast<int>();  // 0: a plan that posts nothing
+  plan.post = t[1].cast<bool>();
+  for (auto ret : py::reinterpret_borrow<py::list>(t[2])) {
+    if (py::isinstance<py::list>(ret)) {
+      auto leaves = py::reinterpret_borrow<py::list>(ret);
+      plan.returns.push_back(static_cast<int>(leaves.size()));
+      for (auto leaf : leaves) plan.outs.push_back(out_from(leaf));
+    } else {
+      plan.returns.push_back(-1);
+      plan.outs.push_back(out_from(ret));
+    }
+  }
+  for (auto item : py::reinterpret_borrow<py::list>(t[3])) {
+    auto pair = py::reinterpret_borrow<py::tuple>(item);
+    plan.resize.emplace_back(pair[0].cast<int>(), pair[1].cast<std::vector<int64_t>>());
+  }
+  if (g_plan_count >= kMaxPlans) {
+    for (auto& entry : g_records) entry.second.plans.clear();
+    g_plan_count = 0;
+  }
+  if (r.plans.emplace(sig, std::move(plan)).second) ++g_plan_count;
+}
+
+void miss(const c10::OperatorHandle& op, torch::jit::Stack* stack, const OpRecord& r, const std::string* sig) {
+  const auto& schema = op.schema();
+  auto arguments = torch::jit::pop(*stack, schema.arguments().size());
+  auto [args, kwargs] = to_python(schema, r, arguments);
+  py::handle fn = torch::detail::getTorchApiFunction(op);
+  auto got = py::reinterpret_borrow<py::object>(g_miss)(fn, args, kwargs, sig != nullptr);
+  auto pair = py::reinterpret_borrow<py::tuple>(got);
+  if (sig != nullptr) learn(schema, *sig, pair[1]);
+  push_result(schema, stack, pair[0]);
+}
+
+// ---- a hit ----
+
+// Returns false (nothing done) when an input the plan names is not a tensor this time.
+bool replay(const c10::FunctionSchema& schema, torch::jit::Stack* stack, const OpRecord& r, const Plan& plan,
+            int device) {
+  size_t n = schema.arguments().size();
+  auto args = torch::jit::last(*stack, n);
+  for (const auto& o : plan.outs)
+    if (o.arg >= 0 && !args[o.arg].isTensor()) return false;
+  for (const auto& [pos, sizes] : plan.resize)
+    if (!args[pos].isTensor()) return false;
+  for (const auto& [pos, sizes] : plan.resize) args[pos].toTensor().resize_(sizes);  // as fallback.py does
+  if (device < 0) device = current_device();
+  std::vector<c10::IValue> results;
+  results.reserve(plan.outs.size());
+  Packer p;
+  p.out.reserve(256);
+  if (plan.post) pack_arguments(p, schema, r, args);
+  bool fresh = false;
+  for (const auto& o : plan.outs) fresh |= o.kind == Leaf::kNew;
+  if (fresh) p.array(plan.outs.size());
+  else p.nil();
+  for (const auto& o : plan.outs) {
+    if (o.kind == Leaf::kNew) {
+      c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device)));
+      at::Tensor t = at::detail::empty_strided_generic(o.sizes, o.strides, allocator(), kKeys, o.dtype);
+      pack_descriptor(p, t);
+      results.emplace_back(std::move(t));
+      continue;
+    }
+    if (fresh) p.nil();
+    if (o.kind == Leaf::kArg) {
+      results.push_back(args[o.arg]);
+    } else if (o.kind == Leaf::kAlias) {
+      results.emplace_back(alias_of(args[o.arg].toTensor(), o.dtype, o.sizes, o.strides, o.offset));
+    } else {
+      results.emplace_back();
+    }
+  }
+  if (plan.post) {
+    auto post = py::reinterpret_borrow<py::object>(g_post);
+    post(r.index, py::bytes(p.out));
+  }
+  torch::jit::drop(*stack, n);
+  size_t next = 0;
+  for (int count : plan.returns) {
+    if (count < 0) {
+      stack->push_back(std::move(results[next++]));
+      continue;
+    }
+    c10::List<at::Tensor> list;
+    list.reserve(count);
+    for (int i = 0; i < count; ++i) list.push_back(results[next++].toTensor());
+    stack->emplace_back(std::move(list));
+  }
+  return true;
+}
+
+void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  py::gil_scoped_acquire gil;
+  const auto& schema = op.schema();
+  OpRecord& r = record_for(schema);
+  if (!g_enabled || g_post == nullptr || r.never) {
+    ++g_passes;
+    return miss(op, stack, r, nullptr);
+  }
+  auto args = torch::jit::last(*stack, schema.arguments().size());
+  std::string sig;
+  sig.reserve(128);
+  int device = -1;
+  for (size_t i = 0; i < args.size(); ++i) {
+    bool ok = r.kinds[i] == Kind::kNoneOnly ? args[i].isNone() : sig_value(sig, args[i], r.by_type, device);
+    if (!ok) {
+      ++g_passes;
+      return miss(op, stack, r, nullptr);
+    }
+  }
+  auto it = r.plans.find(sig);
+  if (it != r.plans.end() && replay(schema, stack, r, it->second, device)) {
+    ++g_hits;
+    return;
+  }
+  ++g_misses;
+  miss(op, stack, r, &sig);
+}
+
+torch::Library* g_fallback_lib = nullptr;  // never freed: the dispatcher may outlive static destructors
+torch::Library* g_claim_lib = nullptr;
+
+}  // namespace
+
+namespace {
+
+void fast_install(py::object miss_fn) {
+  if (g_miss == nullptr) g_miss = miss_fn.release().ptr();
+  if (g_fallback_lib == nullptr) {
+    g_fallback_lib = new torch::Library(torch::Library::IMPL, "_", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+    g_fallback_lib->fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>());
+  }
+}
+
+void fast_claim(const std::vector<std::string>& names) {
+  if (g_claim_lib == nullptr)
+    g_claim_lib = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  for (const auto& name : names) g_claim_lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&fallback>());
+}
+
+void fast_session(py::object post, bool enabled) {
+  Py_XDECREF(g_post);
+  g_post = post.is_none() ? nullptr : post.release().ptr();
+  g_enabled = enabled;
+  g_records.clear();
+  g_plan_count = 0;
+}
+
+py::dict fast_stats(bool reset) {
+  py::dict d;
+  d["hits"] = g_hits.load();
+  d["misses"] = g_misses.load();
+  d["passes"] = g_passes.load();
+  d["plans"] = g_plan_count;
+  if (reset) g_hits = g_misses = g_passes = 0;
+  return d;
+}
+
+py::bytes op_message(int index, const std::string& body) {
+  Packer p;
+  p.out.reserve(body.size() + 32);
+  p.array(6);
+  p.integer(2);  // Msg.OP
+  auto events = drain_events();
+  p.array(events.size());
+  for (auto e : events) p.integer(e);
+  p.integer(index);
+  p.out.append(body);
+  return py::bytes(p.out);
+}
+
+}  // namespace
+
+void bind_fast_path(py::module_& m) {
+  m.def("fast_install", &fast_install, "route PrivateUse1's fallback through the fast path (once)");
+  m.def("fast_claim", &fast_claim, "make the fast path the PrivateUse1 kernel of these aten ops");
+  m.def("fast_session", &fast_session, "a new session: its post_packed (or None), whether to stream from C++");
+  m.def("fast_path_stats", &fast_stats, py::arg("reset") = false);
+  m.def("op_message", &op_message, "an OP message: [Msg.OP, drained events, index] + packed body");
+}
+
+}  // namespace rgpu
