@@ -26,7 +26,7 @@ from rgpu.errors import ConnectionLost, ProtocolError, RemoteError, RgpuError, S
 
 from .base import Transport
 from .buffers import BufferPool, as_bytes_view, writable_view
-from .wire import Frame, Limits, MsgKind
+from .wire import Frame, Limits, MsgKind, encode_prefix
 
 
 _POST, _REQUEST, _REPLY, _ERROR = MsgKind.POST, MsgKind.REQUEST, MsgKind.REPLY, MsgKind.ERROR
@@ -115,6 +115,46 @@ class Connection:
     def post(self, meta: Any, buffers: Sequence = ()) -> int:
         """Send a call that needs no answer; returns its sequence number."""
         return self._submit(_POST, meta, buffers, None)
+
+    def post_packed(self, meta: bytes, buffers: Sequence = ()) -> int:
+        """``post()`` of metadata that is already msgpack (the device's C++ fast path packs its ops itself).
+
+        The frame goes as plain parts (prefix, then buffers), which every transport's
+        ``send`` takes; buffers are copied at the call, so only small ones belong here.
+        """
+        views = [memoryview(bytearray(as_bytes_view(b))) for b in buffers]
+        nbytes = 0
+        for v in views:
+            nbytes += v.nbytes
+        inline = False
+        with self._cv_lock:
+            if self._dead:
+                raise self._dead
+            while self._queued_bytes > self._queue_max and not self._dead:
+                self._cv.wait()                   # backpressure: the I/O thread is behind
+            if self._dead:
+                raise self._dead
+            seq = next(self._seq)
+            if self._posts_inline and not self._queue and self._send_lock.acquire(blocking=False):
+                inline = True                     # nothing ahead of us: write on this thread
+            parts = [encode_prefix(_POST, seq, 0, meta, [v.nbytes for v in views]), *views]
+            self.stats["messages"] += 1
+            self.stats["bytes_out"] += nbytes
+            if not inline:
+                self._queue.append((parts, nbytes, None, seq))
+                self._queued_bytes += nbytes
+                self._ensure_io_thread()
+                self._cv.notify_all()
+        if inline:
+            try:
+                self._sending_seq = seq
+                self.transport.send(parts)
+            except RgpuError as exc:
+                self._fail(self._why_lost(exc))
+                raise self._dead from None
+            finally:
+                self._send_lock.release()
+        return seq
 
     def request(self, meta: Any, buffers: Sequence = (), reply_into: Sequence[memoryview] | None = None) -> Future:
         """Send a call and return the future of its answer (buffers land in ``reply_into`` if sizes match)."""
