@@ -87,6 +87,7 @@ TABLE: tuple[Setting, ...] = (
     Setting("max_sessions", "RGPU_MAX_SESSIONS", 32, int, "rgpu serve --max-sessions", "sessions the server runs at once"),
     Setting("spare_workers", "RGPU_SPARE_WORKERS", 1, int, "rgpu serve --spare-workers", "worker processes kept started so a new session begins at once"),
     Setting("debug", "RGPU_DEBUG", False, _bool, "", "debug logging (the hot path is quiet otherwise)"),
+    Setting("fast_path", "RGPU_FAST_PATH", True, _bool, "", "device ops whose plan is known stream from C++ without entering Python's fallback"),
 )
 
 
@@ -120,6 +121,7 @@ class Settings:
     max_sessions: int
     spare_workers: int
     debug: bool
+    fast_path: bool
 
     def with_(self, **changes: Any) -> "Settings":
         return replace(self, **changes)
