@@ -1,10 +1,13 @@
-"""The pinned host-to-device copy ``rgpu bench upload`` compares with, in a process that never imports rgpu.
+"""The native copies ``rgpu bench upload`` compares with, in a process that never imports rgpu.
 
 Why a process of its own: with PrivateUse1 registered (``import rgpu``), torch's
 current accelerator is rgpu, and ``pin_memory()`` there did not give CUDA pinned
 memory (the baseline ran at pageable speed: 6.8 GB/s where pinned is ~52).
 
-    python bench/h2d_baseline.py NBYTES      # then "copy" on stdin -> {"GBps": x} on stdout, one per line
+    python bench/h2d_baseline.py NBYTES      # then a copy's name on stdin -> {"GBps": x} on stdout, one per line
+
+Copies: ``pinned`` (host-to-device from pinned memory), ``pageable`` (host-to-device from
+ordinary memory), ``cpu`` (``.cpu()`` of a device tensor: a new host tensor, device-to-host).
 """
 from __future__ import annotations
 
@@ -21,15 +24,19 @@ def main() -> int:
     import torch
 
     n = int(sys.argv[1])
-    src = torch.ones(n // 4, dtype=torch.float32).pin_memory()
+    pinned = torch.ones(n // 4, dtype=torch.float32).pin_memory()
+    pageable = torch.ones(n // 4, dtype=torch.float32)
     dst = torch.empty(n // 4, dtype=torch.float32, device="cuda")
-    print(json.dumps({"pinned": src.is_pinned(), "rgpu_imported": "rgpu" in sys.modules}), flush=True)
+    copies = {"pinned": lambda: dst.copy_(pinned, non_blocking=True), "pageable": lambda: dst.copy_(pageable),
+              "cpu": lambda: dst.cpu()}
+    print(json.dumps({"pinned": pinned.is_pinned(), "rgpu_imported": "rgpu" in sys.modules}), flush=True)
     for line in sys.stdin:
-        if line.strip() != "copy":
+        copy = copies.get(line.strip())
+        if copy is None:
             break
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        dst.copy_(src, non_blocking=True)
+        copy()
         torch.cuda.synchronize()
         print(json.dumps({"GBps": n / (time.perf_counter() - t0) / 1e9}), flush=True)
     return 0

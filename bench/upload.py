@@ -1,14 +1,20 @@
-"""``rgpu bench upload``: bytes from this process into device memory, beside the server host's own copy.
+"""``rgpu bench upload``: bytes between this process and device memory, beside the server host's own copies.
 
     rgpu bench upload --json [--sizes 1G] [--repeats 5] [--quick]     python -m rgpu.bench.upload --json
 
-Value: GB/s of ``dst.copy_(src)`` from a CPU tensor into a preallocated rgpu
-tensor, timed to ``torch.rgpu.synchronize()`` (big uploads go in 8 MiB pieces,
-staged through pinned memory on a GPU server). Baseline, measured in the same
-run and interleaved: on a GPU host (client and server share it), a pinned
-host-to-device copy of the same size in a helper process that never imports rgpu
-(``h2d_baseline.py``; with rgpu registered, pinning gives no CUDA pinned memory); with a CPU server, a
-memcpy of the same size into a preallocated buffer (``numpy.copyto``).
+Three rows per size, each timed to ``torch.rgpu.synchronize()`` and interleaved with
+its baseline from the same run:
+
+- upload from pinned memory (``pin_memory()``): over shm it is sent by naming its
+  shared block, no copy, and the server's GPU reads it by DMA. Baseline: a pinned
+  host-to-device copy.
+- upload from ordinary memory: copied once into the transport (in pieces, the
+  server's copies to the GPU overlapping). Baseline: a pageable host-to-device copy.
+- download into a new tensor (``.cpu()``). Baseline: ``.cpu()`` of a CUDA tensor.
+
+On a GPU host the baselines run in a helper process that never imports rgpu
+(``h2d_baseline.py``; with rgpu registered, pinning gives no CUDA pinned memory);
+with a CPU server each baseline is a memcpy of the same size (``numpy.copyto``).
 Default size 1 GiB (``--quick``: 64 MiB).
 """
 from __future__ import annotations
@@ -20,6 +26,29 @@ import time
 from pathlib import Path
 
 from rgpu.bench import harness
+
+FIGURES = (  # (metric, the native copy in h2d_baseline.py, its name)
+    ("upload from pinned memory", "pinned", "pinned host-to-device copy"),
+    ("upload from ordinary memory", "pageable", "pageable host-to-device copy"),
+    ("download into a new tensor (.cpu())", "cpu", ".cpu() of a CUDA tensor"),
+)
+
+
+def _native(n: int):
+    """(copy name -> GB/s of one native copy, whether the helper's memory was pinned, close)."""
+    helper = subprocess.Popen([sys.executable, str(Path(__file__).with_name("h2d_baseline.py")), str(n)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    started = json.loads(helper.stdout.readline() or "{}")
+
+    def copy(name: str) -> float:
+        helper.stdin.write(name + "\n")
+        helper.stdin.flush()
+        return json.loads(helper.stdout.readline())["GBps"]
+
+    def close():
+        helper.stdin.close()
+        helper.wait(30)
+    return copy, started.get("pinned"), close
 
 
 def rows(args=None) -> list[dict]:
@@ -36,47 +65,45 @@ def rows(args=None) -> list[dict]:
     on_gpu = torch.cuda.is_available() and s.kind == "cuda"
     out = []
     for n in sizes:
-        src = torch.ones(n // 4, dtype=torch.float32)
+        sources = {"pinned": torch.ones(n // 4, dtype=torch.float32).pin_memory(),
+                   "pageable": torch.ones(n // 4, dtype=torch.float32)}
         dst = torch.empty(n // 4, dtype=torch.float32, device="rgpu")
 
-        def upload():
-            torch.rgpu.synchronize()
-            t0 = time.perf_counter()
-            dst.copy_(src)
-            torch.rgpu.synchronize()
-            return n / (time.perf_counter() - t0) / 1e9
+        def timed(fn):
+            def run():
+                torch.rgpu.synchronize()
+                t0 = time.perf_counter()
+                fn()
+                torch.rgpu.synchronize()
+                return n / (time.perf_counter() - t0) / 1e9
+            return run
 
-        helper = None
         if on_gpu:
-            # in a process without rgpu: here torch's accelerator is rgpu, and pinning gives no CUDA pinned memory
-            helper = subprocess.Popen([sys.executable, str(Path(__file__).with_name("h2d_baseline.py")), str(n)],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-            started = json.loads(helper.stdout.readline() or "{}")
-            name = f"pinned host-to-device copy on the GPU host (a process without rgpu; pinned: {started.get('pinned')})"
-
-            def baseline():
-                helper.stdin.write("copy\n")
-                helper.stdin.flush()
-                return json.loads(helper.stdout.readline())["GBps"]
+            native, pinned, close = _native(n)
+            where = f"on the GPU host (a process without rgpu; pinned: {pinned})"
         else:
-            a, b = src.numpy(), np.empty(n // 4, dtype=np.float32)
-            name = "memcpy of the same size (numpy.copyto, this process)"
+            a, b = sources["pageable"].numpy(), np.empty(n // 4, dtype=np.float32)
 
-            def baseline():
+            def native(name):
                 t0 = time.perf_counter()
                 np.copyto(b, a)
                 return n / (time.perf_counter() - t0) / 1e9
-
+            close, where = (lambda: None), "here: memcpy of the same size (numpy.copyto), CPU server"
         try:
-            upload(), baseline()  # warm: pieces' staging slots, pages, the copy path
-            result = harness.compare(upload, baseline, repeats)
+            for metric, copy, base_name in FIGURES:
+                mine = timed(dst.cpu if copy == "cpu" else (lambda src=sources.get(copy): dst.copy_(src)))
+                theirs = lambda copy=copy: native(copy)  # noqa: E731
+                mine(), theirs()  # warm: stages, pages, the copy path
+                result = harness.compare(mine, theirs, repeats)
+                name = f"{base_name} {where}" if on_gpu else where
+                out.append(harness.row("upload", s.conn.transport_name, metric, n, result, name, unit="GB/s",
+                                       server=s.kind,
+                                       shared_bytes=getattr(s.conn.transport, "shared_bytes", 0)))
         finally:
-            if helper is not None:
-                helper.stdin.close()
-                helper.wait(30)
+            close()
         how = s.request([Msg.UPLOAD_INFO])  # which path the server's pieces took
-        out.append(harness.row("upload", s.conn.transport_name, "bandwidth", n, result, name,
-                               server=s.kind, server_pieces=how))
+        for r in out[-len(FIGURES):]:
+            r["server_pieces"] = how
         del dst
     return out
 

@@ -7,7 +7,8 @@
 #   warm      the C++ part built against this torch (cold, timed) and a first op on the GPU server
 #   train     rgpu bench train (default transport: shm on one host): the eager step vs native CUDA eager,
 #             round trips, warm-up losses vs native
-#   upload    rgpu bench upload (1 GiB into device memory vs a pinned host-to-device copy), shm, later tcp
+#   upload    rgpu bench upload (1 GiB up from pinned and from ordinary memory, and down, each beside its
+#             native copy), shm, later tcp
 #   ops       rgpu bench ops (client cost per streamed op vs native CUDA enqueue)
 #   rtt       rgpu bench rtt: a chain of 200 ops and one wait behind a simulated round trip vs 0 ms + 1 RTT
 #   train_compiled  RGPU_TRANSPORT=tcp rgpu bench train --compile: the eager step over tcp, the compiled
@@ -105,8 +106,16 @@ summary = [
     line("compiled step (reduce-overhead, small preset) / native eager", "",
          pick("train_reduce_overhead", "training step, torch.compile"), "train_reduce_overhead"),
     line("client cost per streamed op / native CUDA enqueue", "<= 1.0", pick("ops", "client cost per streamed op"), "ops"),
-    line("1 GiB upload into GPU memory / pinned host-to-device copy", ">= 0.50", pick("upload", ""), "upload"),
-    line("1 GiB upload over tcp / pinned host-to-device copy", "recorded", pick("upload_tcp", ""), "upload_tcp"),
+    line("1 GiB upload into GPU memory / pinned host-to-device copy", ">= 0.50",
+         pick("upload", "upload from pinned memory"), "upload"),
+    line("1 GiB upload from ordinary memory / pageable host-to-device copy", "recorded",
+         pick("upload", "upload from ordinary memory"), "upload"),
+    line("1 GiB download (.cpu()) / native .cpu()", "recorded", pick("upload", "download"), "upload"),
+    line("1 GiB upload over tcp, pinned / pinned host-to-device copy", "recorded",
+         pick("upload_tcp", "upload from pinned memory"), "upload_tcp"),
+    line("1 GiB upload over tcp, ordinary / pageable host-to-device copy", "recorded",
+         pick("upload_tcp", "upload from ordinary memory"), "upload_tcp"),
+    line("1 GiB download over tcp / native .cpu()", "recorded", pick("upload_tcp", "download"), "upload_tcp"),
 ]
 for ms in ("1", "10", "30"):
     for what in ("training step",):

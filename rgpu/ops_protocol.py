@@ -20,6 +20,7 @@ class Msg(IntEnum):
     CALL = 3      # [events, op_index, args, kwargs, first id, id count]     request -> [result, ...]
     UPLOAD = 4    # [events, tensor] + one buffer (contiguous bytes)          post
     DOWNLOAD = 5  # [events, tensor]                                          request -> one buffer
+    #               or [events, tensor, byte offset] + the client's (shared) memory, filled in place -> None
     EVENTS = 6    # [events]                                                  post
     SEED = 7      # [device, seed]                                            post
     SYNC = 8      # []                                                        request -> None

@@ -93,3 +93,18 @@ def test_a_shm_segment_is_registered_once_and_unregistered_only_after_the_transp
     pinned.forget_dropped()
     assert calls[-1] == ("unregister",) and not pinned.entries
     mapping.close()  # nothing holds the mapping any more
+
+
+def test_a_download_into_client_memory_fills_its_range_and_bad_ones_are_refused():
+    ex = _executor()
+    desc = [1, 64, CODE_BY_DTYPE[torch.float32], [16], [1], 0, 0]
+    ex.handle([Msg.UPLOAD, [], desc], [memoryview(torch.arange(16.0).numpy()).cast("B")], False)
+    into = bytearray(24)
+    assert ex.handle([Msg.DOWNLOAD, [], desc, 8], [memoryview(into)], True) == (None, [])
+    assert torch.equal(torch.frombuffer(into, dtype=torch.float32), torch.arange(2.0, 8.0))
+    with pytest.raises(Exception, match="outside its"):
+        ex.handle([Msg.DOWNLOAD, [], desc, 48], [memoryview(bytearray(24))], True)
+    with pytest.raises(Exception, match="writable buffer"):
+        ex.handle([Msg.DOWNLOAD, [], desc, 0], [memoryview(bytes(8))], True)
+    with pytest.raises(Exception, match="byte offset"):
+        ex.handle([Msg.DOWNLOAD, [], desc], [memoryview(bytearray(8))], True)

@@ -102,7 +102,8 @@ class Uploads:
         self.slots: list[_Slot] = []
         self.next = 0
         self.pinned = Pinned()
-        self.pieces = {"cpu": 0, "dma from shm": 0, "staged": 0}  # how pieces went (UPLOAD_INFO)
+        # how pieces went (UPLOAD_INFO): each way, by DMA from or to shm segments, staged, or on the CPU
+        self.pieces = {"cpu": 0, "dma from shm": 0, "staged": 0, "dma to shm": 0, "to host memory": 0}
 
     def info(self, meta, buffers):
         return {"pieces": dict(self.pieces), "registered_bytes": sum(r.nbytes for r in self.pinned.entries.values()),
@@ -147,6 +148,27 @@ class Uploads:
         self._staged(into, src)
         self.pieces["staged"] += 1
         return None
+
+    def fill(self, t: torch.Tensor, offset, buf: memoryview) -> None:
+        """Bytes ``offset``.. of ``t`` written into ``buf``, the client's own memory (a download over shm).
+
+        Why in place: ``buf`` lies in a pinned block of the client's that this process maps
+        (the shm transport named it rather than copying it), so the bytes cross once, by DMA
+        from the GPU where that mapping registers, and the client reads them where they land.
+        """
+        n = buf.nbytes
+        if type(offset) is not int or offset < 0 or buf.readonly:
+            raise UploadError("DOWNLOAD into memory: [events, tensor, byte offset] and one writable buffer")
+        if not t.is_contiguous() or offset + n > t.numel() * t.element_size():
+            raise UploadError(f"download of {n} bytes at {offset} is outside its (contiguous) tensor")
+        src = t.detach().reshape(-1).view(torch.uint8)[offset:offset + n]
+        if src.device.type == "cuda":
+            pinned = self.pinned.view(buf)
+            (pinned if pinned is not None else torch.frombuffer(buf, dtype=torch.uint8)).copy_(src)
+            self.pieces["dma to shm" if pinned is not None else "to host memory"] += 1
+            return
+        np.copyto(np.frombuffer(buf, dtype=np.uint8), src.numpy())
+        self.pieces["cpu"] += 1
 
     def _staged(self, into: torch.Tensor, src: torch.Tensor) -> None:
         if not self.slots:
