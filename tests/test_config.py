@@ -42,6 +42,7 @@ SAMPLES = {
     "RGPU_MAX_SESSIONS": ("4", 4),
     "RGPU_SPARE_WORKERS": ("0", 0),
     "RGPU_DEBUG": ("on", True),
+    "RGPU_FAST_PATH": ("0", False),
 }
 
 BAD = {
