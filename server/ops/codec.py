@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .handles import DTYPE_BY_CODE, HandleTable
+from .handles import DTYPE_BY_CODE, HandleTable, dtype_of
 from rgpu.ops_protocol import LAYOUTS, MEMORY_FORMATS
 
 CODE_BY_DTYPE = {d: i for i, d in enumerate(DTYPE_BY_CODE) if d is not None}
@@ -11,35 +11,53 @@ _LAYOUT = {name: getattr(torch, name) for name in LAYOUTS if hasattr(torch, name
 _MEMORY_FORMAT = {name: getattr(torch, name) for name in MEMORY_FORMATS}
 
 
+_PLAIN = frozenset((int, float, bool, str, type(None)))  # wire values that are already torch values
+
+
 class Decoder:
-    """Decodes one message's values; remembers the input storages (outputs must not alias them)."""
+    """Decodes one message's values; remembers the input storages (outputs must not alias them).
 
-    __slots__ = ("table", "inputs", "device")
+    ``cached``: tensors come from the handle table's view cache (the op path: the executor then
+    checks the views an op wrote); without it each tensor is a view of its own."""
 
-    def __init__(self, table: HandleTable):
+    __slots__ = ("table", "inputs", "device", "_tensor")
+
+    def __init__(self, table: HandleTable, cached: bool = False):
         self.table = table
         self.inputs: list[int] = []  # base addresses of the storages the inputs live in
         self.device = 0  # the rgpu index of the first tensor or device argument: where the op runs
+        self._tensor = table.view if cached else table.tensor
 
     def value(self, v):
         t = type(v)
         if t is list:
-            return [self.value(x) for x in v]
+            return [x if type(x) in _PLAIN else self.value(x) for x in v]
         if t is not dict:
             return v
+        if len(v) == 1:
+            x = v.get("t")
+            if x is not None:  # the common case first: a tensor
+                if not self.inputs:
+                    self.device = x[6]
+                return self._tensor(x, self.inputs)
+        return self._tagged(v)
+
+    def _tagged(self, v: dict):
         ((tag, x),) = v.items()
         if tag == "t":
             if not self.inputs:
                 self.device = x[6]
-            return self.table.tensor(x, self.inputs)
+            return self._tensor(x, self.inputs)
         if tag == "j":  # a conjugate or negative view: the kernels here read the bits as on the client
-            t = self.value({"t": x[0]})
+            if not self.inputs:
+                self.device = x[0][6]
+            t = self._tensor(x[0], self.inputs)
             t = t.conj() if x[1] and t.is_complex() else t
             return t._neg_view() if x[2] else t
         if tag == "s":
-            return torch.tensor(x[1], dtype=DTYPE_BY_CODE[x[0]])
+            return torch.tensor(x[1], dtype=dtype_of(x[0]))
         if tag == "d":
-            return DTYPE_BY_CODE[x]
+            return dtype_of(x)
         if tag == "v":
             if x[0] != "rgpu":
                 return torch.device(_check(x[0], ("cpu",), "device"))
@@ -57,7 +75,7 @@ class Decoder:
         raise ValueError(f"unknown value tag {tag!r}")
 
     def kwargs(self, v: dict) -> dict:
-        return {k: self.value(x) for k, x in v.items()}
+        return {k: x if type(x) in _PLAIN else self.value(x) for k, x in v.items()}
 
 
 class GeneratorArg:

@@ -4,6 +4,14 @@ The client mints storage ids and never tells the server when it allocates: the
 first message that names an id materialises its storage (uninitialised, like
 CUDA memory). Tensors are rebuilt from descriptors as strided views of a
 per-(storage, dtype) flat tensor, so a view costs one ``as_strided``.
+
+The op path (``view``) also keeps the views it built, per storage, keyed by the
+rest of the descriptor (dtype code, sizes, strides, offset): a storage read by
+op after op costs a dict lookup. A cached view lives exactly as long as its
+entry: a free, a re-bind, a poisoning or storage growth (a new id) drops it
+with the entry. An op that could change a view's layout in place (the ops that
+write an argument) has its written views checked afterwards (``keep``); a
+failed op's written views are dropped (``forget``).
 """
 from __future__ import annotations
 
@@ -12,6 +20,30 @@ import torch
 from rgpu.ops_protocol import DTYPES, EVENT_FIELDS, Event
 
 DTYPE_BY_CODE = tuple(getattr(torch, name, None) for name in DTYPES)
+MAX_VIEWS = 16  # cached views per storage; past it the storage's cache starts again (x[i] for every i)
+_FREE, _COPY = int(Event.FREE), int(Event.COPY)
+
+
+_CONTIGUOUS: dict[tuple, tuple] = {}  # sizes -> (their contiguous strides, element count)
+
+
+def _contiguous(size: tuple) -> tuple:
+    strides, n = [], 1
+    for d in reversed(size):
+        strides.append(n)
+        n *= d
+    if len(_CONTIGUOUS) >= 4096:
+        _CONTIGUOUS.clear()
+    got = _CONTIGUOUS[size] = (strides[::-1], n)
+    return got
+
+
+def dtype_of(code) -> torch.dtype:
+    """The torch dtype of a descriptor's dtype code; a clear error for a code this torch lacks."""
+    dtype = DTYPE_BY_CODE[code] if type(code) is int and 0 <= code < len(DTYPE_BY_CODE) else None
+    if dtype is None:
+        raise ValueError(f"unknown dtype code {code!r}")
+    return dtype
 
 
 class Poisoned(Exception):
@@ -23,10 +55,10 @@ class Poisoned(Exception):
 
 
 class Entry:
-    __slots__ = ("storage", "device", "flat", "poison", "ptr")
+    __slots__ = ("storage", "device", "flat", "views", "poison", "ptr")
 
     def __init__(self, storage, device, poison: Poisoned | None = None):
-        self.storage, self.device, self.flat, self.poison = storage, device, {}, poison
+        self.storage, self.device, self.flat, self.views, self.poison = storage, device, {}, {}, poison
         self.ptr = storage.data_ptr() if storage is not None else 0  # read once: untyped_storage() is slow
 
 
@@ -57,9 +89,9 @@ class HandleTable:
         return e
 
     def tensor(self, desc, ptrs: list | None = None) -> torch.Tensor:
-        """The tensor a descriptor names; ``ptrs`` collects the base addresses of the storages read."""
+        """The tensor a descriptor names, a view of its own; ``ptrs`` collects the base addresses of the storages read."""
         sid, nbytes, code, size, stride, offset, dev = desc
-        dtype = DTYPE_BY_CODE[code]
+        dtype = dtype_of(code)
         if sid == 0:  # a storage of no bytes: nothing to keep
             return torch.empty_strided(size, stride, dtype=dtype, device=self.device(dev))
         e = self.entry(sid, nbytes, dev)
@@ -71,11 +103,74 @@ class HandleTable:
         # as_strided checks the geometry against the storage: a descriptor cannot reach past it
         return flat.as_strided(size, stride, offset)
 
-    def bind(self, sid: int, storage, dev: int) -> None:
-        """Make ``sid`` name ``storage`` (an op's fresh output)."""
+    def view(self, desc, ptrs: list) -> torch.Tensor:
+        """``tensor()`` for an op's argument: the view built for the same descriptor before, if any.
+
+        The view may be handed to op after op: an op that changes its layout must ``keep`` it afterwards."""
+        sid, nbytes, code, size, stride, offset, dev = desc
+        e = self.entries.get(sid)
+        if e is None:
+            if sid == 0:  # a storage of no bytes: nothing to keep
+                return self.tensor(desc, ptrs)
+            return self._fresh(desc, ptrs)
+        if e.poison is not None:
+            raise e.poison
+        key = (code, tuple(size), tuple(stride), offset)
+        v = e.views.get(key)
+        if v is None:
+            v = self.tensor(desc, ptrs)  # checks the geometry against the storage
+            views = e.views
+            if len(views) >= MAX_VIEWS:
+                views.clear()
+            views[key] = v
+            return v
+        ptrs.append(e.ptr)
+        return v
+
+    def _fresh(self, desc, ptrs: list) -> torch.Tensor:
+        """A storage first named by an op (its output, mostly): allocated as the tensor the descriptor names
+        when that is a contiguous tensor of exactly the storage's bytes, else as bytes and viewed."""
+        sid, nbytes, code, size, stride, offset, dev = desc
+        dtype = dtype_of(code)
+        size_key = tuple(size)
+        contiguous = _CONTIGUOUS.get(size_key) or _contiguous(size_key)
+        if offset == 0 and stride == contiguous[0] and contiguous[1] * dtype.itemsize == nbytes:
+            v = torch.empty(size, dtype=dtype, device=self.device(dev))
+            e = self.entries[sid] = Entry(v.untyped_storage(), dev)
+            self._account(dev, nbytes)
+            e.views[(code, size_key, tuple(stride), 0)] = v
+            ptrs.append(e.ptr)
+            return v
+        self.entry(sid, nbytes, dev)
+        return self.view(desc, ptrs)
+
+    def keep(self, desc, v: torch.Tensor) -> None:
+        """After an op that wrote ``v`` (from ``view(desc)``): drop the cached view if the op changed its layout."""
+        sid, _, code, size, stride, offset, _ = desc
+        e = self.entries.get(sid)
+        if e is None or not e.views:
+            return
+        key = (code, tuple(size), tuple(stride), offset)
+        if e.views.get(key) is not v:
+            return
+        if (v.stride() != key[2] or v.shape != key[1] or v.storage_offset() != offset or v.is_conj() or v.is_neg()
+                or v.untyped_storage().data_ptr() != e.ptr):
+            del e.views[key]
+
+    def forget(self, sid) -> None:
+        """Drop the cached views of ``sid``'s storage (a failed op may have left one changed)."""
+        e = self.entries.get(sid) if type(sid) is int else None
+        if e is not None:
+            e.views.clear()
+
+    def bind(self, sid: int, storage, dev: int, view: tuple | None = None) -> None:
+        """Make ``sid`` name ``storage`` (an op's fresh output); ``view``: (descriptor, the tensor it names)."""
         self.free(sid)
-        self.entries[sid] = Entry(storage, dev)
+        e = self.entries[sid] = Entry(storage, dev)
         self._account(dev, storage.nbytes())
+        if view is not None:
+            desc, t = view
+            e.views[(desc[2], tuple(desc[3]), tuple(desc[4]), desc[5])] = t
 
     def poison(self, sid: int, dev: int, cause: Poisoned) -> None:
         self.free(sid)
@@ -90,9 +185,9 @@ class HandleTable:
         i, n = 0, len(events)
         while i < n:
             kind = events[i]
-            if kind == Event.FREE:
+            if kind == _FREE:
                 self.free(events[i + 1])
-            elif kind == Event.COPY:
+            elif kind == _COPY:
                 self._grow(*events[i + 1:i + 6])
             else:
                 raise ValueError(f"unknown allocator event {kind}")

@@ -38,10 +38,11 @@ class OpRefused(Exception):
 class Resolved:
     """A runnable op (the op, or its substitute here) and what the executor needs to know of its schema."""
 
-    __slots__ = ("name", "op", "mutable", "outs", "generator", "tensor_args", "wrap_numbers")
+    __slots__ = ("name", "op", "call", "mutable", "outs", "generator", "tensor_args", "wrap_numbers", "adapt", "fix")
 
     def __init__(self, name: str, op, run=None):
         self.name, self.op = name, run or op
+        self.call = run or op._op  # what runs it: the overload's C++ callable, one Python frame fewer
         args = op._schema.arguments
         # positions and keyword names of arguments the op writes: they share the fate of a failure
         self.mutable = [(i, a.name, a.kwarg_only) for i, a in enumerate(args)
@@ -52,6 +53,7 @@ class Resolved:
         self.tensor_args = [(i, a.name, a.kwarg_only) for i, a in enumerate(args)
                             if str(a.type) in ("Tensor", "Optional[Tensor]")]
         self.wrap_numbers = False  # set once the op has refused a number where its schema says Tensor
+        self.adapt = self.fix = None  # the executor's own adaptations of arguments (args) and of results (args, result)
 
     def numbers_as_tensors(self, args: list, kwargs: dict) -> None:
         """Python numbers in Tensor arguments become CPU scalar tensors, in place.

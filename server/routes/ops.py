@@ -16,13 +16,17 @@ from rgpu.server.ops.graphs import Graphs
 from rgpu.server.ops.uploads import Uploads
 from rgpu.server.ops.handles import DTYPE_BY_CODE, HandleTable, Poisoned
 from rgpu.ops_protocol import Msg
-from rgpu.server.ops.resolve import OpRefused, resolve
+from rgpu.server.ops.resolve import OpRefused, Resolved, resolve
 
 from .base import Executor as BaseExecutor
 from .base import OpFailed
 
 # Why: the receive pool's buffers may be read-only views; we copy out of them at once.
 warnings.filterwarnings("ignore", message="The given buffer is not writable")
+
+_InferenceMode = torch._C._InferenceMode
+_inference_mode_on = torch.is_inference_mode_enabled
+_Tensor = torch.Tensor
 
 
 def _layer_norm_stats_like_input(a: list) -> list:
@@ -141,8 +145,14 @@ class Executor(BaseExecutor):
         handler = self.handlers.get(meta[0]) if type(meta) is list and meta else None
         if handler is None:
             raise ValueError(f"not an ops-route message: {str(meta)[:80]}")
-        with torch.inference_mode():
+        if _inference_mode_on():  # the session loop holds it (serving())
             return handler(meta, buffers)
+        with _InferenceMode(True):  # torch.inference_mode()'s guard, without its Python wrapper
+            return handler(meta, buffers)
+
+    def serving(self):
+        """Held around the session loop: inference mode entered once, not per message (a microsecond an op)."""
+        return _InferenceMode(True)
 
     def close(self) -> None:
         self.table.close()
@@ -153,12 +163,18 @@ class Executor(BaseExecutor):
     def _define(self, meta, buffers):
         _, index, name, schema = meta
         try:
-            self.ops[index] = resolve(name, schema, self.kind)
+            r = resolve(name, schema, self.kind)
         except OpRefused as exc:
             self.ops[index] = exc  # refused on every use, by name
+            return
+        if self.kind == "cpu":  # looked up once here, not per op
+            r.adapt, r.fix = CPU_ADAPT.get(r.name), CPU_RESULTS.get(r.name)
+        self.ops[index] = r
 
     def _resolved(self, index):
         r = self.ops.get(index)
+        if type(r) is Resolved:
+            return r
         if r is None:
             raise OpFailed(f"op #{index}", "op used before it was defined")
         if isinstance(r, OpRefused):
@@ -167,31 +183,52 @@ class Executor(BaseExecutor):
 
     def _run(self, r, args, kwargs, dec: Decoder):
         a = dec.value(args)
-        k = dec.kwargs(kwargs)
-        if self.kind == "cpu" and r.name in CPU_ADAPT:
-            a = CPU_ADAPT[r.name](a)
+        if type(kwargs) is not dict:
+            raise ValueError("kwargs: not a map")
+        k = dec.kwargs(kwargs) if kwargs else {}
+        if r.adapt is not None:
+            a = r.adapt(a)
         if r.generator is not None:
             self._pick_generator(r.generator, a, k, dec.device)
         if r.wrap_numbers:
             r.numbers_as_tensors(a, k)
         try:
-            result = r.op(*a, **k)
+            result = r.call(*a, **k)
         except RuntimeError as exc:  # once per op: torch.ops took no number for a Tensor argument
             if r.wrap_numbers or "Expected a value of type 'Tensor" not in str(exc):
                 raise
             r.wrap_numbers = True
             r.numbers_as_tensors(a, k)
-            result = r.op(*a, **k)
-        if self.kind == "cpu" and r.name in CPU_RESULTS:
-            result = CPU_RESULTS[r.name](a, result)
-        for name in r.outs:  # the client sized out= tensors: one the kernel resized would leave it behind
-            t, wire = k.get(name), kwargs.get(name)
-            if isinstance(t, torch.Tensor):
-                _bits_into_memory(t, wire)
-            if isinstance(t, torch.Tensor) and list(t.shape) != descriptor(wire)[3]:
-                raise RuntimeError(f"out= tensor {name!r} has shape {descriptor(wire)[3]}, the result needs "
-                                   f"{list(t.shape)}; resize it first (the client and server would disagree)")
+            result = r.call(*a, **k)
+        if r.fix is not None:
+            result = r.fix(a, result)
+        if r.mutable:
+            self._written(r, a, k, args, kwargs)
         return result
+
+    def _written(self, r, a: list, k: dict, args: list, kwargs: dict) -> None:
+        """After an op that writes arguments: out= tensors as the client sized them, cached views still as built."""
+        keep = self.table.keep
+        for pos, name, kwarg_only in r.mutable:
+            if kwarg_only or pos >= len(args):
+                t, wire = k.get(name), kwargs.get(name)
+            else:
+                t, wire = a[pos], args[pos]
+            if type(wire) is list and type(t) is list:  # a list of written tensors (the _foreach_ ops)
+                for w, x in zip(wire, t):
+                    if type(w) is dict and "t" in w and isinstance(x, _Tensor):
+                        keep(w["t"], x)
+                continue
+            if not isinstance(t, _Tensor) or type(wire) is not dict:
+                continue
+            if kwarg_only:  # the client sized out= tensors: one the kernel resized would leave it behind
+                _bits_into_memory(t, wire)
+                size = descriptor(wire)[3]
+                if list(t.shape) != size:
+                    raise RuntimeError(f"out= tensor {name!r} has shape {size}, the result needs "
+                                       f"{list(t.shape)}; resize it first (the client and server would disagree)")
+            if "t" in wire:
+                keep(wire["t"], t)
 
     def _pick_generator(self, where, a: list, k: dict, dev: int) -> None:
         """The generator an op draws from: an explicit one's stream, or this device's own on the CPU."""
@@ -214,9 +251,12 @@ class Executor(BaseExecutor):
 
     def _op(self, meta, buffers):
         _, events, index, args, kwargs, outs = meta
-        self.table.apply_events(events)
-        r = self._resolved(index)
-        dec = Decoder(self.table)
+        if events:
+            self.table.apply_events(events)
+        r = self.ops.get(index)
+        if type(r) is not Resolved:
+            r = self._resolved(index)
+        dec = Decoder(self.table, cached=True)
         try:
             result = self._run(r, args, kwargs, dec)
         except Poisoned as cause:  # an input came from a failed op: fail quietly, pass it on
@@ -242,8 +282,19 @@ class Executor(BaseExecutor):
                 # the kernel's layout differs from the meta kernel's (or it returned an input): copy
                 fixed = torch.empty(0, dtype=DTYPE_BY_CODE[code], device=t.device)
                 fixed.set_(torch.empty(nbytes, dtype=torch.uint8, device=t.device).untyped_storage(), offset, size, stride)
-                storage = fixed.copy_(t).untyped_storage()
-            self.table.bind(sid, storage, dev)
+                t = fixed.copy_(t)
+                storage = t.untyped_storage()
+            # the result is the next op's view of it: nothing else holds it (an input it returned was copied)
+            self.table.bind(sid, storage, dev, (desc, t))
+
+    def _forget_written(self, r, args, kwargs) -> None:
+        if type(args) is not list or type(kwargs) is not dict:
+            return
+        for pos, name, kwarg_only in getattr(r, "mutable", ()):
+            v = kwargs.get(name) if kwarg_only or pos >= len(args) else args[pos]
+            for d in map(descriptor, v if type(v) is list else [v]):
+                if type(d) is list and d:
+                    self.table.forget(d[0])
 
     def _poison(self, r, args, kwargs, outs, cause: Poisoned) -> None:
         written = [d for d in outs or () if d is not None]
@@ -257,12 +308,13 @@ class Executor(BaseExecutor):
         _, events, index, args, kwargs, first_id, count = meta
         self.table.apply_events(events)
         r = self._resolved(index)
-        dec = Decoder(self.table)
+        dec = Decoder(self.table, cached=True)
         try:
             result = self._run(r, args, kwargs, dec)
         except Poisoned as cause:
             raise OpFailed(cause.op, str(cause)) from None
         except Exception as exc:
+            self._forget_written(r, args, kwargs)  # nothing is poisoned here, but a half-run op may have changed a view
             raise OpFailed(r.name, f"{type(exc).__name__}: {exc}") from None
         ids = iter(range(first_id, first_id + count))
         taken = set(dec.inputs)
