@@ -8,6 +8,7 @@ crash or a fatal device error ends this session and no other.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import socket
@@ -44,39 +45,12 @@ def serve_session(transport, session: Session, transports: list) -> None:
         handshake.refuse(transport, "route", f"cannot start the {session.route!r} route: {exc}")
         log.exception("route %s failed to start", session.route)
         return
-    applied = 0
     try:
         handshake.welcome(transport, session.id, transports, executor.welcome())
         if negotiate.expects_upgrade(transports):  # the client switches to shm / ucx or stays on tcp
             transport = negotiate.server_upgrade(transport, transports, session.settings)
-        while True:
-            frame = transport.recv_frame(limits, pool)
-            if frame.kind == MsgKind.BYE:
-                break
-            if frame.kind not in (MsgKind.POST, MsgKind.REQUEST):
-                raise ProtocolError(f"kind: a client may not send {frame.kind.name} in a session")
-            wants_reply = frame.kind == MsgKind.REQUEST
-            try:
-                result = executor.handle(frame.meta, frame.buffers, wants_reply)
-                applied = frame.seq
-                if wants_reply:
-                    meta, bufs = result if result is not None else (None, [])
-                    try:  # a reply that cannot be encoded is the executor's failure, not the client's
-                        parts = transport.frame_parts(MsgKind.REPLY, frame.seq, applied, meta,
-                                                      [as_bytes_view(b) for b in bufs])
-                    except (ProtocolError, TypeError) as exc:
-                        raise RuntimeError(f"the reply cannot be sent: {exc}") from None
-                    transport.send(parts)
-            except RgpuError as exc:
-                if isinstance(exc, (ConnectionLost, ProtocolError, VersionMismatch)):
-                    raise
-                transport.send(transport.frame_parts(MsgKind.ERROR, frame.seq, applied, error_meta(exc, frame.seq), []))
-            except Exception as exc:  # the op failed; the session goes on
-                if session.settings.debug:
-                    log.debug("op failed:\n%s", traceback.format_exc())
-                transport.send(transport.frame_parts(MsgKind.ERROR, frame.seq, applied, error_meta(exc, frame.seq), []))
-            finally:
-                frame.release()
+        with _serving(executor):
+            _loop(transport, executor, session, limits, pool)
     except (ProtocolError, VersionMismatch) as exc:
         log.warning("session %s: %s; closing it", session.id, exc)
         _say_bye(transport, f"protocol error: {exc}", error=type(exc).__name__)
@@ -90,6 +64,49 @@ def serve_session(transport, session: Session, transports: list) -> None:
             executor.close()
         finally:
             transport.close()
+
+
+def _serving(executor):
+    """What an executor holds for its whole session loop (the ops route: torch's inference mode), if anything."""
+    serving = getattr(executor, "serving", None)
+    return serving() if serving is not None else contextlib.nullcontext()
+
+
+_BYE, _POST, _REQUEST, _REPLY, _ERROR = MsgKind.BYE, MsgKind.POST, MsgKind.REQUEST, MsgKind.REPLY, MsgKind.ERROR
+
+
+def _loop(transport, executor, session: Session, limits: Limits, pool: BufferPool) -> None:
+    """The frame loop: each POST and REQUEST through the executor in order, until BYE."""
+    applied = 0
+    handle, recv_frame = executor.handle, transport.recv_frame
+    while True:
+        frame = recv_frame(limits, pool)
+        kind = frame.kind
+        if kind == _BYE:
+            break
+        if kind != _POST and kind != _REQUEST:
+            raise ProtocolError(f"kind: a client may not send {frame.kind.name} in a session")
+        wants_reply = kind == _REQUEST
+        try:
+            result = handle(frame.meta, frame.buffers, wants_reply)
+            applied = frame.seq
+            if wants_reply:
+                meta, bufs = result if result is not None else (None, [])
+                try:  # a reply that cannot be encoded is the executor's failure, not the client's
+                    parts = transport.frame_parts(_REPLY, frame.seq, applied, meta, [as_bytes_view(b) for b in bufs])
+                except (ProtocolError, TypeError) as exc:
+                    raise RuntimeError(f"the reply cannot be sent: {exc}") from None
+                transport.send(parts)
+        except RgpuError as exc:
+            if isinstance(exc, (ConnectionLost, ProtocolError, VersionMismatch)):
+                raise
+            transport.send(transport.frame_parts(_ERROR, frame.seq, applied, error_meta(exc, frame.seq), []))
+        except Exception as exc:  # the op failed; the session goes on
+            if session.settings.debug:
+                log.debug("op failed:\n%s", traceback.format_exc())
+            transport.send(transport.frame_parts(_ERROR, frame.seq, applied, error_meta(exc, frame.seq), []))
+        finally:
+            frame.release()
 
 
 def _say_bye(transport, reason: str, error: str | None = None) -> None:
