@@ -37,9 +37,10 @@ class Decoder:
         if len(v) == 1:
             x = v.get("t")
             if x is not None:  # the common case first: a tensor
-                if not self.inputs:
+                inputs = self.inputs
+                if not inputs:
                     self.device = x[6]
-                return self._tensor(x, self.inputs)
+                return self._tensor(x, inputs)
         return self._tagged(v)
 
     def _tagged(self, v: dict):

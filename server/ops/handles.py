@@ -144,18 +144,20 @@ class HandleTable:
         self.entry(sid, nbytes, dev)
         return self.view(desc, ptrs)
 
-    def keep(self, desc, v: torch.Tensor) -> None:
-        """After an op that wrote ``v`` (from ``view(desc)``): drop the cached view if the op changed its layout."""
+    def keep(self, desc, v: torch.Tensor) -> bool:
+        """After an op that wrote ``v`` (from ``view(desc)``): whether it still has the descriptor's layout
+        (sizes, strides, offset, storage, no conjugate/negative bit); a cached view that changed is dropped."""
         sid, _, code, size, stride, offset, _ = desc
+        size, stride = tuple(size), tuple(stride)
         e = self.entries.get(sid)
-        if e is None or not e.views:
-            return
-        key = (code, tuple(size), tuple(stride), offset)
-        if e.views.get(key) is not v:
-            return
-        if (v.stride() != key[2] or v.shape != key[1] or v.storage_offset() != offset or v.is_conj() or v.is_neg()
-                or v.untyped_storage().data_ptr() != e.ptr):
-            del e.views[key]
+        if (v.shape == size and v.stride() == stride and v.storage_offset() == offset and not v.is_conj()
+                and not v.is_neg() and (e is None or v.untyped_storage().data_ptr() == e.ptr)):
+            return True
+        if e is not None:
+            key = (code, size, stride, offset)
+            if e.views.get(key) is v:
+                del e.views[key]
+        return False
 
     def forget(self, sid) -> None:
         """Drop the cached views of ``sid``'s storage (a failed op may have left one changed)."""

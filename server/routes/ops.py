@@ -221,14 +221,14 @@ class Executor(BaseExecutor):
                 continue
             if not isinstance(t, _Tensor) or type(wire) is not dict:
                 continue
+            if "t" in wire and keep(wire["t"], t):
+                continue  # as the client laid it out
             if kwarg_only:  # the client sized out= tensors: one the kernel resized would leave it behind
                 _bits_into_memory(t, wire)
                 size = descriptor(wire)[3]
                 if list(t.shape) != size:
                     raise RuntimeError(f"out= tensor {name!r} has shape {size}, the result needs "
                                        f"{list(t.shape)}; resize it first (the client and server would disagree)")
-            if "t" in wire:
-                keep(wire["t"], t)
 
     def _pick_generator(self, where, a: list, k: dict, dev: int) -> None:
         """The generator an op draws from: an explicit one's stream, or this device's own on the CPU."""
