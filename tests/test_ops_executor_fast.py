@@ -264,3 +264,23 @@ def test_ops_run_the_same_inside_the_session_loops_inference_mode_and_outside_it
     assert not torch.is_inference_mode_enabled()
     m.op(aten.add.out, V(2, [4]), 1.0, out=V(3, [4]))
     m.check()
+
+
+def test_one_result_returned_twice_is_bound_to_two_storages_of_their_own():
+    # the CPU's eval-mode batch norm returns no statistics; the executor fills both with one zeros tensor
+    m = Mirror()
+    m.new(1, [float(i) for i in range(8)])  # input [2, 2, 2]
+    m.new(2, [1.0, 1.0])  # weight, bias, running mean, running var
+    m.new(3, [0.0, 0.0])
+    f32 = CODE_BY_DTYPE[torch.float32]
+    op = aten._native_batch_norm_legit_no_training.default
+    m.ex.handle([Msg.DEFINE, 1, "_native_batch_norm_legit_no_training.default", str(op._schema)], [], False)
+    args = [{"t": m.desc(V(1, [2, 2, 2]))}, {"t": m.desc(V(2, [2]))}, {"t": m.desc(V(3, [2]))},
+            {"t": m.desc(V(3, [2]))}, {"t": m.desc(V(2, [2]))}, 0.1, 1e-5]
+    outs = [[4, 32, f32, [2, 2, 2], [4, 2, 1], 0, 0], [5, 8, f32, [2], [1], 0, 0], [6, 8, f32, [2], [1], 0, 0]]
+    m.ex.handle([Msg.OP, [], 1, args, {}, outs], [], False)
+    entries = m.ex.table.entries
+    assert entries[5].ptr != entries[6].ptr
+    m.cpu[5], m.cpu[6] = torch.zeros(8, dtype=torch.uint8), torch.zeros(8, dtype=torch.uint8)
+    m.op(aten.add_.Scalar, V(5, [2]), 1.0)  # the other statistic stays as it was
+    m.check()

@@ -14,7 +14,7 @@ import torch
 from rgpu.server.ops.codec import CODE_BY_DTYPE, Decoder, GeneratorArg, descriptor, encode_result, flatten
 from rgpu.server.ops.graphs import Graphs
 from rgpu.server.ops.uploads import Uploads
-from rgpu.server.ops.handles import DTYPE_BY_CODE, HandleTable, Poisoned
+from rgpu.server.ops.handles import DTYPE_BY_CODE, HandleTable, Poisoned, dtype_of
 from rgpu.ops_protocol import Msg
 from rgpu.server.ops.resolve import OpRefused, Resolved, resolve
 
@@ -256,17 +256,17 @@ class Executor(BaseExecutor):
         r = self.ops.get(index)
         if type(r) is not Resolved:
             r = self._resolved(index)
-        dec = Decoder(self.table, cached=True)
+        dec = Decoder(self.table, True)
         try:
             result = self._run(r, args, kwargs, dec)
+            if outs:
+                self._bind(flatten(result), outs, dec)
         except Poisoned as cause:  # an input came from a failed op: fail quietly, pass it on
             self._poison(r, args, kwargs, outs, cause)
             return None
         except Exception as exc:
             self._poison(r, args, kwargs, outs, Poisoned(r.name, f"{type(exc).__name__}: {exc}"))
             raise OpFailed(r.name, f"{type(exc).__name__}: {exc}") from None
-        if outs:
-            self._bind(flatten(result), outs, dec)
         return None
 
     def _bind(self, results, outs, dec: Decoder) -> None:
@@ -277,14 +277,19 @@ class Executor(BaseExecutor):
             sid, nbytes, code, size, stride, offset, dev = desc
             t = _resolved_bits(value)
             storage = t.untyped_storage()
+            ptr = storage.data_ptr()
             if (t.dtype is not DTYPE_BY_CODE[code] or list(t.shape) != size or list(t.stride()) != stride
-                    or t.storage_offset() != offset or storage.data_ptr() in taken):
-                # the kernel's layout differs from the meta kernel's (or it returned an input): copy
-                fixed = torch.empty(0, dtype=DTYPE_BY_CODE[code], device=t.device)
+                    or t.storage_offset() != offset or ptr in taken):
+                # the kernel's layout differs from the meta kernel's, or it returned an input or one
+                # result twice (ids name storages of their own): copy
+                fixed = torch.empty(0, dtype=dtype_of(code), device=t.device)
                 fixed.set_(torch.empty(nbytes, dtype=torch.uint8, device=t.device).untyped_storage(), offset, size, stride)
                 t = fixed.copy_(t)
                 storage = t.untyped_storage()
-            # the result is the next op's view of it: nothing else holds it (an input it returned was copied)
+                ptr = storage.data_ptr()
+            if ptr:
+                taken.add(ptr)
+            # the result is the next op's view of it: nothing else holds it
             self.table.bind(sid, storage, dev, (desc, t))
 
     def _forget_written(self, r, args, kwargs) -> None:
@@ -308,7 +313,7 @@ class Executor(BaseExecutor):
         _, events, index, args, kwargs, first_id, count = meta
         self.table.apply_events(events)
         r = self._resolved(index)
-        dec = Decoder(self.table, cached=True)
+        dec = Decoder(self.table, True)
         try:
             result = self._run(r, args, kwargs, dec)
         except Poisoned as cause:
