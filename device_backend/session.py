@@ -61,15 +61,6 @@ class Session:
         with self.lock:
             self.conn.post([Msg.OP, self.C.drain_events(), self._index(op), args, kwargs, outs])
 
-    def post_packed(self, idx: int, body: bytes) -> None:
-        """An OP message whose args, kwargs and outs C++ packed already (fast_path.cpp, on a plan's hit).
-
-        Why the events are drained here, under the lock: every message carries the
-        events recorded before it, in the order the messages go out.
-        """
-        with self.lock:
-            self.conn.post_packed(self.C.op_message(idx, body))
-
     def call_op(self, op, args, kwargs, first_id: int, count: int):
         with self.lock:
             fut = self.conn.request([Msg.CALL, self.C.drain_events(), self._index(op), args, kwargs, first_id, count])
@@ -140,7 +131,8 @@ class Session:
         if self._stages is None:
             self._stages = []
             if getattr(self.conn.transport, "find_shared", None) is not None:
-                stages = [torch.empty(SHARED_PIECE_BYTES + STAGED_DOWNLOAD_BYTES, dtype=torch.uint8, pin_memory=True)
+                # .pin_memory(), not empty(pin_memory=True): where CUDA is there too, the latter takes CUDA's allocator
+                stages = [torch.empty(SHARED_PIECE_BYTES + STAGED_DOWNLOAD_BYTES, dtype=torch.uint8).pin_memory()
                           for _ in range(2)]
                 if all(self._shared(st) for st in stages):   # (memfd blocks: not where pinning is plain memory)
                     self._stages = stages
