@@ -60,7 +60,11 @@ struct OpRecord {
 
 // Every field below is touched with the GIL held: the fallback takes it first.
 PyObject* g_miss = nullptr;  // fallback.from_cpp(op, args, kwargs, learn) -> (result, learned)
-PyObject* g_post = nullptr;  // Session.post_packed(op index, body) or None: no session streams from here
+// The session's lock (its acquire and release) and its connection's post_packed: the
+// message is finished and posted under that lock, as Session.post_op does in Python.
+PyObject* g_acquire = nullptr;
+PyObject* g_release = nullptr;
+PyObject* g_send = nullptr;
 bool g_enabled = false;
 size_t g_plan_count = 0;
 std::unordered_map<const c10::FunctionSchema*, OpRecord> g_records;
@@ -349,6 +353,40 @@ void miss(const c10::OperatorHandle& op, torch::jit::Stack* stack, const OpRecor
 
 // ---- a hit ----
 
+struct Held {  // the session's lock, let go however the post ends
+  Held() {
+    PyObject* got = PyObject_CallNoArgs(g_acquire);
+    if (got == nullptr) throw py::error_already_set();
+    Py_DECREF(got);
+  }
+  ~Held() {
+    PyObject *type, *value, *trace;  // a failed post's error survives the release
+    PyErr_Fetch(&type, &value, &trace);
+    Py_XDECREF(PyObject_CallNoArgs(g_release));
+    PyErr_Restore(type, value, trace);
+  }
+};
+
+// [Msg.OP, events, op index, args, kwargs, outs]: events drained under the lock, so every
+// message carries the events recorded before it in the order the messages go out.
+void post(int index, const std::string& body) {
+  auto send = py::reinterpret_borrow<py::object>(g_send);  // kept alive should a new session replace it
+  Held held;
+  auto events = drain_events();
+  Packer head;
+  head.array(6);
+  head.integer(2);  // Msg.OP
+  head.array(events.size());
+  for (auto e : events) head.integer(e);
+  head.integer(index);
+  PyObject* raw = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(head.out.size() + body.size()));
+  if (raw == nullptr) throw py::error_already_set();
+  auto message = py::reinterpret_steal<py::bytes>(raw);
+  std::memcpy(PyBytes_AS_STRING(raw), head.out.data(), head.out.size());
+  std::memcpy(PyBytes_AS_STRING(raw) + head.out.size(), body.data(), body.size());
+  send(message);
+}
+
 // Returns false (nothing done) when an input the plan names is not a tensor this time.
 bool replay(const c10::FunctionSchema& schema, torch::jit::Stack* stack, const OpRecord& r, const Plan& plan,
             int device) {
@@ -386,10 +424,9 @@ bool replay(const c10::FunctionSchema& schema, torch::jit::Stack* stack, const O
       results.emplace_back();
     }
   }
-  if (plan.post) {
-    auto post = py::reinterpret_borrow<py::object>(g_post);
-    post(r.index, py::bytes(p.out));
-  }
+  // The stack first, the post last: the post may let the GIL go, and a new session then clears the plans.
+  bool posts = plan.post;
+  int index = r.index;
   torch::jit::drop(*stack, n);
   size_t next = 0;
   for (int count : plan.returns) {
@@ -402,6 +439,7 @@ bool replay(const c10::FunctionSchema& schema, torch::jit::Stack* stack, const O
     for (int i = 0; i < count; ++i) list.push_back(results[next++].toTensor());
     stack->emplace_back(std::move(list));
   }
+  if (posts) post(index, p.out);
   return true;
 }
 
@@ -409,7 +447,7 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::St
   py::gil_scoped_acquire gil;
   const auto& schema = op.schema();
   OpRecord& r = record_for(schema);
-  if (!g_enabled || g_post == nullptr || r.never) {
+  if (!g_enabled || g_send == nullptr || r.never) {
     ++g_passes;
     return miss(op, stack, r, nullptr);
   }
@@ -454,9 +492,13 @@ void fast_claim(const std::vector<std::string>& names) {
   for (const auto& name : names) g_claim_lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&fallback>());
 }
 
-void fast_session(py::object post, bool enabled) {
-  Py_XDECREF(g_post);
-  g_post = post.is_none() ? nullptr : post.release().ptr();
+void fast_session(py::object lock, py::object send, bool enabled) {
+  for (PyObject** slot : {&g_acquire, &g_release, &g_send}) Py_CLEAR(*slot);
+  if (enabled) {
+    g_acquire = py::object(lock.attr("acquire")).release().ptr();
+    g_release = py::object(lock.attr("release")).release().ptr();
+    g_send = send.release().ptr();
+  }
   g_enabled = enabled;
   g_records.clear();
   g_plan_count = 0;
@@ -472,27 +514,13 @@ py::dict fast_stats(bool reset) {
   return d;
 }
 
-py::bytes op_message(int index, const std::string& body) {
-  Packer p;
-  p.out.reserve(body.size() + 32);
-  p.array(6);
-  p.integer(2);  // Msg.OP
-  auto events = drain_events();
-  p.array(events.size());
-  for (auto e : events) p.integer(e);
-  p.integer(index);
-  p.out.append(body);
-  return py::bytes(p.out);
-}
-
 }  // namespace
 
 void bind_fast_path(py::module_& m) {
   m.def("fast_install", &fast_install, "route PrivateUse1's fallback through the fast path (once)");
   m.def("fast_claim", &fast_claim, "make the fast path the PrivateUse1 kernel of these aten ops");
-  m.def("fast_session", &fast_session, "a new session: its post_packed (or None), whether to stream from C++");
+  m.def("fast_session", &fast_session, "a new session: its lock, its connection's post_packed, whether C++ streams");
   m.def("fast_path_stats", &fast_stats, py::arg("reset") = false);
-  m.def("op_message", &op_message, "an OP message: [Msg.OP, drained events, index] + packed body");
 }
 
 }  // namespace rgpu

@@ -171,7 +171,7 @@ def fast_path(s, on: bool) -> None:
         _fallback_lib = None
     if _fallback_lib is None:
         s.C.fast_install(fallback.from_cpp)
-    s.C.fast_session(s.post_packed if on else None, on)
+    s.C.fast_session(s.lock, s.conn.post_packed, on)  # C++ posts under the session's lock, as post_op does
 
 
 def claim_composites(C=None, fast: bool = False) -> None:
