@@ -122,10 +122,8 @@ class Connection:
         The frame goes as plain parts (prefix, then buffers), which every transport's
         ``send`` takes; buffers are copied at the call, so only small ones belong here.
         """
-        views = [memoryview(bytearray(as_bytes_view(b))) for b in buffers]
-        nbytes = 0
-        for v in views:
-            nbytes += v.nbytes
+        views = [memoryview(bytearray(as_bytes_view(b))) for b in buffers] if buffers else ()
+        nbytes = sum([v.nbytes for v in views]) if views else 0
         inline = False
         with self._cv_lock:
             if self._dead:
@@ -137,9 +135,11 @@ class Connection:
             seq = next(self._seq)
             if self._posts_inline and not self._queue and self._send_lock.acquire(blocking=False):
                 inline = True                     # nothing ahead of us: write on this thread
-            parts = [encode_prefix(_POST, seq, 0, meta, [v.nbytes for v in views]), *views]
-            self.stats["messages"] += 1
-            self.stats["bytes_out"] += nbytes
+            parts = [encode_prefix(_POST, seq, 0, meta, [v.nbytes for v in views]), *views] if views else \
+                [encode_prefix(_POST, seq, 0, meta, ())]
+            stats = self.stats
+            stats["messages"] += 1
+            stats["bytes_out"] += nbytes
             if not inline:
                 self._queue.append((parts, nbytes, None, seq))
                 self._queued_bytes += nbytes
