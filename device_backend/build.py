@@ -18,8 +18,8 @@ from pathlib import Path
 from types import ModuleType
 
 SOURCES = ("allocator.cpp", "guard.cpp", "hooks.cpp", "pinned.cpp", "metadata_ops.cpp", "attention.cpp",
-           "autocast.cpp", "fast_path.cpp", "bindings.cpp")
-HEADERS = ("rgpu_device.h", "msgpack.h")
+           "autocast.cpp", "fast_encode.cpp", "fast_path.cpp", "bindings.cpp")
+HEADERS = ("rgpu_device.h", "msgpack.h", "fast_path.h")
 HERE = Path(__file__).resolve().parent
 
 _module: ModuleType | None = None

@@ -8,15 +8,11 @@
 // here, packs the op's message as encode.py would, and posts it through the
 // session (under its lock, with the allocator's events). Anything unusual
 // (CPU tensors, math bits, generators, devices, layouts) goes to Python.
-#include "msgpack.h"
+#include "fast_path.h"
 #include "rgpu_device.h"
 
 #include <ATen/EmptyTensor.h>
-#include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/PyInterpreter.h>
-#include <torch/csrc/jit/python/pybind_utils.h>
-#include <torch/csrc/utils/tensor_memoryformats.h>
-#include <torch/extension.h>
 #include <torch/library.h>
 
 #include <atomic>
@@ -45,16 +41,10 @@ struct Plan {
   bool post = true;          // false: the op only makes views, nothing to tell the server
 };
 
-// How a schema argument travels: as msgpack-python would write its Python value,
-// as {"d": code} (a dtype), or only when None (layouts, devices, generators...: Python's).
-enum class Kind : uint8_t { kPlain, kDtype, kNoneOnly };
-
 struct OpRecord {
-  bool never = false;    // the Python side said this op does not stream (call, local)
-  bool by_type = false;  // in-place op: float scalars key by type only (optable.OpInfo.by_type)
-  int index = 0;         // the session's op index (sent with DEFINE by the first post)
-  size_t kwarg_only_start = 0;
-  std::vector<Kind> kinds;
+  Arguments args;
+  bool never = false;  // the Python side said this op does not stream (call, local)
+  int index = 0;       // the session's op index (sent with DEFINE by the first post)
   std::unordered_map<std::string, Plan> plans;
 };
 
@@ -70,224 +60,12 @@ size_t g_plan_count = 0;
 std::unordered_map<const c10::FunctionSchema*, OpRecord> g_records;
 std::atomic<uint64_t> g_hits{0}, g_misses{0}, g_passes{0};
 
-bool is_kind(const c10::Argument& a, c10::TypeKind kind) {
-  const auto& t = a.real_type();
-  if (t->kind() == kind) return true;
-  auto opt = t->cast<c10::OptionalType>();
-  return opt && opt->getElementType()->kind() == kind;
-}
-
 OpRecord& record_for(const c10::FunctionSchema& schema) {
   auto it = g_records.find(&schema);
   if (it != g_records.end()) return it->second;
   OpRecord& r = g_records[&schema];
-  const auto& args = schema.arguments();
-  bool writes = false, outs = false;
-  for (const auto& a : args) {
-    bool w = a.alias_info() && a.alias_info()->isWrite();
-    writes |= w;
-    outs |= w && a.kwarg_only();
-    r.kinds.push_back(is_kind(a, c10::TypeKind::ScalarTypeType) ? Kind::kDtype
-                      : (is_kind(a, c10::TypeKind::LayoutType) || is_kind(a, c10::TypeKind::MemoryFormatType) ||
-                         is_kind(a, c10::TypeKind::DeviceObjType) || is_kind(a, c10::TypeKind::GeneratorType))
-                          ? Kind::kNoneOnly
-                          : Kind::kPlain);
-  }
-  r.by_type = writes && !outs;
-  r.kwarg_only_start = args.size();
-  while (r.kwarg_only_start > 0 && args[r.kwarg_only_start - 1].kwarg_only()) --r.kwarg_only_start;
+  r.args = arguments_of(schema);
   return r;
-}
-
-// ---- the signature: what output metadata may depend on, as encode.py's key ----
-
-template <typename T>
-void put(std::string& s, T v) {
-  s.append(reinterpret_cast<const char*>(&v), sizeof(v));
-}
-
-bool device_tensor(const at::Tensor& t) {
-  return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1 && !t.is_conj() && !t.is_neg() &&
-         t.layout() == at::kStrided && !t.key_set().has(c10::DispatchKey::Python);
-}
-
-bool wrapped_number(const at::Tensor& t) {
-  return t.defined() && t.unsafeGetTensorImpl()->is_wrapped_number() && t.device().is_cpu() &&
-         (t.scalar_type() == at::kDouble || t.scalar_type() == at::kLong || t.scalar_type() == at::kBool);
-}
-
-bool sig_double(std::string& s, double v, bool by_type) {
-  s.push_back('f');
-  if (!by_type) put(s, v);
-  return true;
-}
-
-bool sig_value(std::string& s, const c10::IValue& v, bool by_type, int& device) {
-  if (v.isNone()) {
-    s.push_back('N');
-  } else if (v.isTensor()) {
-    const auto& t = v.toTensor();
-    if (wrapped_number(t)) {  // Python sees the number (torch::jit::toPyObject)
-      if (t.scalar_type() == at::kDouble) return sig_double(s, *t.const_data_ptr<double>(), by_type);
-      s.push_back(t.scalar_type() == at::kLong ? 'i' : 'b');
-      put(s, t.scalar_type() == at::kLong ? *t.const_data_ptr<int64_t>()
-                                          : static_cast<int64_t>(*t.const_data_ptr<bool>()));
-      return true;
-    }
-    if (!device_tensor(t)) return false;
-    int d = t.device().index();
-    if (device < 0) device = d;
-    if (d != device) return false;  // Python raises (or mixes, for copies): its business
-    s.push_back('T');
-    put(s, static_cast<int8_t>(t.scalar_type()));
-    put(s, static_cast<int8_t>(d));
-    put(s, static_cast<int32_t>(t.dim()));
-    for (auto x : t.sizes()) put(s, x);
-    for (auto x : t.strides()) put(s, x);
-    put(s, t.storage_offset());
-    put(s, t.storage().nbytes());
-  } else if (v.isDouble()) {
-    return sig_double(s, v.toDouble(), by_type);
-  } else if (v.isInt()) {
-    s.push_back('i');
-    put(s, v.toInt());
-  } else if (v.isBool()) {
-    s.push_back('b');
-    put(s, static_cast<int64_t>(v.toBool()));
-  } else if (v.isString()) {
-    const auto& str = v.toStringRef();
-    s.push_back('s');
-    put(s, str.size());
-    s.append(str);
-  } else if (v.isList()) {
-    auto items = v.toListRef();
-    s.push_back('L');
-    put(s, items.size());
-    for (const auto& x : items)
-      if (!sig_value(s, x, by_type, device)) return false;
-  } else {
-    return false;
-  }
-  return true;
-}
-
-// ---- the wire: msgpack of what encode.py makes of the same values ----
-
-void pack_ints(Packer& p, at::IntArrayRef values) {
-  p.array(values.size());
-  for (auto x : values) p.integer(x);
-}
-
-void pack_descriptor(Packer& p, const at::TensorBase& t) {  // bindings.cpp's describe(), packed
-  const auto& storage = t.storage();
-  p.array(7);
-  p.integer(static_cast<int64_t>(id_of(storage.data())));
-  p.integer(static_cast<int64_t>(storage.nbytes()));
-  p.integer(static_cast<int64_t>(t.scalar_type()));
-  pack_ints(p, t.sizes());
-  pack_ints(p, t.strides());
-  p.integer(t.storage_offset());
-  p.integer(t.device().index());
-}
-
-void pack_value(Packer& p, const c10::IValue& v, Kind kind) {  // sig_value() accepted v
-  if (v.isNone()) {
-    p.nil();
-  } else if (kind == Kind::kDtype) {
-    p.map(1);
-    p.str("d");
-    p.integer(v.toInt());
-  } else if (v.isTensor()) {
-    const auto& t = v.toTensor();
-    if (!wrapped_number(t)) {
-      p.map(1);
-      p.str("t");
-      pack_descriptor(p, t);
-    } else if (t.scalar_type() == at::kDouble) {
-      p.real(*t.const_data_ptr<double>());
-    } else if (t.scalar_type() == at::kLong) {
-      p.integer(*t.const_data_ptr<int64_t>());
-    } else {
-      p.boolean(*t.const_data_ptr<bool>());
-    }
-  } else if (v.isDouble()) {
-    p.real(v.toDouble());
-  } else if (v.isInt()) {
-    p.integer(v.toInt());
-  } else if (v.isBool()) {
-    p.boolean(v.toBool());
-  } else if (v.isString()) {
-    p.str(v.toStringRef());
-  } else {
-    auto items = v.toListRef();
-    p.array(items.size());
-    for (const auto& x : items) pack_value(p, x, Kind::kPlain);
-  }
-}
-
-// Arguments as PyTorch's Python fallback receives them: positional arguments up to
-// the last one that is not its default, keyword-only ones unless at their default
-// (torch/csrc/autograd/python_variable.cpp, parseIValuesToPyArgsKwargs).
-bool is_default(const c10::Argument& a, const c10::IValue& v) {
-  return a.default_value().has_value() && !(*a.default_value() != v);
-}
-
-size_t positional_end(const c10::FunctionSchema& schema, const OpRecord& r, c10::ArrayRef<c10::IValue> args) {
-  size_t end = r.kwarg_only_start;
-  while (end > 0 && is_default(schema.arguments()[end - 1], args[end - 1])) --end;
-  return end;
-}
-
-void pack_arguments(Packer& p, const c10::FunctionSchema& schema, const OpRecord& r,
-                    c10::ArrayRef<c10::IValue> args) {
-  size_t end = positional_end(schema, r, args);
-  p.array(end);
-  for (size_t i = 0; i < end; ++i) pack_value(p, args[i], r.kinds[i]);
-  size_t count = 0;
-  for (size_t i = r.kwarg_only_start; i < args.size(); ++i) count += !is_default(schema.arguments()[i], args[i]);
-  p.map(count);
-  for (size_t i = r.kwarg_only_start; i < args.size(); ++i) {
-    if (is_default(schema.arguments()[i], args[i])) continue;
-    p.str(schema.arguments()[i].name());
-    pack_value(p, args[i], r.kinds[i]);
-  }
-}
-
-// ---- a miss: the Python fallback, with PyTorch's own conversions ----
-
-std::pair<py::tuple, py::dict> to_python(const c10::FunctionSchema& schema, const OpRecord& r,
-                                         c10::ArrayRef<c10::IValue> args) {
-  auto value = [&](size_t i) -> py::object {
-    const auto& a = schema.arguments()[i];
-    const auto& v = args[i];
-    if (v.isNone()) return py::none();
-    if (is_kind(a, c10::TypeKind::ScalarTypeType))
-      return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(v.toScalarType())));
-    if (is_kind(a, c10::TypeKind::LayoutType))
-      return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPLayout(v.toLayout())));
-    if (is_kind(a, c10::TypeKind::MemoryFormatType))
-      return py::reinterpret_borrow<py::object>(torch::utils::getTHPMemoryFormat(v.toMemoryFormat()));
-    return torch::jit::toPyObject(v);
-  };
-  size_t end = positional_end(schema, r, args);
-  py::tuple positional(end);
-  for (size_t i = 0; i < end; ++i) positional[i] = value(i);
-  py::dict kwargs;
-  for (size_t i = r.kwarg_only_start; i < args.size(); ++i)
-    if (!is_default(schema.arguments()[i], args[i])) kwargs[py::str(schema.arguments()[i].name())] = value(i);
-  return {std::move(positional), std::move(kwargs)};
-}
-
-void push_result(const c10::FunctionSchema& schema, torch::jit::Stack* stack, py::handle out) {
-  const auto& rets = schema.returns();
-  if (rets.empty()) {
-    TORCH_CHECK(out.is_none(), "rgpu: ", schema.name(), " returns nothing, the fallback returned a value");
-  } else if (rets.size() == 1) {
-    stack->push_back(torch::jit::toIValue(out, rets[0].real_type()));
-  } else {
-    auto seq = py::reinterpret_borrow<py::sequence>(out);
-    for (size_t i = 0; i < rets.size(); ++i) stack->push_back(torch::jit::toIValue(seq[i], rets[i].real_type()));
-  }
 }
 
 Out out_from(py::handle leaf) {
@@ -343,7 +121,7 @@ void learn(const c10::FunctionSchema& schema, const std::string& sig, py::handle
 void miss(const c10::OperatorHandle& op, torch::jit::Stack* stack, const OpRecord& r, const std::string* sig) {
   const auto& schema = op.schema();
   auto arguments = torch::jit::pop(*stack, schema.arguments().size());
-  auto [args, kwargs] = to_python(schema, r, arguments);
+  auto [args, kwargs] = to_python(schema, r.args, arguments);
   py::handle fn = torch::detail::getTorchApiFunction(op);
   auto got = py::reinterpret_borrow<py::object>(g_miss)(fn, args, kwargs, sig != nullptr);
   auto pair = py::reinterpret_borrow<py::tuple>(got);
@@ -402,7 +180,7 @@ bool replay(const c10::FunctionSchema& schema, torch::jit::Stack* stack, const O
   results.reserve(plan.outs.size());
   Packer p;
   p.out.reserve(256);
-  if (plan.post) pack_arguments(p, schema, r, args);
+  if (plan.post) pack_arguments(p, schema, r.args, args);
   bool fresh = false;
   for (const auto& o : plan.outs) fresh |= o.kind == Leaf::kNew;
   if (fresh) p.array(plan.outs.size());
@@ -455,12 +233,9 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::St
   std::string sig;
   sig.reserve(128);
   int device = -1;
-  for (size_t i = 0; i < args.size(); ++i) {
-    bool ok = r.kinds[i] == Kind::kNoneOnly ? args[i].isNone() : sig_value(sig, args[i], r.by_type, device);
-    if (!ok) {
-      ++g_passes;
-      return miss(op, stack, r, nullptr);
-    }
+  if (!signature(sig, r.args, args, device)) {
+    ++g_passes;
+    return miss(op, stack, r, nullptr);
   }
   auto it = r.plans.find(sig);
   if (it != r.plans.end() && replay(schema, stack, r, it->second, device)) {
