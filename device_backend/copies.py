@@ -28,7 +28,7 @@ def upload(s, src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) 
     if data.shape != dst.shape:
         data = data.expand(dst.shape)
     if dst.numel():
-        s.upload(s.C.describe(dst), data.contiguous(), non_blocking)
+        s.transfers.upload(s.C.describe(dst), data.contiguous(), non_blocking)
 
 
 def download(s, src: torch.Tensor, dst: torch.Tensor) -> None:
@@ -38,7 +38,7 @@ def download(s, src: torch.Tensor, dst: torch.Tensor) -> None:
     direct = (dst.is_contiguous() and dst.numel() > 1 and dst.dtype == src.dtype and dst.shape == src.shape
               and not dst.is_conj() and not dst.is_neg() and not src.is_conj() and not src.is_neg())
     target = dst if direct else torch.empty(src.shape, dtype=src.dtype)
-    s.download(s.C.describe(src), as_bytes_view(target))  # the bytes, without src's math bits
+    s.transfers.download(s.C.describe(src), as_bytes_view(target))  # the bytes, without src's math bits
     if not direct:
         if src.is_conj():
             target = target.conj()

@@ -12,7 +12,7 @@ import time
 import torch
 
 import rgpu  # noqa: F401
-from rgpu.device_backend import session
+from rgpu.device_backend import session, transfers
 from rgpu.ops_protocol import Msg
 from rgpu.transport import fastcopy
 
@@ -25,7 +25,7 @@ pinned = torch.ones(N // 4, dtype=torch.float32).pin_memory()
 variants = [(8 << 20, True, src), (32 << 20, True, src), (8 << 20, False, src),
             (8 << 20, True, pinned), (64 << 20, True, pinned), (256 << 20, True, pinned)]
 for piece, parallel, source in variants:
-        session.UPLOAD_PIECE_BYTES = piece
+        transfers.UPLOAD_PIECE_BYTES = piece
         fastcopy._enabled = parallel and fastcopy._kernel not in (None, False)
         times = []
         for _ in range(4):

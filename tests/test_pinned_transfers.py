@@ -13,7 +13,7 @@ from device_helpers import run_python
 # Each case runs in its own interpreter: the device session (and its transport) is process-wide.
 SCRIPT = r"""
 import json, torch, rgpu
-from rgpu.device_backend import session
+from rgpu.device_backend import session, transfers
 torch.ones(1, device="rgpu")
 s = session.current()
 t = s.conn.transport
@@ -54,13 +54,13 @@ into = torch.empty(3 << 20, pin_memory=True)
 into.copy_(src)                                                        # into pinned memory: written in place
 out["download_pinned"] = [torch.equal(into, torch.arange(3 << 20, dtype=torch.float32)),
                           getattr(t, "shared_bytes", 0) - named]
-session.SHARED_PIECE_BYTES, session.STAGED_DOWNLOAD_BYTES = 2 << 20, 1 << 20   # small pieces: several stages
+transfers.SHARED_PIECE_BYTES, transfers.STAGED_DOWNLOAD_BYTES = 2 << 20, 1 << 20   # small pieces: several stages
 got = []
 for n in ((15 << 20) // 8, (13 << 20) // 8, 1 << 17, 1000):          # 7.5 MiB: 4 pieces; 6.5: tail joins; small
     want = torch.arange(n, dtype=torch.float64)
     got.append(torch.equal(want.to("rgpu").cpu(), want))
 out["download_staged"] = got
-out["stages"] = [st.nbytes for st in (s._stages or [])]
+out["stages"] = [st.nbytes for st in (s.transfers._stages or [])]
 out["shared_bytes"] = getattr(t, "shared_bytes", 0)
 out["shared_regions"] = getattr(t, "shared_regions", 0)
 print(json.dumps(out))

@@ -7,7 +7,7 @@ from device_helpers import rgpu_device  # noqa: F401
 
 import rgpu
 from rgpu import config
-from rgpu.device_backend.session import UPLOAD_PIECE_BYTES
+from rgpu.device_backend.transfers import UPLOAD_PIECE_BYTES
 from rgpu.server.ops.codec import CODE_BY_DTYPE
 from rgpu.ops_protocol import Msg
 from rgpu.server.routes.base import Session
@@ -15,7 +15,7 @@ from rgpu.server.routes.ops import Executor
 
 
 def test_a_big_upload_goes_in_pieces_and_arrives_whole(rgpu_device):
-    src = torch.randn(2 * rgpu_device.piece_bytes() // 4 + 1000)  # two full pieces and a bit
+    src = torch.randn(2 * rgpu_device.transfers.piece_bytes() // 4 + 1000)  # two full pieces and a bit
     torch.rgpu.synchronize()
     rgpu.stats(reset=True)
     dst = src.to("rgpu")

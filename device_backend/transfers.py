@@ -1,0 +1,153 @@
+"""Tensors' bytes between this process and the server: uploads in pieces, downloads, pinned memory by name.
+
+Big uploads go in pieces, so that ops interleave and the server's copies to the
+GPU overlap the next piece's arrival. Over shm, pinned memory (``pinned.cpp``:
+memfd blocks) is not copied at all: the transport names it (``find_shared``), the
+server maps it and its GPU reads or writes it by DMA. A big download into
+ordinary memory goes through two pinned stages the server fills in turn while
+we copy out of the other. Measured on the GPU host: ``docs/perf/transport.md``.
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import torch
+
+from rgpu.ops_protocol import Msg
+from rgpu.transport import fastcopy
+from rgpu.transport.buffers import as_bytes_view
+
+UPLOAD_PIECE_BYTES = 8 << 20  # bigger uploads go in pieces of this size (to a contiguous destination)
+SHARED_MIN_BYTES = 16 << 10   # what the shm transport sends by naming it, when in pinned memory (its INLINE_MAX)
+# Pinned memory over shm is not copied here, so a piece only bounds how long an op waits behind it; the
+# server's DMA per piece has a fixed cost (GPU host, 1 GiB: 33 GB/s in 8 MiB pieces, 49 in 64 MiB, 52 whole)
+SHARED_PIECE_BYTES = 64 << 20
+STAGED_DOWNLOAD_BYTES = 8 << 20   # downloads over shm from this size go through pinned stages
+SHM_PIECE_BYTES = 32 << 20    # other memory over shm: copied into the ring's heap at ~19 GB/s in these, 15 in 8 MiB
+
+
+class Transfers:
+    """One session's uploads and downloads (``s``: the session, whose lock and connection they use)."""
+
+    def __init__(self, s):
+        self.s = s
+        self._stages: list | None = None   # two pinned blocks big downloads pass through (over shm)
+        self._stage_lock = threading.Lock()
+        if hasattr(s.conn.transport, "find_shared") and hasattr(s.C, "pinned_region"):
+            s.conn.transport.find_shared = _region_finder(s.C)   # pinned memory moves by name over shm
+
+    def upload(self, desc, data, non_blocking: bool = False) -> None:
+        view = as_bytes_view(data)
+        shared = self.shared(data)
+        piece = self.piece_bytes(shared)
+        if view.nbytes <= piece or not _contiguous(desc[3], desc[4]):
+            with self.s.lock:
+                self.s.conn.post([Msg.UPLOAD, self.s.C.drain_events(), desc], [view])
+        else:
+            # in pieces, the lock let go between them: other threads' ops never wait for the whole upload,
+            # and the server copies each piece to the device while the next one arrives
+            for offset in range(0, view.nbytes, piece):
+                with self.s.lock:
+                    self.s.conn.post([Msg.UPLOAD_PART, self.s.C.drain_events(), desc, offset],
+                                     [view[offset:offset + piece]])
+        if shared and not non_blocking:
+            # sent by naming the pinned memory, not copied: as CUDA's copy from pinned memory, a
+            # blocking one returns once the device has the bytes, so the caller may change them then
+            self.s.request([Msg.SYNC])
+
+    def piece_bytes(self, shared: bool = False) -> int:
+        """The size of an upload's pieces: named pinned memory, other memory over shm, else."""
+        if shared:
+            return SHARED_PIECE_BYTES
+        return SHM_PIECE_BYTES if self.s.conn.transport_name == "shm" else UPLOAD_PIECE_BYTES
+
+    def shared(self, data) -> bool:
+        """Whether the transport will name ``data`` (a tensor or bytes-like) rather than copy it: pinned, over shm."""
+        finder = getattr(self.s.conn.transport, "find_shared", None)
+        if finder is None or data.nbytes <= max(SHARED_MIN_BYTES, self.s.conn.settings.post_copy_bytes):
+            return False   # (buffers a post copies at once never reach the transport as they are)
+        addr = data.data_ptr() if isinstance(data, torch.Tensor) else np.frombuffer(data, np.uint8).ctypes.data
+        return finder(addr, data.nbytes) is not None
+
+    def download(self, desc, into: memoryview) -> None:
+        if self.shared(into) and _contiguous(desc[3], desc[4]):
+            self._fill(desc, 0, into).result().release()   # pinned: the server writes into it in place
+            return
+        if into.nbytes >= STAGED_DOWNLOAD_BYTES and _contiguous(desc[3], desc[4]) and self._download_stages():
+            with self._stage_lock:
+                self._download_staged(desc, into)
+            return
+        with self.s.lock:
+            fut = self.s.conn.request([Msg.DOWNLOAD, self.s.C.drain_events(), desc], reply_into=[into])
+        reply = fut.result()
+        try:
+            got = reply.buffers[0]
+            if got.nbytes != into.nbytes:
+                raise RuntimeError(f"rgpu: expected {into.nbytes} bytes from the server, got {got.nbytes}")
+            if got is not into:
+                into[:] = got
+        finally:
+            reply.release()
+
+    def _fill(self, desc, offset: int, into):
+        """Ask the server to write bytes ``offset``.. of ``desc`` into ``into``, shared memory it maps."""
+        with self.s.lock:
+            fut = self.s.conn.request([Msg.DOWNLOAD, self.s.C.drain_events(), desc, offset], [into])
+        return fut
+
+    def _download_stages(self) -> bool:
+        """Whether big downloads can go through pinned stages the server fills in place (made on first use)."""
+        if self._stages is None:
+            self._stages = []
+            if getattr(self.s.conn.transport, "find_shared", None) is not None:
+                # .pin_memory(), not empty(pin_memory=True): where CUDA is there too, the latter takes CUDA's allocator
+                stages = [torch.empty(SHARED_PIECE_BYTES + STAGED_DOWNLOAD_BYTES, dtype=torch.uint8).pin_memory()
+                          for _ in range(2)]
+                if all(self.shared(st) for st in stages):   # (memfd blocks: not where pinning is plain memory)
+                    self._stages = stages
+        return bool(self._stages)
+
+    def _download_staged(self, desc, into: memoryview) -> None:
+        """A big download over shm through two pinned stages: the GPU fills one while we copy out of the other.
+
+        Why: the server's GPU writes a pinned stage by DMA and we copy it once into
+        ``into`` (ordinary memory: ``.cpu()``'s result), where the plain path copies
+        three times (to the server's memory, its ring heap, then here).
+        """
+        piece = SHARED_PIECE_BYTES
+        stages = [memoryview(st.numpy()) for st in self._stages]
+        n = into.nbytes
+        # pieces of `piece` bytes; a short tail joins the last piece, so that each one is big enough to be named
+        starts = list(range(0, n, piece))
+        if len(starts) > 1 and n - starts[-1] < STAGED_DOWNLOAD_BYTES:
+            starts.pop()
+        bounds = list(zip(starts, starts[1:] + [n]))
+        pending: list = []
+        for k, (lo, hi) in enumerate(bounds):
+            if len(pending) == 2:      # this piece's stage still holds piece k-2: copy that out first
+                _copy_out(*pending.pop(0), into)
+            pending.append((self._fill(desc, lo, stages[k % 2][:hi - lo]), lo, hi, stages[k % 2]))
+        for item in pending:
+            _copy_out(*item, into)
+
+
+def _copy_out(fut, lo: int, hi: int, stage: memoryview, into: memoryview) -> None:
+    fut.result().release()
+    fastcopy.copy(into[lo:hi], stage[:hi - lo])
+
+
+def _region_finder(C):
+    def find(addr: int, nbytes: int):
+        region = C.pinned_region(addr)
+        return tuple(region) if region else None
+    return find
+
+
+def _contiguous(sizes, strides) -> bool:
+    expected = 1
+    for size, stride in zip(reversed(sizes), reversed(strides)):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
