@@ -11,6 +11,7 @@
 #             native copy), shm, later tcp
 #   ops       rgpu bench ops (client cost per streamed op vs native CUDA enqueue)
 #   rtt       rgpu bench rtt: a chain of 200 ops and one wait behind a simulated round trip vs 0 ms + 1 RTT
+#   profile   python -m rgpu.bench.client_profile over shm, then tcp: a streamed op's time by thread and process
 #   train_compiled  RGPU_TRANSPORT=tcp rgpu bench train --compile: the eager step over tcp, the compiled
 #             step (Inductor on the server: its first step compiles) with its client, wait and server times,
 #             native torch.compile as its reference, graphs and how the server runs them, losses vs native
@@ -63,6 +64,8 @@ step train 80 python3 -m rgpu.bench.train --json --repeats 5 $Q
 step upload 60 python3 -m rgpu.bench.upload --json --repeats 5 $Q
 step ops 60 python3 -m rgpu.bench.ops --json --repeats 5 $Q
 step rtt 40 python3 -m rgpu.bench.rtt --json --sim-rtt 1,10,30 --repeats 7 $Q
+step profile 40 python3 -m rgpu.bench.client_profile --json --ops 5000
+step profile_tcp 40 env RGPU_TRANSPORT=tcp python3 -m rgpu.bench.client_profile --json --ops 5000
 step train_compiled 220 env RGPU_TRANSPORT=tcp python3 -m rgpu.bench.train --json --compile --repeats 5 $Q
 step train_rtt 90 python3 -m rgpu.bench.train --json --sim-rtt 1,10,30 --repeats 5 $Q
 step upload_tcp 50 env RGPU_TRANSPORT=tcp python3 -m rgpu.bench.upload --json --repeats 3 $Q
