@@ -284,3 +284,65 @@ def test_one_result_returned_twice_is_bound_to_two_storages_of_their_own():
     m.cpu[5], m.cpu[6] = torch.zeros(8, dtype=torch.uint8), torch.zeros(8, dtype=torch.uint8)
     m.op(aten.add_.Scalar, V(5, [2]), 1.0)  # the other statistic stays as it was
     m.check()
+
+
+def test_a_random_mix_of_views_writes_frees_and_growth_matches_the_cpu():
+    rng = __import__("random").Random(7)
+    m = Mirror()
+    live = []
+    next_id = 1
+
+    def fresh_storage():
+        nonlocal next_id
+        m.new(next_id, [rng.uniform(-4, 4) for _ in range(32)])
+        live.append(next_id)
+        next_id += 1
+
+    def some_view(sid):
+        size = [rng.randint(1, 3), rng.randint(1, 3)]
+        stride = rng.choice([[size[1], 1], [1, size[0]], [0, 1], [2 * size[1], 2]])
+        span = 1 + sum((n - 1) * s for n, s in zip(size, stride))
+        return V(sid, size, stride, rng.randint(0, m.cpu[sid].numel() // 4 - span))
+
+    for _ in range(4):
+        fresh_storage()
+    some_views = [some_view(sid) for sid in live for _ in range(2)]  # read again and again below
+    for step in range(300):
+        kind = rng.random()
+        a, b = rng.sample(live, 2)
+        va, vb = some_view(a), some_view(b)
+        old = rng.choice(some_views)
+        if rng.random() < 0.9 and old.sid in live and old.sid != b:  # a descriptor seen before
+            a, va = old.sid, old
+        if kind < 0.15:  # a fresh output from two views
+            m.op(aten.add.out, va, V(b, va.size, [0, 0], vb.offset), out=V(next_id, va.size))
+            next_id += 1  # kept, never read: checked at the end
+        elif kind < 0.3:  # an output into a third storage's view
+            c = next(sid for sid in live if sid not in (a, b))
+            m.op(aten.add.out, va, V(b, va.size, [0, 0], vb.offset), out=V(c, va.size, offset=rng.randint(0, 6)))
+        elif kind < 0.5:  # in place through a view whose stride is not 0
+            if va.stride[0] and va.stride[1]:
+                m.op(aten.mul_.Scalar, va, rng.choice([-1.0, 0.5, 2.0]))
+        elif kind < 0.65:  # a copy between storages
+            if vb.stride[0] and vb.stride[1]:
+                m.op(aten.copy_.default, vb, V(a, vb.size, [0, 1], va.offset))
+        elif kind < 0.72:  # a layout change on the server's view only
+            m.op(aten.transpose_.default, va, 0, 1)
+        elif kind < 0.8:  # freed, and the id used again at once (views of it were likely cached)
+            n = m.cpu[a].numel() // 4
+            m.free(a)
+            m.new(a, [rng.uniform(-4, 4) for _ in range(n)])
+        elif kind < 0.86:
+            if m.cpu[a].numel() < 256:
+                m.grow(next_id, a, m.cpu[a].numel() * 2)
+                live[live.index(a)] = next_id
+                some_views += [some_view(next_id) for _ in range(2)]
+                m.op(aten.fill_.Scalar, V(next_id, [m.cpu[next_id].numel() // 8], offset=m.cpu[next_id].numel() // 8),
+                     1.0)
+                next_id += 1
+        else:
+            m.op(aten.sum.IntList_out, va, [1], out=V(next_id, [va.size[0]]))
+            next_id += 1
+        if step % 50 == 49:
+            m.check()
+    m.check()
