@@ -4,6 +4,11 @@ It decides, per op (``optable``), whether to post the op as it is, work out
 its outputs from the meta cache and post it, answer it locally, or ask the
 server and wait. Shape and dtype errors come out of the meta kernel, here,
 at the user's line; failures on the server come back at the next wait.
+
+Once a session runs the C++ fast path (``fast_path.cpp``, ``RGPU_FAST_PATH``),
+that is the registered fallback: it replays the plans it has learnt and hands
+every other call to ``from_cpp``, which runs this fallback and says what C++
+may learn from the call.
 """
 from __future__ import annotations
 

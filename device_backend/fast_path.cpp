@@ -203,9 +203,11 @@ bool replay(const c10::FunctionSchema& schema, torch::jit::Stack* stack, const O
     }
   }
   // The stack first, the post last: the post may let the GIL go, and a new session then clears the plans.
+  // The arguments live until after the post: were the stack's the last references to an input, its
+  // free would otherwise ride in (and be applied before) the very message that names it.
   bool posts = plan.post;
   int index = r.index;
-  torch::jit::drop(*stack, n);
+  auto inputs = torch::jit::pop(*stack, n);
   size_t next = 0;
   for (int count : plan.returns) {
     if (count < 0) {

@@ -5,10 +5,12 @@ or off, and leaves a fast-path session behind for the tests after it.
 """
 from __future__ import annotations
 
+import json
+
 import msgpack
 import pytest
 import torch
-from device_helpers import rgpu_device  # noqa: F401
+from device_helpers import rgpu_device, run_python  # noqa: F401
 
 from rgpu.ops_protocol import Msg
 
@@ -79,7 +81,9 @@ def _mix(device: str) -> list[torch.Tensor]:
         g = (i * 3 + step).to(torch.float32).softmax(dim=-1).half().float()
         h = d.t().contiguous().view(-1)[::2]
         k = torch.where(d > 0, d, torch.zeros_like(d)).sum()
-        out += [a.clone(), c, d, e, f, g, h, k, (i % 5).bitwise_and(3)]
+        # composites whose intermediates live only on the boxed stack (freed once the op is posted)
+        m = torch.fft.hfftn(d, s=(3, 10), dim=(0, 1), norm="ortho")
+        out += [a.clone(), c, d, e, f, g, h, k, m, (i % 5).bitwise_and(3)]
     return out
 
 
@@ -95,6 +99,9 @@ def _canonical(messages: list) -> list:
             if "t" in v:
                 d = v["t"]
                 return {"t": [sid(d[0]), *d[1:]]}
+            if "j" in v:  # [descriptor, conj, neg]
+                d = v["j"][0]
+                return {"j": [[sid(d[0]), *d[1:]], *v["j"][1:]]}
             return {k: walk(x) for k, x in v.items()}
         if isinstance(v, list):
             return [walk(x) for x in v]
@@ -114,6 +121,33 @@ def _canonical(messages: list) -> list:
     return kept
 
 
+def _no_storage_is_named_after_its_free(messages: list) -> None:
+    """The server applies a message's events before its op: a storage freed there must not be named again."""
+    freed: set = set()
+
+    def names(v):
+        if isinstance(v, dict):
+            return [v["t"][0]] if "t" in v else [v["j"][0][0]] if "j" in v else []
+        return [n for x in v for n in names(x)] if isinstance(v, list) else []
+
+    for n, m in enumerate(messages):
+        if m[0] in (Msg.OP, Msg.CALL, Msg.UPLOAD, Msg.DOWNLOAD, Msg.EVENTS):
+            events = m[1]
+            i = 0
+            while i < len(events):
+                if events[i] == 0:
+                    freed.add(events[i + 1])
+                i += 2 if events[i] == 0 else 6
+        used = []
+        if m[0] == Msg.OP:
+            used = names(m[3:5]) + [o[0] for o in m[5] or () if o is not None]
+        elif m[0] == Msg.CALL:
+            used = names(m[3:5])
+        elif m[0] in (Msg.UPLOAD, Msg.DOWNLOAD):
+            used = [m[2][0]]
+        assert not freed & set(used) - {0}, f"message {n} names a freed storage: {m}"
+
+
 def test_the_server_receives_the_same_messages_with_the_fast_path_on_and_off(start):
     rec = start(False)
     slow = [t.cpu() for t in _mix("rgpu")]
@@ -123,6 +157,7 @@ def test_the_server_receives_the_same_messages_with_the_fast_path_on_and_off(sta
     fast = [t.cpu() for t in _mix("rgpu")]
     stats = _stats()
     on = _canonical(rec.seen)
+    _no_storage_is_named_after_its_free(rec.seen)
     assert stats["hits"] > 20, stats
     assert len(on) == len(off)
     for n, (x, y) in enumerate(zip(on, off)):
@@ -131,6 +166,37 @@ def test_the_server_receives_the_same_messages_with_the_fast_path_on_and_off(sta
         assert torch.equal(x, y)
     for x, y in zip(fast, _mix("cpu")):
         torch.testing.assert_close(x, y)
+
+
+PURE_PYTHON = """
+import json, sys
+sys.path.insert(0, "tests")
+import torch, rgpu
+from rgpu.device_backend import registration, session
+from rgpu.transport.client import connect
+import test_fast_path_ops as T
+rec = T.Recorder(connect("ops"))
+session.use(rec)
+assert registration._fallback_lib is not None  # PyTorch's own Python fallback, never the C++ one
+values = [t.cpu().tolist() for t in T._mix("rgpu")]
+print(json.dumps({"messages": T._canonical(rec.seen), "values": values}))
+"""
+
+
+def test_the_messages_match_those_of_a_process_that_never_installs_the_fast_path(start, rgpu_server):
+    got = run_python(PURE_PYTHON, env={"RGPU_SERVER": rgpu_server.address, "RGPU_TOKEN": rgpu_server.token,
+                                       "RGPU_FAST_PATH": "0"})
+    assert got.returncode == 0, got.stderr[-2000:]
+    pure = json.loads(got.stdout.strip().splitlines()[-1])
+    rec = start(True)
+    values = [t.cpu().tolist() for t in _mix("rgpu")]
+    assert _stats()["hits"] > 20
+    _no_storage_is_named_after_its_free(rec.seen)
+    on = json.loads(json.dumps(_canonical(rec.seen)))  # the same JSON round trip (tuples to lists)
+    assert len(on) == len(pure["messages"])
+    for n, (x, y) in enumerate(zip(on, pure["messages"])):
+        assert x == y, f"message {n} differs:\n   fast {x}\n python {y}"
+    assert values == pure["values"]
 
 
 def _train(device: str, steps: int = 6, stats_after: int | None = None):
@@ -170,8 +236,9 @@ def test_a_training_loop_with_the_fast_path_matches_the_cpu_and_the_fast_path_of
     cpu_losses, cpu_params, _ = _train("cpu")
     start(False)
     off_losses, off_params, _ = _train("rgpu")
-    start(True)
+    rec = start(True)
     on_losses, on_params, _ = _train("rgpu")
+    _no_storage_is_named_after_its_free(rec.seen)
     for on, off, cpu in zip(on_losses + on_params, off_losses + off_params, cpu_losses + cpu_params):
         assert torch.equal(on, off)
         torch.testing.assert_close(on, cpu, rtol=1e-5, atol=1e-6)
@@ -201,3 +268,46 @@ def test_a_shape_error_still_comes_from_pytorch_at_the_call(start):
         c = c + a
     assert _stats()["hits"] >= 1
     assert torch.equal(c.cpu(), torch.full((2, 3), 4.0))
+
+
+def test_threads_streaming_at_once_each_get_their_own_numbers(start):
+    import threading
+
+    start(True)
+    results, errors = {}, []
+
+    def chain(k: int):
+        try:
+            y = torch.full((3,), float(k), device="rgpu")
+            for step in range(200):
+                y = y * 1.01 + k
+                y.sub_(0.5 * step)
+            results[k] = y.cpu()
+        except Exception as exc:  # reported below, in the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=chain, args=(k,)) for k in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    for k in range(4):
+        y = torch.full((3,), float(k))
+        for step in range(200):
+            y = y * 1.01 + k
+            y.sub_(0.5 * step)
+        assert torch.equal(results[k], y)
+    assert _stats()["hits"] > 1000
+
+
+def test_unusual_arguments_go_to_python_and_still_run(start):
+    start(True)
+    x = torch.arange(4, dtype=torch.float32, device="rgpu")
+    z = torch.tensor([1 + 2j, 3 - 1j], device="rgpu")
+    for _ in range(3):
+        a = x + torch.tensor(2.0)  # a CPU scalar tensor: its value is data, Python's business
+        b = (z.conj() * 2).resolve_conj()  # a conjugate view
+    assert _stats()["passes"] >= 3
+    assert torch.equal(a.cpu(), torch.arange(4.0) + 2)
+    assert torch.equal(b.cpu(), torch.tensor([2 - 4j, 6 + 2j]))
