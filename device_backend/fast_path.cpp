@@ -131,16 +131,15 @@ void miss(const c10::OperatorHandle& op, torch::jit::Stack* stack, const OpRecor
 
 // ---- a hit ----
 
-struct Held {  // the session's lock, let go however the post ends
-  Held() {
-    PyObject* got = PyObject_CallNoArgs(g_acquire);
-    if (got == nullptr) throw py::error_already_set();
-    Py_DECREF(got);
-  }
+// The session's lock, let go however the post ends. Its own references: acquire() may let the
+// GIL go, and a new session meanwhile replaces the globals.
+struct Held {
+  py::object release = py::reinterpret_borrow<py::object>(g_release);
+  Held() { py::reinterpret_borrow<py::object>(g_acquire)(); }
   ~Held() {
     PyObject *type, *value, *trace;  // a failed post's error survives the release
     PyErr_Fetch(&type, &value, &trace);
-    Py_XDECREF(PyObject_CallNoArgs(g_release));
+    Py_XDECREF(PyObject_CallNoArgs(release.ptr()));
     PyErr_Restore(type, value, trace);
   }
 };
@@ -148,7 +147,7 @@ struct Held {  // the session's lock, let go however the post ends
 // [Msg.OP, events, op index, args, kwargs, outs]: events drained under the lock, so every
 // message carries the events recorded before it in the order the messages go out.
 void post(int index, const std::string& body) {
-  auto send = py::reinterpret_borrow<py::object>(g_send);  // kept alive should a new session replace it
+  auto send = py::reinterpret_borrow<py::object>(g_send);  // the session's, even if a new one starts meanwhile
   Held held;
   auto events = drain_events();
   Packer head;
