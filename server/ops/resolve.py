@@ -38,7 +38,7 @@ class OpRefused(Exception):
 class Resolved:
     """A runnable op (the op, or its substitute here) and what the executor needs to know of its schema."""
 
-    __slots__ = ("name", "op", "call", "mutable", "outs", "generator", "tensor_args", "wrap_numbers", "adapt", "fix")
+    __slots__ = ("name", "op", "call", "mutable", "checked", "outs", "generator", "tensor_args", "wrap_numbers", "adapt", "fix")
 
     def __init__(self, name: str, op, run=None):
         self.name, self.op = name, run or op
@@ -48,6 +48,11 @@ class Resolved:
         self.mutable = [(i, a.name, a.kwarg_only) for i, a in enumerate(args)
                         if a.alias_info is not None and a.alias_info.is_write]
         self.outs = [name for _, name, kwarg_only in self.mutable if kwarg_only]  # out= arguments
+        # the written arguments whose layout the executor checks after the op: all but the lists of the
+        # in-place _foreach_ and fused optimizer ops (kernels that write their elements' data, never their
+        # sizes or strides)
+        in_place_lists = name.startswith(("aten._foreach_", "aten._fused_")) and name.split(".")[1].endswith("_")
+        self.checked = [m for m in self.mutable if not (in_place_lists and str(args[m[0]].type) == "List[Tensor]")]
         # where the op takes its generator: (position, name, keyword-only) or None
         self.generator = next(((i, a.name, a.kwarg_only) for i, a in enumerate(args) if a.name == "generator"), None)
         self.tensor_args = [(i, a.name, a.kwarg_only) for i, a in enumerate(args)

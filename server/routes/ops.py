@@ -202,14 +202,14 @@ class Executor(BaseExecutor):
             result = r.call(*a, **k)
         if r.fix is not None:
             result = r.fix(a, result)
-        if r.mutable:
+        if r.checked:
             self._written(r, a, k, args, kwargs)
         return result
 
     def _written(self, r, a: list, k: dict, args: list, kwargs: dict) -> None:
         """After an op that writes arguments: out= tensors as the client sized them, cached views still as built."""
         keep = self.table.keep
-        for pos, name, kwarg_only in r.mutable:
+        for pos, name, kwarg_only in r.checked:
             if kwarg_only or pos >= len(args):
                 t, wire = k.get(name), kwargs.get(name)
             else:
