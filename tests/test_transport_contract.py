@@ -1,6 +1,6 @@
 """The transport contract, the same cases for every transport: tcp, shm, ucx (where UCXX is installed).
 
-send(parts) with parts from frame_parts; recv_frame(limits, pool, into); close; abort. Last, through a
+send(parts) with parts from frame_parts, send_meta; recv_frame(limits, pool, into); close; abort. Last, through a
 real server: a killed client's worker ends.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from conftest import clean_env, pid_gone, wait_until
 from rgpu.errors import ConnectionLost, ProtocolError
 from rgpu.transport.buffers import BufferPool, as_bytes_view
-from rgpu.transport.wire import Limits, MsgKind
+from rgpu.transport.wire import Limits, MsgKind, pack_meta
 from transport_pairs import NAMES, pair, skip_reason
 
 MiB = 1 << 20
@@ -95,6 +95,17 @@ def test_frames_joined_in_one_send_arrive_in_order(ends):
         assert np.array_equal(np.frombuffer(f.buffers[0], np.uint8), pattern(i * 997, i))
         f.release()
     sent()
+
+
+def test_packed_metadata_alone_arrives_as_a_frame_small_or_too_big_for_one_record(ends):
+    client, server = ends
+    small, big = {"op": [1, 2.5, None]}, {"blob": bytes(600 << 10)}   # big: past shm's largest ring record
+    for seq, meta in ((5, small), (6, big), (7, small)):
+        sent = in_thread(lambda seq=seq, meta=meta: client.send_meta(MsgKind.POST, seq, pack_meta(meta)))
+        frame = recv(server)
+        sent()
+        assert (frame.kind, frame.seq, frame.meta, frame.buffers) == (MsgKind.POST, seq, meta, [])
+        frame.release()
 
 
 def test_the_sender_may_change_its_buffers_once_send_returns(ends):

@@ -50,6 +50,10 @@ class Transport(ABC):
         """Close at once, waking any thread blocked in send or receive."""
         self.close()
 
+    def send_meta(self, kind: int, seq: int, meta: bytes) -> None:
+        """``send`` of one frame with packed metadata and no buffers (a transport may write it more directly)."""
+        self.send([encode_prefix(kind, seq, 0, meta, ())])
+
     def frame_parts(self, kind: int, seq: int, ack: int, meta, views: Sequence[memoryview], flags: int = 0) -> list:
         """The parts of one frame, ready for ``send`` (several frames' parts may be joined)."""
         prefix = encode_prefix(kind, seq, ack, pack_meta(meta), [v.nbytes for v in views], flags)

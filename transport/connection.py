@@ -119,8 +119,9 @@ class Connection:
     def post_packed(self, meta: bytes, buffers: Sequence = ()) -> int:
         """``post()`` of metadata that is already msgpack (the device's C++ fast path packs its ops itself).
 
-        The frame goes as plain parts (prefix, then buffers), which every transport's
-        ``send`` takes; buffers are copied at the call, so only small ones belong here.
+        Buffers are copied at the call, so only small ones belong here. Without
+        buffers, on a transport that writes on the caller's thread, the frame goes
+        through ``send_meta``: no parts list, no prefix bytes object.
         """
         views = [memoryview(bytearray(as_bytes_view(b))) for b in buffers] if buffers else ()
         nbytes = sum([v.nbytes for v in views]) if views else 0
@@ -133,14 +134,13 @@ class Connection:
             if self._dead:
                 raise self._dead
             seq = next(self._seq)
-            if self._posts_inline and not self._queue and self._send_lock.acquire(blocking=False):
-                inline = True                     # nothing ahead of us: write on this thread
-            parts = [encode_prefix(_POST, seq, 0, meta, [v.nbytes for v in views]), *views] if views else \
-                [encode_prefix(_POST, seq, 0, meta, ())]
             stats = self.stats
             stats["messages"] += 1
             stats["bytes_out"] += nbytes
-            if not inline:
+            if self._posts_inline and not self._queue and self._send_lock.acquire(blocking=False):
+                inline = True                     # nothing ahead of us: write on this thread
+            else:
+                parts = [encode_prefix(_POST, seq, 0, meta, [v.nbytes for v in views]), *views]
                 self._queue.append((parts, nbytes, None, seq))
                 self._queued_bytes += nbytes
                 self._ensure_io_thread()
@@ -148,7 +148,10 @@ class Connection:
         if inline:
             try:
                 self._sending_seq = seq
-                self.transport.send(parts)
+                if views:
+                    self.transport.send([encode_prefix(_POST, seq, 0, meta, [v.nbytes for v in views]), *views])
+                else:
+                    self.transport.send_meta(_POST, seq, meta)
             except RgpuError as exc:
                 self._fail(self._why_lost(exc))
                 raise self._dead from None

@@ -255,6 +255,27 @@ class ShmTransport(Transport):
             except (OSError, ValueError, BufferError) as exc:
                 raise self._lost(exc, "sending") from None
 
+    def send_meta(self, kind: int, seq: int, meta: bytes) -> None:
+        """One frame of packed metadata, header and all written straight into the ring (a streamed op's post)."""
+        blob_len = HEADER.size + len(meta)
+        rec_len = (REC.size + blob_len + 7) & ~7
+        if rec_len > RECORD_MAX:
+            return self.send([_Out(encode_prefix(kind, seq, 0, meta, ()), [])])
+        with self._send_lock:
+            try:
+                if self._closed:
+                    raise ConnectionLost("connection closed")
+                pos = self._reserve(rec_len)
+                ring = self._ring_out
+                REC.pack_into(ring, pos, rec_len, KIND_FRAME, NO_SLOT, 0, blob_len, 0)
+                HEADER.pack_into(ring, pos + REC.size, MAGIC, PROTOCOL_VERSION, kind, 0, seq, 0, len(meta), 0)
+                p = pos + REC.size + HEADER.size
+                ring[p:p + len(meta)] = meta
+                self._tail += rec_len
+                self._publish()
+            except (OSError, ValueError, BufferError) as exc:
+                raise self._lost(exc, "sending") from None
+
     def _write_frame(self, prefix: bytes, views: list) -> None:
         lengths = [v.nbytes for v in views]
         blob_len = len(prefix) + sum(lengths)
