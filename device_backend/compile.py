@@ -4,7 +4,7 @@ Dynamo hands over a graph; aot_autograd turns it into aten forward and backward
 graphs traced on fake tensors. Each is encoded with the op stream's closed
 encoding (ops by the session's integer index, values as in ``encode.py``, no
 pickle) and posted once (``Msg.GRAPH``); the server compiles it (Inductor on a
-GPU, ``mode="reduce-overhead"``: CUDA graphs; interpreted on the CPU). A call
+GPU, without CUDA graphs whatever the mode; interpreted on the CPU). A call
 then mints its output tensors here from the fake trace's metadata and posts one
 ``Msg.RUN`` naming its inputs and outputs: nothing waits.
 

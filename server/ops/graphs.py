@@ -10,8 +10,8 @@ Wire form of a graph (``Msg.GRAPH``; values as in ``codec``, plus ``{"n": i}`` n
 The client names every output it wants with a descriptor it minted (``Msg.RUN``);
 this side binds each to the storage the graph produced, copying only where the
 layout differs or the storage is an input's or another output's. On a GPU the
-graph goes through Inductor (``mode="reduce-overhead"``: CUDA graphs); anywhere
-else, or if Inductor fails, it is interpreted op by op.
+graph goes through Inductor (in any mode without CUDA graphs: see
+``INDUCTOR_OPTIONS``); anywhere else, or if Inductor fails, it is interpreted op by op.
 """
 from __future__ import annotations
 
@@ -29,9 +29,12 @@ log = logging.getLogger("rgpu.server.graphs")
 MAX_NODES = 1_000_000
 MAX_GRAPHS = 4096
 GETITEM = 0
-INDUCTOR_OPTIONS = {"default": {}, "reduce-overhead": {"triton.cudagraphs": True},
-                    "max-autotune": {"max_autotune": True, "triton.cudagraphs": True},
+# Without CUDA graphs ("triton.cudagraphs"), whatever the mode asks: on torch 2.11 (H200) a worker died of
+# SIGSEGV inside Inductor's generated code at a reduce-overhead graph's first call, where the default mode
+# runs the same graphs (docs/perf/fast_path.md). The backend's name says so (GRAPH_INFO).
+INDUCTOR_OPTIONS = {"default": {}, "reduce-overhead": {}, "max-autotune": {"max_autotune": True},
                     "max-autotune-no-cudagraphs": {"max_autotune": True}}
+WITHOUT_CUDAGRAPHS = {"reduce-overhead", "max-autotune"}
 
 
 class GraphError(Exception):
@@ -206,7 +209,7 @@ class Graph:
                             if isinstance(t, torch.Tensor) else t for t in inputs]
                 self.compiled = inductor_compile(self.fx_module(), examples,
                                                  options=dict(INDUCTOR_OPTIONS.get(mode, {})))
-            self.backend = f"inductor ({mode})"
+            self.backend = f"inductor ({mode}{', without CUDA graphs' if mode in WITHOUT_CUDAGRAPHS else ''})"
         except Exception as exc:  # interpreted instead; the client can ask why (GRAPH_INFO)
             self.error = f"inductor: {type(exc).__name__}: {str(exc)[:2000]}"
             log.warning("graph not compiled, interpreting it: %s", self.error)
@@ -218,12 +221,7 @@ class Graph:
         self.runs += 1
         if self.compiled is not None:
             try:
-                out = self.compiled(*inputs)
-                if self.options.get("mode") in ("reduce-overhead", "max-autotune"):
-                    # CUDA-graph outputs live in a pool the next replay overwrites; the
-                    # session keeps them as long as the client holds them
-                    out = [t.clone() if isinstance(t, torch.Tensor) else t for t in out]
-                return list(out)
+                return list(self.compiled(*inputs))
             except Exception as exc:
                 self.compiled, self.backend = None, "interpreted"
                 self.error = f"inductor run: {type(exc).__name__}: {str(exc)[:2000]}"
