@@ -127,36 +127,20 @@ class Connection:
         nbytes = sum([v.nbytes for v in views]) if views else 0
         inline = False
         with self._cv_lock:
-            if self._dead:
-                raise self._dead
-            while self._queued_bytes > self._queue_max and not self._dead:
-                self._cv.wait()                   # backpressure: the I/O thread is behind
-            if self._dead:
-                raise self._dead
-            seq = next(self._seq)
+            seq = self._admit()
             stats = self.stats
             stats["messages"] += 1
             stats["bytes_out"] += nbytes
             if self._posts_inline and not self._queue and self._send_lock.acquire(blocking=False):
                 inline = True                     # nothing ahead of us: write on this thread
             else:
-                parts = [encode_prefix(_POST, seq, 0, meta, [v.nbytes for v in views]), *views]
-                self._queue.append((parts, nbytes, None, seq))
-                self._queued_bytes += nbytes
-                self._ensure_io_thread()
-                self._cv.notify_all()
+                self._enqueue([encode_prefix(_POST, seq, 0, meta, [v.nbytes for v in views]), *views], nbytes, None, seq)
         if inline:
-            try:
-                self._sending_seq = seq
-                if views:
-                    self.transport.send([encode_prefix(_POST, seq, 0, meta, [v.nbytes for v in views]), *views])
-                else:
-                    self.transport.send_meta(_POST, seq, meta)
-            except RgpuError as exc:
-                self._fail(self._why_lost(exc))
-                raise self._dead from None
-            finally:
-                self._send_lock.release()
+            if views:
+                self._write_inline(seq, self.transport.send,
+                                   [encode_prefix(_POST, seq, 0, meta, [v.nbytes for v in views]), *views])
+            else:
+                self._write_inline(seq, self.transport.send_meta, _POST, seq, meta)
         return seq
 
     def request(self, meta: Any, buffers: Sequence = (), reply_into: Sequence[memoryview] | None = None) -> Future:
@@ -184,13 +168,7 @@ class Connection:
         written = threading.Event() if big else None
         inline = False
         with self._cv_lock:
-            if self._dead:
-                raise self._dead
-            while self._queued_bytes > self._queue_max and not self._dead:
-                self._cv.wait()                   # backpressure: the I/O thread is behind
-            if self._dead:
-                raise self._dead
-            seq = next(self._seq)
+            seq = self._admit()
             if ((kind is _REQUEST or big or self._posts_inline) and not self._queue
                     and self._send_lock.acquire(blocking=False)):
                 inline = True                     # nothing ahead of us: write on this thread
@@ -208,24 +186,42 @@ class Connection:
             self.stats["messages"] += 1
             self.stats["bytes_out"] += nbytes
             if not inline:
-                self._queue.append((parts, nbytes, written, seq))
-                self._queued_bytes += nbytes
-                self._ensure_io_thread()
-                self._cv.notify_all()
+                self._enqueue(parts, nbytes, written, seq)
         if inline:
-            try:
-                self._sending_seq = seq
-                self.transport.send(parts)
-            except RgpuError as exc:
-                self._fail(self._why_lost(exc))
-                raise self._dead from None
-            finally:
-                self._send_lock.release()
+            self._write_inline(seq, self.transport.send, parts)
         elif written is not None:
             while not written.wait(0.5):
                 if self._dead:
                     raise self._dead
         return seq
+
+    def _admit(self) -> int:
+        """The next sequence number, once the queue has room (called with ``_cv_lock`` held)."""
+        if self._dead:
+            raise self._dead
+        while self._queued_bytes > self._queue_max and not self._dead:
+            self._cv.wait()                       # backpressure: the I/O thread is behind
+        if self._dead:
+            raise self._dead
+        return next(self._seq)
+
+    def _enqueue(self, parts: list, nbytes: int, written, seq: int) -> None:
+        """Hand a frame to the I/O thread (called with ``_cv_lock`` held)."""
+        self._queue.append((parts, nbytes, written, seq))
+        self._queued_bytes += nbytes
+        self._ensure_io_thread()
+        self._cv.notify_all()
+
+    def _write_inline(self, seq: int, write, *args) -> None:
+        """``write(*args)`` on this thread, which holds the send lock (released here)."""
+        try:
+            self._sending_seq = seq
+            write(*args)
+        except RgpuError as exc:
+            self._fail(self._why_lost(exc))
+            raise self._dead from None
+        finally:
+            self._send_lock.release()
 
     def _ensure_io_thread(self) -> None:
         if self._io_thread is None:
