@@ -190,6 +190,17 @@ def test_reduce_overhead_mode_reaches_the_server_which_interprets_on_a_cpu(fresh
     assert mine and all(i["backend"] == want and i["error"] is None for i in mine), mine
 
 
+def test_a_cuda_graph_mode_on_a_gpu_server_warns_once_that_it_runs_without_cuda_graphs(rgpu_device, monkeypatch):
+    monkeypatch.setattr(rgpu_device, "kind", "cuda")   # the warning is about a GPU server; nothing runs here
+    monkeypatch.setattr(rcompile, "_warned", set())
+    with pytest.warns(UserWarning, match="without CUDA graphs"):
+        rcompile._aot("reduce-overhead")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rcompile._aot("reduce-overhead")           # once per mode
+        rcompile._aot("default")
+
+
 def _graphs() -> Graphs:
     table = HandleTable([torch.device("cpu")])
     ops = {1: type("R", (), {"name": "aten.add.Tensor", "op": torch.ops.aten.add.Tensor})()}
