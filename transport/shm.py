@@ -1,12 +1,9 @@
 """The shm transport: client and server on one host, frames through shared memory.
 
-    control segment (a sealed memfd the server makes)
-      line 0              magic, version, ring size, slots, nonce (read back by the client as proof)
-      lines 1..8          per direction d: tail (producer), head (consumer), consumer asleep,
-                          producer waiting for space; each on its own cache line
-      4 KiB + d * 4 KiB   slot table of direction d (1 while the receiver holds a frame's heap buffers)
-      16 KiB + d * RING   ring of direction d: one record per frame
-    heap segments         sealed memfds each sender makes for its big buffers, passed over the Unix socket
+The shared layout (control segment, rings, records) is in ``shm_ring.py``, the
+receiving side in ``shm_recv.py``, the memory (segments, the sender's heap) in
+``shm_memory.py``, the setting up in ``shm_setup.py``; here: the transport, its
+sending side and its closing.
 
 Direction 0 is client -> server, 1 is server -> client. A record holds the
 frame's prefix (header, lengths, metadata) and its small buffers; a buffer over
@@ -25,7 +22,6 @@ Python has no barrier to issue: there shm is not offered (``available()``).
 """
 from __future__ import annotations
 
-import array
 import os
 import platform
 import select
@@ -33,7 +29,6 @@ import socket
 import struct
 import threading
 import time
-import weakref
 from typing import Callable, Sequence
 
 import numpy as np
@@ -41,72 +36,15 @@ import numpy as np
 from rgpu.errors import ConnectionLost, ProtocolError
 
 from . import fastcopy
-from .base import Into, Transport
-from .buffers import BufferPool, as_bytes_view
+from .base import Transport
+from .buffers import as_bytes_view
 from .shm_memory import Heap, Segment
-from .wire import (
-    HEADER, KNOWN_FLAGS, MAGIC, PROTOCOL_VERSION, Frame, Limits, MsgKind, decode_header, decode_lengths, encode_prefix,
-    pack_meta, unpack_meta,
+from .shm_recv import Receiving
+from .shm_ring import (
+    BACKSTOP_S, BLOB, CTL_MSG, DESC, INLINE_MAX, KIND_FRAME, KIND_WRAP, MAX_PLACED, MAX_SEGMENT, NO_SLOT, OP_DROP,
+    OP_SEGMENT, REC, REC_HEAD, RECORD_MAX, RING_BYTES, RINGS_OFF, SLOTS, SLOTS_OFF, _drain, _fence, _words,
 )
-
-CTL_MAGIC = b"RGPUSHM1"
-CTL_VERSION = 1
-RING_BYTES = 1 << 20
-RECORD_MAX = RING_BYTES // 4
-INLINE_MAX = 16 << 10          # bigger buffers go through the heap and are read in place
-MAX_PLACED = (RECORD_MAX - 24) // 16 - 1   # heap places one record can name
-SLOTS = 4096
-SLOTS_OFF = 4096
-RINGS_OFF = 16384
-CONTROL_BYTES = RINGS_OFF + 2 * RING_BYTES
-NONCE_OFF, NONCE_BYTES = 24, 32
-CTL_HEAD = struct.Struct("<8sIII")         # magic, version, ring bytes, slots
-REC = struct.Struct("<IIIIII")             # length, kind, slot, descriptors, blob length, blob in heap
-REC_HEAD = struct.Struct("<II")            # length, kind: all a wrap marker has
-DESC = struct.Struct("<IIQ")               # buffer index (BLOB: the prefix itself), segment id, offset
-CTL_MSG = struct.Struct("<IIQ")            # op, segment id, size: on the Unix socket
-OP_SEGMENT, OP_DROP = 1, 2
-KIND_FRAME, KIND_WRAP = 1, 2
-NO_SLOT = BLOB = 0xFFFFFFFF
-BACKSTOP_S = 0.05
-SHARED_CORE_S = 1.0
-CORE_CHECK_S = 0.1
-MAX_SEGMENT = 16 << 30
-
-_FENCE = threading.Lock()
-_KINDS = {int(k): k for k in MsgKind}
-_LENGTHS: dict[int, struct.Struct] = {}
-
-
-def _lengths(n: int) -> struct.Struct:
-    st = _LENGTHS.get(n)
-    if st is None:
-        st = struct.Struct(f"<{n}Q")
-        if len(_LENGTHS) < 256:
-            _LENGTHS[n] = st
-    return st
-
-
-def _fence() -> None:
-    _FENCE.acquire()
-    _FENCE.release()
-
-
-def _spin(q, tail: int, head: int, busy: float, end: float, yield_core: bool) -> int:
-    """Poll the tail until ``end``, keeping the core until ``busy`` and yielding it after.
-
-    0: nothing came; 1: data came; 2: it came as a yield returned late (something ran in our
-    place: most likely the peer, on our core, so keeping the core only delays it).
-    """
-    clock = time.perf_counter
-    while (now := clock()) < end:
-        if q[tail] != head:
-            return 1
-        if now > busy and yield_core:
-            os.sched_yield()
-            if clock() - now > 3e-6 and q[tail] != head:
-                return 2
-    return 1 if q[tail] != head else 0
+from .wire import HEADER, MAGIC, PROTOCOL_VERSION, encode_prefix, pack_meta
 
 
 def _peer_pid(sock: socket.socket) -> int:
@@ -114,31 +52,6 @@ def _peer_pid(sock: socket.socket) -> int:
         return struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
     except (OSError, AttributeError):
         return 0
-
-
-def _cpu_of(path: str) -> int:
-    with open(path, "rb") as f:
-        return int(f.read().rsplit(b")", 1)[1].split()[36])   # field 39 of stat: the CPU it last ran on
-
-
-def _same_core(peer: int) -> bool:
-    """Whether the peer process last ran on the CPU this thread runs on (a cheap look, taken rarely)."""
-    if peer <= 0 or peer == os.getpid():
-        return False
-    try:
-        return _cpu_of("/proc/thread-self/stat") == _cpu_of(f"/proc/{peer}/stat")
-    except (OSError, ValueError, IndexError):
-        return False
-
-
-def _word(line: int) -> int:
-    return line * 8                      # index of a cache line's first u64
-
-
-def _words(d: int) -> tuple[int, int, int, int]:
-    """(tail, head, asleep, waiting) word indexes of direction d."""
-    base = 1 + 4 * d
-    return _word(base), _word(base + 1), _word(base + 2), _word(base + 3)
 
 
 def available() -> str | None:
@@ -160,29 +73,7 @@ class _Out:
         self.prefix, self.views = prefix, views
 
 
-class _Lease:
-    """A received frame's hold on its heap slot: let go on release() or when its last in-place view dies."""
-    __slots__ = ("transport", "slot", "live", "done", "__weakref__")
-
-    def __init__(self, transport: "ShmTransport", slot: int):
-        self.transport, self.slot, self.live, self.done = transport, slot, 0, False
-
-    def track(self, arr) -> None:
-        self.live += 1
-        weakref.finalize(arr, self._gone)
-
-    def _gone(self) -> None:
-        self.live -= 1
-        if self.live <= 0:
-            self.release()
-
-    def release(self) -> None:
-        if not self.done:
-            self.done = True
-            self.transport._release_slot(self.slot)
-
-
-class ShmTransport(Transport):
+class ShmTransport(Receiving, Transport):
     name = "shm"
     # A waiting side polls busy_s keeping its core, then yields it until spin_s, then sleeps on its
     # eventfd. When data arrives just as a yield comes back late and the peer last ran on our CPU
@@ -419,270 +310,6 @@ class ShmTransport(Transport):
     def _drop(self, seg_id: int) -> None:
         self._sock.send(CTL_MSG.pack(OP_DROP, seg_id, 0))
 
-    # ---- receiving -----------------------------------------------------------------
-
-    def readable(self, timeout: float) -> bool:
-        """Whether a frame is there within ``timeout`` seconds."""
-        with self._recv_lock:
-            try:
-                return self._wait_data(time.monotonic() + max(0.0, timeout))
-            except ConnectionLost:
-                return True            # recv_frame says so
-            except (OSError, ValueError) as exc:
-                raise self._lost(exc, "receiving") from None
-
-    def recv_frame(self, limits: Limits, pool: BufferPool, into: Into | None = None) -> Frame:
-        with self._recv_lock:
-            try:
-                return self._recv(limits, pool, into)
-            except (OSError, ValueError, BufferError) as exc:
-                raise self._lost(exc, "receiving") from None
-
-    def _wait_data(self, deadline: float | None = None) -> bool:
-        q, tail, head = self._q, self._tail_in, self._head
-        if q[tail] != head:
-            return True
-        now = time.perf_counter()
-        end = now + self.spin_s
-        if deadline is not None:
-            end = min(end, now + deadline - time.monotonic())
-        busy = now + (self.busy_s if now >= self._shared_until else 0.0)
-        got = _spin(q, tail, head, busy, end, self.spin_yield)
-        if got == 2 and now > self._core_checked + CORE_CHECK_S:
-            self._core_checked = now
-            if _same_core(self._peer_pid):
-                self._shared_until = now + SHARED_CORE_S    # keeping the core only delays the peer
-        if got:
-            return True
-        while True:
-            if self._closed:
-                raise ConnectionLost("connection closed")
-            q[self._asleep_in] = 1
-            _fence()
-            if q[tail] != head:
-                q[self._asleep_in] = 0
-                return True
-            if self._peer_gone:
-                q[self._asleep_in] = 0
-                raise ConnectionLost("the peer closed the shm connection")
-            wait = BACKSTOP_S
-            if deadline is not None:
-                wait = min(wait, deadline - time.monotonic())
-                if wait <= 0:
-                    q[self._asleep_in] = 0
-                    return False
-            events = self._poll_data.poll(wait * 1000)
-            q[self._asleep_in] = 0
-            for fd, ev in events:
-                if fd == self._data_in:
-                    _drain(fd)
-                elif not self._closed:
-                    self._service_control()
-            if q[tail] != head:
-                return True
-
-    def _service_control(self, block: bool = False) -> None:
-        """Read what the peer said on the Unix socket: new heap segments, dropped ones, or its end."""
-        while not self._peer_gone:
-            try:
-                msg, fds = recv_fds(self._sock, CTL_MSG.size, 4, 0 if block else socket.MSG_DONTWAIT)
-            except (BlockingIOError, InterruptedError):
-                return
-            except ConnectionResetError:
-                msg, fds = b"", []
-            if not msg:
-                self._peer_gone = True
-                for fd in fds:
-                    os.close(fd)
-                return
-            if len(msg) != CTL_MSG.size:
-                for fd in fds:
-                    os.close(fd)
-                raise ProtocolError(f"shm: control message of {len(msg)} bytes")
-            op, seg_id, size = CTL_MSG.unpack(msg)
-            if op == OP_SEGMENT and len(fds) == 1 and seg_id not in self._in_segs:
-                self._in_segs[seg_id] = Segment.attach(seg_id, fds[0], size, self._max_segment)
-            elif op == OP_DROP and not fds and seg_id in self._in_segs:
-                self._in_segs.pop(seg_id).close()
-            else:
-                for fd in fds:
-                    os.close(fd)
-                raise ProtocolError(f"shm: bad control message (op {op}, segment {seg_id}, {len(fds)} fds)")
-            if block:
-                return
-
-    def _segment(self, seg_id: int) -> Segment:
-        seg = self._in_segs.get(seg_id)
-        if seg is None:
-            self._service_control()      # announced before the record that uses it: already queued
-            seg = self._in_segs.get(seg_id)
-        if seg is None:
-            raise ProtocolError(f"shm: record names segment {seg_id}, never announced")
-        return seg
-
-    def _next_record(self) -> tuple[int, int, int, int, int, int]:
-        ring = self._ring_in
-        while True:
-            self._wait_data()
-            pos = self._head % RING_BYTES
-            rec_len, kind = REC_HEAD.unpack_from(ring, pos)          # positions are 8-aligned: always fits
-            if kind == KIND_WRAP:
-                if pos + rec_len != RING_BYTES:
-                    raise ProtocolError("shm: wrap marker does not reach the end of the ring")
-                self._head += rec_len
-                continue
-            if rec_len % 8 or rec_len < REC.size or pos + rec_len > RING_BYTES:
-                raise ProtocolError(f"shm: record length {rec_len} at ring offset {pos}")
-            if kind != KIND_FRAME or rec_len > RECORD_MAX:
-                raise ProtocolError(f"shm: record kind {kind}, length {rec_len}")
-            return (pos, *REC.unpack_from(ring, pos))
-
-    def _recv(self, limits: Limits, pool: BufferPool, into: Into | None) -> Frame:
-        pos, rec_len, _, slot, ndesc, blob_len, blob_in_heap = self._next_record()
-        if ndesc == 0 and slot == NO_SLOT and not blob_in_heap:
-            return self._recv_inline(pos, rec_len, blob_len, limits, into)
-        return self._recv_placed(pos, rec_len, slot, ndesc, blob_len, blob_in_heap, limits, pool, into)
-
-    def _recv_inline(self, pos: int, rec_len: int, blob_len: int, limits: Limits, into: Into | None) -> Frame:
-        """A frame wholly in the ring (the common case): checks inlined, small buffers copied out."""
-        ring = self._ring_in
-        start = pos + REC.size
-        end = start + blob_len
-        if REC.size + blob_len > rec_len or blob_len < HEADER.size:
-            raise ProtocolError("shm: record shorter than its contents")
-        magic, version, kind, flags, seq, ack, meta_len, nbufs = HEADER.unpack_from(ring, start)
-        msg_kind = _KINDS.get(kind)
-        if (magic != MAGIC or version != PROTOCOL_VERSION or msg_kind is None or flags & ~KNOWN_FLAGS
-                or meta_len > limits.max_meta_bytes or nbufs > limits.max_buffers):
-            decode_header(ring[start:start + HEADER.size], limits)   # raises, naming the field
-        p = start + HEADER.size
-        if p + 8 * nbufs + meta_len > end:
-            raise ProtocolError("shm: prefix shorter than its lengths and metadata")
-        lengths = _lengths(nbufs).unpack_from(ring, p) if nbufs else ()
-        p += 8 * nbufs
-        if p + meta_len + sum(lengths) != end:
-            raise ProtocolError("shm: inline buffers do not fill the record")
-        if meta_len + sum(lengths) > limits.max_frame_bytes:
-            decode_lengths(ring[start + HEADER.size:p], nbufs, meta_len, limits)  # raises
-        meta = unpack_meta(ring[p:p + meta_len], limits) if meta_len else None
-        p += meta_len
-        targets = into(msg_kind, seq, list(lengths)) if (into is not None and lengths) else None
-        if targets is not None:
-            targets = [as_bytes_view(v) for v in targets]
-            if [v.nbytes for v in targets] != list(lengths):
-                targets = None  # not the reply the caller prepared for (an error, say)
-        bufs = []
-        for i, n in enumerate(lengths):
-            if targets is not None:
-                dest = targets[i]
-                dest[:] = ring[p:p + n]
-            else:
-                dest = memoryview(bytearray(ring[p:p + n]))   # small: a fresh copy is cheaper than a lease
-            bufs.append(dest)
-            p += n
-        self._consume(rec_len)
-        return Frame(msg_kind, seq, ack, meta, bufs)
-
-    def _recv_placed(self, pos: int, rec_len: int, slot: int, ndesc: int, blob_len: int, blob_in_heap: int,
-                     limits: Limits, pool: BufferPool, into: Into | None) -> Frame:
-        """A frame with buffers (or its prefix) in the sender's heap: big buffers read in place."""
-        ring = self._ring_in
-        if REC.size + DESC.size * ndesc + (0 if blob_in_heap else blob_len) > rec_len:
-            raise ProtocolError("shm: record shorter than its contents")
-        if slot != NO_SLOT and slot >= SLOTS:
-            raise ProtocolError(f"shm: slot {slot} out of range")
-        descs = [DESC.unpack_from(ring, pos + REC.size + DESC.size * k) for k in range(ndesc)]
-        blob = None
-        places = {}
-        for index, sid, off in descs:
-            seg = self._segment(sid)
-            if index == BLOB:
-                if off + blob_len > seg.size or not blob_in_heap:
-                    raise ProtocolError("shm: prefix outside its segment")
-                blob = seg.view(off, blob_len)
-            else:
-                places[index] = (seg, off)
-        if blob is None:
-            if blob_in_heap:
-                raise ProtocolError("shm: record says its prefix is in the heap but names no place")
-            start = pos + REC.size + DESC.size * ndesc
-            blob = ring[start:start + blob_len]
-        if blob_len < HEADER.size:
-            raise ProtocolError("shm: prefix shorter than a header")
-        h = decode_header(blob, limits)
-        p = HEADER.size + 8 * h.nbufs
-        if p + h.meta_len > blob_len:
-            raise ProtocolError("shm: prefix shorter than its lengths and metadata")
-        lengths = decode_lengths(blob[HEADER.size:p], h.nbufs, h.meta_len, limits)
-        meta = unpack_meta(blob[p:p + h.meta_len], limits)
-        p += h.meta_len
-        if len(places) != len(descs) - (1 if blob_in_heap else 0) or any(i >= h.nbufs for i in places):
-            raise ProtocolError("shm: buffer places do not match the frame's buffers")
-        if p + sum(n for i, n in enumerate(lengths) if i not in places) != blob_len:
-            raise ProtocolError("shm: inline buffers do not fill the record")
-        for i, (seg, off) in places.items():
-            if off + lengths[i] > seg.size:
-                raise ProtocolError(f"shm: buffer {i} runs past the end of segment {seg.id}")
-        if places and slot == NO_SLOT:
-            raise ProtocolError("shm: heap buffers without a slot")
-        targets = into(h.kind, h.seq, lengths) if (into is not None and lengths) else None
-        if targets is not None:
-            targets = [as_bytes_view(v) for v in targets]
-            if [v.nbytes for v in targets] != lengths:
-                targets = None  # not the reply the caller prepared for (an error, say): use the pool
-        lease = _Lease(self, slot) if slot != NO_SLOT else None
-        bufs, tokens = [], []
-        for i, n in enumerate(lengths):
-            if i in places:
-                seg, off = places[i]
-                if targets is not None:
-                    fastcopy.copy(targets[i], seg.view(off, n))
-                    bufs.append(targets[i])
-                else:
-                    arr = seg.array[off:off + n]
-                    lease.track(arr)
-                    bufs.append(memoryview(arr))
-            else:
-                if targets is not None:
-                    dest = targets[i]
-                else:
-                    dest, token = pool.lease(n)
-                    tokens.append(token)
-                dest[:] = blob[p:p + n]
-                p += n
-                bufs.append(dest)
-        del blob
-        self._consume(rec_len)
-        if lease is not None and lease.live == 0:
-            lease.release()                  # nothing read in place: the heap memory can go back now
-            lease = None
-
-        def releaser():
-            if lease is not None:
-                lease.release()
-            for t in tokens:
-                pool.release(t)
-        return Frame(h.kind, h.seq, h.ack, meta, bufs, releaser if (lease is not None or tokens) else None)
-
-    def _consume(self, rec_len: int) -> None:
-        q = self._q
-        self._head += rec_len
-        q[self._head_in] = self._head
-        _fence()
-        if q[self._waiting_in]:
-            os.eventfd_write(self._space_in, 1)
-
-    def _release_slot(self, slot: int) -> None:
-        if self._closed:
-            return
-        try:
-            self._slots_in[slot] = 0
-            _fence()
-            if self._q[self._waiting_in]:
-                os.eventfd_write(self._space_in, 1)
-        except (OSError, ValueError):
-            pass  # closing under us: nothing waits for this slot any more
-
     # ---- closing -------------------------------------------------------------------
 
     def _lost(self, exc: BaseException, where: str):
@@ -753,20 +380,3 @@ def _pack_blob(dst: memoryview, p: int, prefix: bytes, views: list, placed: set)
             n = v.nbytes
             dst[p:p + n] = v
             p += n
-
-
-def recv_fds(sock: socket.socket, size: int, maxfds: int, flags: int = 0) -> tuple[bytes, list[int]]:
-    """``socket.recv_fds`` with its flags honoured (3.11's drops them)."""
-    msg, ancdata, _, _ = sock.recvmsg(size, socket.CMSG_LEN(maxfds * 4), flags)
-    fds = array.array("i")
-    for level, kind, data in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
-    return msg, list(fds)
-
-
-def _drain(fd: int) -> None:
-    try:
-        os.eventfd_read(fd)
-    except (BlockingIOError, InterruptedError):
-        pass

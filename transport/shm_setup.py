@@ -18,11 +18,9 @@ import struct
 
 from rgpu.errors import AuthenticationError, ConnectError, ProtocolError
 
-from .shm import (
-    CONTROL_BYTES, CTL_HEAD, CTL_MAGIC, CTL_VERSION, NONCE_BYTES, NONCE_OFF, RING_BYTES, SLOTS, ShmTransport,
-    recv_fds, available,
-)
+from .shm import ShmTransport, available
 from .shm_memory import Segment
+from .shm_ring import CONTROL_BYTES, CTL_HEAD, CTL_MAGIC, CTL_VERSION, NONCE_BYTES, NONCE_OFF, RING_BYTES, SLOTS, recv_fds
 
 HELLO = struct.Struct("<Q")                # control segment size, sent with the descriptors
 
