@@ -93,3 +93,27 @@ def test_pinned_memory_moves_as_plain_memory_where_the_server_cannot_map_it(rgpu
     assert out["transport"] == transport and out["shared_bytes"] == 0 and out["stages"] == []
     assert out["blocking_kept"] and out["non_blocking"] and out["slice"] and out["reused"] and out["loader"]
     assert out["download_pinned"][0] and out["download_staged"] == [True] * 4
+
+
+REUSE = r"""
+import json, torch, rgpu
+a = torch.randn(1500, 1500).to("rgpu")
+for _ in range(6):
+    a = a @ a / 1500                                  # the server is busy for a while: the upload waits
+x = torch.ones(1 << 20).pin_memory()
+base = x.data_ptr()
+d = x.to("rgpu", non_blocking=True)                   # named, not copied; not yet read by the server
+del x                                                 # its block may not come back to the allocator yet
+y = torch.empty(1 << 20).pin_memory()
+y.fill_(7.0)                                          # were it the same block, this would reach d
+torch.rgpu.synchronize()
+print(json.dumps({"same_block": y.data_ptr() == base, "kept": bool((d.cpu() == 1.0).all())}))
+"""
+
+
+def test_a_pinned_block_is_not_reused_while_a_non_blocking_upload_still_names_it(rgpu_server):
+    r = run_python(REUSE, env={"RGPU_SERVER": rgpu_server.address, "RGPU_TOKEN": rgpu_server.token,
+                               "RGPU_TRANSPORT": "shm"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out == {"same_block": False, "kept": True}

@@ -198,6 +198,8 @@ class ShmTransport(Receiving, Transport):
             big = [i for i in big if i not in {d[0] for d in descs}]
         sizes = [lengths[i] for i in big] + ([blob_len] if blob_in_heap else [])
         slot, places = self._alloc(sizes)
+        if descs:
+            self._heap.hold(slot, [views[d[0]] for d in descs])
         for i, (sid, off) in zip(big, places):
             fastcopy.copy(self._heap.view(sid, off, lengths[i]), views[i])
             descs.append((i, sid, off))

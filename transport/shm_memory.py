@@ -107,6 +107,7 @@ class Heap:
         self._free: dict[int, list[list[int]]] = {}     # segment id -> sorted [offset, length] runs
         self._free_slots = list(range(len(slots) - 1, -1, -1))
         self._inflight: dict[int, list[tuple[int, int, int]]] = {}
+        self._held: dict[int, list] = {}        # slot -> buffers named, not copied: kept alive until it clears
         self._next_id = 1
         self.total = 0
 
@@ -147,10 +148,20 @@ class Heap:
         for slot in done:
             for sid, off, n in self._inflight.pop(slot):
                 self._give(sid, off, n)
+            self._held.pop(slot, None)
             self._free_slots.append(slot)
         if done and self.total > self.keep_bytes:
             self._trim()
         return bool(done)
+
+    def hold(self, slot: int, buffers: list) -> None:
+        """Keep ``buffers`` (the sender's own memory, named in the frame) alive until the receiver lets go.
+
+        Why: a pinned tensor dropped right after a non-blocking upload would give its block
+        back to the pinned allocator, whose next tensor could overwrite it before the peer has
+        read it (CUDA's caching host allocator waits on an event for the same reason).
+        """
+        self._held[slot] = buffers
 
     @property
     def in_flight(self) -> int:
@@ -217,3 +228,4 @@ class Heap:
             seg.close()
         self.segments.clear()
         self._free.clear()
+        self._held.clear()
