@@ -55,6 +55,13 @@ class Transfers:
             # sent by naming the pinned memory, not copied: as CUDA's copy from pinned memory, a
             # blocking one returns once the device has the bytes, so the caller may change them then
             self.s.request([Msg.SYNC])
+            self._settle()
+
+    def _settle(self) -> None:
+        """The server is done with what we named: the transport may let go of it (its blocks can be reused)."""
+        settle = getattr(self.s.conn.transport, "settle", None)
+        if settle is not None:
+            settle()
 
     def piece_bytes(self, shared: bool = False) -> int:
         """The size of an upload's pieces: named pinned memory, other memory over shm, else."""
@@ -73,6 +80,7 @@ class Transfers:
     def download(self, desc, into: memoryview) -> None:
         if self.shared(into) and _contiguous(desc[3], desc[4]):
             self._fill(desc, 0, into).result().release()   # pinned: the server writes into it in place
+            self._settle()
             return
         if into.nbytes >= STAGED_DOWNLOAD_BYTES and _contiguous(desc[3], desc[4]) and self._download_stages():
             with self._stage_lock:

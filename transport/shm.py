@@ -219,6 +219,12 @@ class ShmTransport(Receiving, Transport):
             _pack_blob(ring, p, prefix, views, placed)
         self._tail += rec_len
 
+    def settle(self) -> None:
+        """Take back what the peer has let go of now (the layer above knows it has: a reply came after)."""
+        with self._send_lock:
+            if not self._closed:
+                self._heap.reap()
+
     def _shared_place(self, view: memoryview) -> tuple[int, int] | None:
         """(segment id, offset) of ``view`` in a region the peer maps (announced on first use), or None."""
         addr = np.frombuffer(view, dtype=np.uint8).ctypes.data
