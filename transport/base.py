@@ -6,6 +6,7 @@ replies and handshakes live above it (``connection.py``, ``handshake.py``).
 """
 from __future__ import annotations
 
+import socket
 from abc import ABC, abstractmethod
 from typing import Callable, ClassVar, Sequence
 
@@ -49,6 +50,26 @@ class Transport(ABC):
     def abort(self) -> None:
         """Close at once, waking any thread blocked in send or receive."""
         self.close()
+
+    def _close_when_idle(self, release: Callable[[], None]) -> None:
+        """Shut ``_sock`` (waking our own waiters, telling the peer), then ``release()`` once no thread is
+        inside send or receive (``_send_lock``, ``_recv_lock``): an fd closed under a poll could be reused
+        by an unrelated open. For transports with those three attributes (shm, ucx)."""
+        self._closed = True
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        got_send = self._send_lock.acquire(timeout=2)
+        got_recv = self._recv_lock.acquire(timeout=2)
+        try:
+            if got_send and got_recv:
+                release()
+        finally:
+            if got_recv:
+                self._recv_lock.release()
+            if got_send:
+                self._send_lock.release()
 
     def send_meta(self, kind: int, seq: int, meta: bytes) -> None:
         """``send`` of one frame with packed metadata and no buffers (a transport may write it more directly)."""

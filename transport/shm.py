@@ -328,25 +328,8 @@ class ShmTransport(Receiving, Transport):
         return ConnectionLost(f"shm {where}: {type(exc).__name__}: {exc}")
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)   # wakes our own waiters and tells the peer
-        except OSError:
-            pass
-        # Release memory and descriptors only once no thread is inside send or receive:
-        # an fd closed under a poll could be reused by an unrelated open.
-        got_send = self._send_lock.acquire(timeout=2)
-        got_recv = self._recv_lock.acquire(timeout=2)
-        try:
-            if got_send and got_recv:
-                self._release_resources()
-        finally:
-            if got_recv:
-                self._recv_lock.release()
-            if got_send:
-                self._send_lock.release()
+        if not self._closed:
+            self._close_when_idle(self._release_resources)
 
     def _release_resources(self) -> None:
         for view in (self._ring_out, self._ring_in, self._slots_in, self._heap.slots, self._q):

@@ -288,30 +288,21 @@ class UcxTransport(Transport):
     def close(self) -> None:
         if self._closed:
             return
-        self._closed = True
         try:
-            self._sock.shutdown(socket.SHUT_RDWR)     # wakes our waiters; the peer sees its carrier close
-        except OSError:
-            pass
-        got_send = self._send_lock.acquire(timeout=2)
-        got_recv = self._recv_lock.acquire(timeout=2)
-        try:
-            if got_send and got_recv:
-                with self._ucx_lock:
-                    if self._ep is not None:
-                        try:
-                            self._ep.close()
-                            self._worker.progress()
-                        except Exception:
-                            pass
-                    self._ep = None
-                    self._worker = None
+            self._close_when_idle(self._end_ucx)      # the peer sees its carrier close
         finally:
-            if got_recv:
-                self._recv_lock.release()
-            if got_send:
-                self._send_lock.release()
             self._carrier.close()
+
+    def _end_ucx(self) -> None:
+        with self._ucx_lock:
+            if self._ep is not None:
+                try:
+                    self._ep.close()
+                    self._worker.progress()
+                except Exception:
+                    pass
+            self._ep = None
+            self._worker = None
 
 
 def _messages(parts: Sequence):
