@@ -78,14 +78,16 @@ class Transfers:
         return finder(addr, data.nbytes) is not None
 
     def download(self, desc, into: memoryview) -> None:
-        if self.shared(into) and _contiguous(desc[3], desc[4]):
+        contiguous = _contiguous(desc[3], desc[4])
+        if contiguous and self.shared(into):
             self._fill(desc, 0, into).result().release()   # pinned: the server writes into it in place
             self._settle()
             return
-        if into.nbytes >= STAGED_DOWNLOAD_BYTES and _contiguous(desc[3], desc[4]) and self._download_stages():
-            with self._stage_lock:
-                self._download_staged(desc, into)
-            return
+        if contiguous and into.nbytes >= STAGED_DOWNLOAD_BYTES:
+            with self._stage_lock:         # (the stages are made once, and one download uses them at a time)
+                if self._download_stages():
+                    self._download_staged(desc, into)
+                    return
         with self.s.lock:
             fut = self.s.conn.request([Msg.DOWNLOAD, self.s.C.drain_events(), desc], reply_into=[into])
         reply = fut.result()

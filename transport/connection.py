@@ -75,6 +75,11 @@ def _remote_error(meta) -> RemoteError:
                        remote_type=meta.get("type"))
 
 
+def _packed_parts(seq: int, meta: bytes, views) -> list:
+    """A POST frame of packed metadata (and buffers) as plain parts, which every transport's ``send`` takes."""
+    return [encode_prefix(_POST, seq, 0, meta, [v.nbytes for v in views]), *views]
+
+
 class Connection:
     def __init__(self, transport: Transport, settings, welcome: dict | None = None,
                  limits: Limits | None = None, pool: BufferPool | None = None):
@@ -134,11 +139,10 @@ class Connection:
             if self._posts_inline and not self._queue and self._send_lock.acquire(blocking=False):
                 inline = True                     # nothing ahead of us: write on this thread
             else:
-                self._enqueue([encode_prefix(_POST, seq, 0, meta, [v.nbytes for v in views]), *views], nbytes, None, seq)
+                self._enqueue(_packed_parts(seq, meta, views), nbytes, None, seq)
         if inline:
             if views:
-                self._write_inline(seq, self.transport.send,
-                                   [encode_prefix(_POST, seq, 0, meta, [v.nbytes for v in views]), *views])
+                self._write_inline(seq, self.transport.send, _packed_parts(seq, meta, views))
             else:
                 self._write_inline(seq, self.transport.send_meta, _POST, seq, meta)
         return seq

@@ -195,7 +195,8 @@ class ShmTransport(Receiving, Transport):
                 where = self._shared_place(views[i])
                 if where is not None:
                     descs.append((i, *where))
-            big = [i for i in big if i not in {d[0] for d in descs}]
+            named = {d[0] for d in descs}
+            big = [i for i in big if i not in named]
         sizes = [lengths[i] for i in big] + ([blob_len] if blob_in_heap else [])
         slot, places = self._alloc(sizes)
         if descs:
@@ -237,7 +238,7 @@ class ShmTransport(Receiving, Transport):
         sid = self._shared.get(base)
         if sid is None:
             sid = self._shared[base] = self._heap.new_id()
-            socket.send_fds(self._sock, [CTL_MSG.pack(OP_SEGMENT, sid, size)], [fd])
+            self._announce_fd(sid, size, fd)
             self.shared_regions += 1
         self.shared_bytes += view.nbytes
         return sid, addr - base
@@ -313,7 +314,11 @@ class ShmTransport(Receiving, Transport):
                 return
 
     def _announce(self, seg: Segment) -> None:
-        socket.send_fds(self._sock, [CTL_MSG.pack(OP_SEGMENT, seg.id, seg.size)], [seg.fd])
+        self._announce_fd(seg.id, seg.size, seg.fd)
+
+    def _announce_fd(self, seg_id: int, size: int, fd: int) -> None:
+        """Pass the peer a memfd to map as segment ``seg_id`` (our heap's, or a region we name)."""
+        socket.send_fds(self._sock, [CTL_MSG.pack(OP_SEGMENT, seg_id, size)], [fd])
 
     def _drop(self, seg_id: int) -> None:
         self._sock.send(CTL_MSG.pack(OP_DROP, seg_id, 0))
