@@ -4,7 +4,8 @@ Dynamo hands over a graph; aot_autograd turns it into aten forward and backward
 graphs traced on fake tensors. Each is encoded with the op stream's closed
 encoding (ops by the session's integer index, values as in ``encode.py``, no
 pickle) and posted once (``Msg.GRAPH``); the server compiles it (Inductor on a
-GPU, without CUDA graphs whatever the mode; interpreted on the CPU). A call
+GPU, its calls replayed as CUDA graphs in the modes that ask for them;
+interpreted on the CPU). A call
 then mints its output tensors here from the fake trace's metadata and posts one
 ``Msg.RUN`` naming its inputs and outputs: nothing waits.
 
@@ -101,10 +102,6 @@ class _RegistryWatcher:
 
 # ---- the backend ------------------------------------------------------------------------------
 
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # modes that would capture CUDA graphs locally
-_warned: set = set()
-
-
 def backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = None, options: dict | None = None):
     """The dynamo backend: aot_autograd with graphs compiled on the server."""
     if any(_symbolic(x) for x in example_inputs):
@@ -123,11 +120,6 @@ def _aot(mode: str):
     from torch._dynamo.backends.common import aot_autograd
 
     s = _session.get()
-    if mode in CUDA_GRAPH_MODES and s.kind == "cuda" and mode not in _warned:
-        _warned.add(mode)
-        warnings.warn(f"rgpu: the server compiles mode={mode!r} graphs with Inductor but without CUDA graphs "
-                      "(their first replay crashed the server's worker on torch 2.11; docs/perf/fast_path.md)",
-                      stacklevel=3)
     compiler = functools.partial(compile_graph, mode=mode)
     # Why the partitioner follows the server: Inductor fuses what min-cut recomputes; an
     # interpreter would pay for each recomputed op

@@ -10,8 +10,10 @@ Wire form of a graph (``Msg.GRAPH``; values as in ``codec``, plus ``{"n": i}`` n
 The client names every output it wants with a descriptor it minted (``Msg.RUN``);
 this side binds each to the storage the graph produced, copying only where the
 layout differs or the storage is an input's or another output's. On a GPU the
-graph goes through Inductor (in any mode without CUDA graphs: see
-``INDUCTOR_OPTIONS``); anywhere else, or if Inductor fails, it is interpreted op by op.
+graph goes through Inductor, and in the modes that ask for CUDA graphs
+(``CUDA_GRAPH_MODES``) its calls are captured and replayed by rgpu's own
+``cuda_graphs.Replayer`` (Inductor's own stay off: ``INDUCTOR_OPTIONS``); anywhere
+else, or if Inductor fails, it is interpreted op by op.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import time
 import torch
 
 from .codec import Decoder
+from .cuda_graphs import CudaCapturer, Replayer
 from .handles import DTYPE_BY_CODE, HandleTable, Poisoned
 
 log = logging.getLogger("rgpu.server.graphs")
@@ -29,12 +32,11 @@ log = logging.getLogger("rgpu.server.graphs")
 MAX_NODES = 1_000_000
 MAX_GRAPHS = 4096
 GETITEM = 0
-# Without CUDA graphs ("triton.cudagraphs"), whatever the mode asks: on torch 2.11 (H200) a worker died of
-# SIGSEGV inside Inductor's generated code at a reduce-overhead graph's first call, where the default mode
-# runs the same graphs (docs/perf/fast_path.md). The backend's name says so (GRAPH_INFO).
+# Inductor's own CUDA graphs ("triton.cudagraphs") stay off in every mode: its cudagraph trees hung or
+# crashed our two independent forward/backward graphs (docs/perf/fast_path.md); cuda_graphs.py captures instead
 INDUCTOR_OPTIONS = {"default": {}, "reduce-overhead": {}, "max-autotune": {"max_autotune": True},
                     "max-autotune-no-cudagraphs": {"max_autotune": True}}
-WITHOUT_CUDAGRAPHS = {"reduce-overhead", "max-autotune"}
+CUDA_GRAPH_MODES = {"reduce-overhead", "max-autotune"}
 
 
 class GraphError(Exception):
@@ -121,8 +123,9 @@ class Graph:
             raise GraphError("a graph needs inputs (int), nodes (list) and outputs (list)")
         if n_in < 0 or n_in + len(nodes) > MAX_NODES:
             raise GraphError(f"a graph may have at most {MAX_NODES} nodes")
-        self.n_in, self.options = n_in, options
+        self.n_in, self.options, self.table = n_in, options, table
         self.steps: list[Step] = []
+        self.writes_inputs = False  # whether an op may write an argument (a replay then copies inputs back)
         dec = _GraphDecoder(table)
         for k, node in enumerate(nodes):
             dec.limit = n_in + k
@@ -137,6 +140,7 @@ class Graph:
             r = resolve_op(node[0])
             if type(node[1]) is not list or type(node[2]) is not dict:
                 raise GraphError(f"node {n_in + k} ({r.name}): args must be a list, kwargs a map")
+            self.writes_inputs = self.writes_inputs or _writes_an_argument(r)
             self.steps.append(Step(r.name, r.op, dec.value(node[1]), dec.kwargs(node[2])))
         total = n_in + len(nodes)
         for o in outputs:
@@ -147,8 +151,10 @@ class Graph:
         self.backend = "interpreted"
         self.error: str | None = None
         self.compiled = None
+        self.replayer: Replayer | None = None  # the compiled graph through CUDA graphs
         self.runs = 0
-        self.seconds = 0.0  # server time in calls after the first (GRAPH_INFO's run_ms)
+        self.seconds = 0.0  # server time in calls that neither compiled nor captured (GRAPH_INFO's run_ms)
+        self.timed = 0      # those calls
         self.copies = 0     # outputs copied because their layout differed from the client's (or aliased)
         self.pending_compile = options.get("compile", False)
 
@@ -199,7 +205,8 @@ class Graph:
         return torch.fx.GraphModule(torch.nn.Module(), g)
 
     def compile(self, inputs: list) -> None:
-        """Inductor, with example inputs shaped like this first call's (outside inference mode)."""
+        """Inductor, with example inputs shaped like this first call's (outside inference mode);
+        then a ``Replayer`` where the mode asks for CUDA graphs and the server has a GPU."""
         mode = self.options.get("mode") or "default"
         try:
             from torch._inductor import compile as inductor_compile
@@ -207,9 +214,12 @@ class Graph:
             with torch.inference_mode(False), torch.no_grad():
                 examples = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
                             if isinstance(t, torch.Tensor) else t for t in inputs]
-                self.compiled = inductor_compile(self.fx_module(), examples,
-                                                 options=dict(INDUCTOR_OPTIONS.get(mode, {})))
-            self.backend = f"inductor ({mode}{', without CUDA graphs' if mode in WITHOUT_CUDAGRAPHS else ''})"
+                options = {**INDUCTOR_OPTIONS.get(mode, {}), "triton.cudagraphs": False}
+                self.compiled = inductor_compile(self.fx_module(), examples, options=options)
+            self.backend = f"inductor ({mode})"
+            capturer = self.options.get("capturer")
+            if capturer is not None and mode in CUDA_GRAPH_MODES:
+                self.replayer = Replayer(self.compiled, capturer(), self.table, self.writes_inputs)
         except Exception as exc:  # interpreted instead; the client can ask why (GRAPH_INFO)
             self.error = f"inductor: {type(exc).__name__}: {str(exc)[:2000]}"
             log.warning("graph not compiled, interpreting it: %s", self.error)
@@ -221,12 +231,32 @@ class Graph:
         self.runs += 1
         if self.compiled is not None:
             try:
+                if self.replayer is not None:
+                    return self.replayer(inputs)
                 return list(self.compiled(*inputs))
             except Exception as exc:
-                self.compiled, self.backend = None, "interpreted"
+                self.compiled, self.replayer, self.backend = None, None, "interpreted"
                 self.error = f"inductor run: {type(exc).__name__}: {str(exc)[:2000]}"
                 log.warning("compiled graph failed, interpreting it: %s", self.error)
         return self.interpret(inputs)
+
+    def captures(self) -> int:
+        return self.replayer.captures if self.replayer is not None else 0
+
+    def label(self) -> str:
+        """How the graph runs (GRAPH_INFO's ``backend``): with CUDA graphs, recaptures, or why it gave them up."""
+        if self.replayer is None:
+            return self.backend
+        return f"inductor ({self.options.get('mode')}, {self.replayer.state()})"
+
+
+def _writes_an_argument(r) -> bool:
+    """Whether a resolved op may write one of its arguments; an op of no known schema may."""
+    mutable = getattr(r, "mutable", None)
+    if mutable is not None:
+        return bool(mutable)
+    schema = getattr(r.op, "_schema", None)
+    return schema is None or any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
 
 
 def _fill_kw(kwargs: dict, env) -> dict:
@@ -236,9 +266,15 @@ def _fill_kw(kwargs: dict, env) -> dict:
 class Graphs:
     """The session's shipped graphs and the handlers of the graph messages."""
 
-    def __init__(self, table: HandleTable, resolve_op, on_gpu: bool):
+    def __init__(self, table: HandleTable, resolve_op, on_gpu: bool, capturer=None):
         self.table, self.resolve_op, self.on_gpu = table, resolve_op, on_gpu
         self.graphs: dict[int, Graph | GraphError] = {}
+        self.capturer = capturer  # CUDA graphs' mechanics (cuda_graphs.py); made at the first need on a GPU
+
+    def _capturer(self):
+        if self.capturer is None:
+            self.capturer = CudaCapturer()
+        return self.capturer
 
     def define(self, meta, buffers):
         _, gid, options, wire = meta
@@ -246,7 +282,8 @@ class Graphs:
             raise GraphError("GRAPH: [id, options, graph]")
         if gid not in self.graphs and len(self.graphs) >= MAX_GRAPHS:
             raise GraphError(f"a session may hold at most {MAX_GRAPHS} graphs")
-        options = {"mode": str(options.get("mode") or "default"), "compile": self.on_gpu}
+        options = {"mode": str(options.get("mode") or "default"), "compile": self.on_gpu,
+                   "capturer": self._capturer if self.on_gpu else None}
         try:
             self.graphs[gid] = Graph(wire, self.resolve_op, self.table, options)
         except Exception as exc:
@@ -262,8 +299,11 @@ class Graphs:
             return None, []
         if isinstance(g, GraphError):
             return {"backend": None, "error": str(g), "runs": 0}, []
-        return {"backend": g.backend, "error": g.error, "runs": g.runs, "nodes": len(g.steps),
-                "run_ms": g.seconds / max(g.runs - 1, 1) * 1e3, "copies_per_run": g.copies / max(g.runs, 1)}, []
+        info = {"backend": g.label(), "error": g.error, "runs": g.runs, "nodes": len(g.steps),
+                "run_ms": g.seconds / max(g.timed, 1) * 1e3, "copies_per_run": g.copies / max(g.runs, 1)}
+        if g.replayer is not None:
+            info["cuda_graphs"] = g.replayer.counts()
+        return info, []
 
     def run(self, meta, buffers):
         """Inputs from the handle table, the graph, outputs bound to the client's ids (or poisoned)."""
@@ -273,7 +313,7 @@ class Graphs:
         try:
             if g is None or isinstance(g, GraphError):
                 raise RuntimeError(str(g) if g is not None else f"graph {gid} was never defined")
-            t0 = time.perf_counter()
+            t0, captures = time.perf_counter(), g.captures()
             dec = Decoder(self.table)
             args = [self.table.tensor(x) if type(x) is list else dec.value(x) for x in inputs]
             results = g.run(args)
@@ -284,9 +324,10 @@ class Graphs:
             cause = Poisoned(f"graph {gid}", f"{type(exc).__name__}: {exc}")
             self._poison(outs, cause)
             raise GraphFailed(f"graph {gid}", str(exc)) from None
-        g.copies += self._bind(results, outs, args)
-        if g.runs > 1:  # the first call's compile is not a call's cost
+        g.copies += self._bind(results, outs, args, g.replayer)
+        if g.runs > 1 and g.captures() == captures:  # a compile or a capture is not a call's cost
             g.seconds += time.perf_counter() - t0
+            g.timed += 1
         return None
 
     def _poison(self, outs, cause: Poisoned) -> None:
@@ -294,8 +335,9 @@ class Graphs:
             if type(d) is list:
                 self.table.poison(d[0], d[6], cause)
 
-    def _bind(self, results: list, outs: list, inputs: list) -> int:
-        """Bind each output to its client id; returns how many had to be copied."""
+    def _bind(self, results: list, outs: list, inputs: list, replayer: Replayer | None = None) -> int:
+        """Bind each output to its client id; returns how many had to be copied. A CUDA graph's static
+        output is bound as it is, and its replayer told (it moves the id away before overwriting it)."""
         taken = {t.untyped_storage().data_ptr() for t in inputs if isinstance(t, torch.Tensor)}
         copies = 0
         for value, desc in zip(results, outs):
@@ -318,4 +360,6 @@ class Graphs:
                 copies += 1
             taken.add(ptr)
             self.table.bind(sid, t.untyped_storage(), dev)
+            if replayer is not None:
+                replayer.note_bound(sid, ptr)
         return copies

@@ -11,7 +11,8 @@ op after op costs a dict lookup. A cached view lives exactly as long as its
 entry: a free, a re-bind, a poisoning or storage growth (a new id) drops it
 with the entry. An op that could change a view's layout in place (the ops that
 write an argument) has its written views checked afterwards (``keep``); a
-failed op's written views are dropped (``forget``).
+failed op's written views are dropped (``forget``). An id whose storage a CUDA
+graph is about to overwrite moves to a copy, with a new entry (``evict``).
 """
 from __future__ import annotations
 
@@ -173,6 +174,17 @@ class HandleTable:
         if view is not None:
             desc, t = view
             e.views[(desc[2], tuple(desc[3]), tuple(desc[4]), desc[5])] = t
+
+    def evict(self, sid: int, ptr: int) -> bool:
+        """If ``sid`` still names the storage at ``ptr`` (memory a CUDA graph's replay is about to overwrite),
+        move it to a copy of its bytes; its cached views go with the old entry. Whether it did."""
+        e = self.entries.get(sid)
+        if e is None or e.ptr != ptr or e.storage is None:
+            return False
+        copy = torch.empty(e.storage.nbytes(), dtype=torch.uint8, device=e.storage.device).untyped_storage()
+        copy.copy_(e.storage)
+        self.bind(sid, copy, e.device)
+        return True
 
     def poison(self, sid: int, dev: int, cause: Poisoned) -> None:
         self.free(sid)
