@@ -103,31 +103,34 @@ def test_replays_give_a_direct_calls_values_call_after_call():
     assert r.replays == len(xs) - WARM_CALLS and r.recaptures == 0
 
 
-def test_a_stable_input_that_moves_once_is_captured_again_and_replays_on():
+def test_a_stable_input_that_moves_is_captured_again_and_copied_from_then_on():
     r, _ = _replayer()
     w, x = torch.randn(4, 3), torch.randn(2, 4)
     for _ in range(WARM_CALLS + 2):
         r([w, x, 1.0])
-    w = w.clone()  # the parameter moved (a new storage)
-    for _ in range(4):
+    for _ in range(12):
+        w = w.clone()  # the input moves at every call from now on (a batch the allocator placed twice alike)
         _same(r([w, x, 1.0]), affine(w, x, 1.0))
-    assert r.recaptures == 1 and r.captures == 2 and r.reason is None
+    assert r.recaptures == 1 and r.captures == 2 and r.reason is None and r.copied == {0}
     assert r.state() == "CUDA graphs, 1 recaptures"
+    assert r.replays == 2 + 12 - WARM_CALLS + 1   # all but the call that found it moved, and the one after
 
 
-def test_past_max_recaptures_a_graph_runs_without_cuda_graphs_and_says_why(caplog):
+def test_past_max_recaptures_that_copy_nothing_new_a_graph_runs_without_cuda_graphs_and_says_why(caplog):
     r, _ = _replayer()
-    w, x = torch.randn(4, 3), torch.randn(2, 4)
+    w = torch.randn(4, 3)
+    rows, cols = torch.randn(2, 4), torch.randn(4, 2).t()   # one shape, two layouts
+    x = rows
     for _ in range(40):
         if r.captured is not None:
-            w = w.clone()  # moves whenever there is a graph to miss
+            x = cols if x is rows else rows   # a new layout whenever there is a graph to miss
         _same(r([w, x, 1.0]), affine(w, x, 1.0))
-    assert r.recaptures == MAX_RECAPTURES and r.captures == MAX_RECAPTURES + 1
-    assert r.reason == f"input 0 moved after {MAX_RECAPTURES} recaptures"
-    assert r.state().startswith("without CUDA graphs: input 0 moved")
+    assert r.recaptures == MAX_RECAPTURES + 1 and r.captures == MAX_RECAPTURES + 1
+    assert r.reason == f"input 1 changed layout after {MAX_RECAPTURES} recaptures"
+    assert r.state().startswith("without CUDA graphs: input 1 changed layout")
     assert sum("without CUDA graphs" in m for m in caplog.messages) == 1
     replays = r.replays
-    r([w.clone(), x, 1.0])
+    r([w, x.clone(), 1.0])
     assert r.replays == replays
 
 

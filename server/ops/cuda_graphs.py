@@ -12,8 +12,10 @@ A ``Replayer`` wraps one compiled graph::
                          captured in place; the others get a static buffer each replay copies into.
                          Capture records without running, so a replay makes this call's outputs
     later calls          check the inputs, copy the varying ones in, replay, return the static outputs
-    a stable input moved the graph is dropped, the call runs as it is, the next one captures again;
-                         past MAX_RECAPTURES the graph runs without CUDA graphs for good
+    a stable input moved the graph is dropped, the call runs as it is, the next one captures again
+                         with that input copied from then on (the allocator may hand a batch the
+                         same address twice, then another); past MAX_RECAPTURES that moved no new
+                         input, the graph runs without CUDA graphs for good
 
 Non-tensor inputs (and CPU scalars, which a capture would bake in) must equal the captured
 values; a call where they do not runs without its graph.
@@ -37,7 +39,7 @@ from .handles import HandleTable
 log = logging.getLogger("rgpu.server.cuda_graphs")
 
 WARM_CALLS = 2      # plain calls before the first capture
-MAX_RECAPTURES = 3  # graphs dropped because a stable input moved, before giving CUDA graphs up
+MAX_RECAPTURES = 3  # recaptures that copied no new input (a layout change, an input moving back), before giving up
 _TENSOR, _VALUE, _OFF = "t", "v", "off"
 
 
@@ -111,19 +113,22 @@ class Captured:
         self.varying = varying  # [(position, static buffer, layout)]: copied in at each replay
         self.values = values    # [(position, entry)]: must equal the captured value
 
-    def moved(self, inputs: list) -> str | None:
-        """Why these inputs do not fit the graph, or None."""
+    def misfit(self, inputs: list) -> tuple[str, set] | None:
+        """(why, the stable positions that moved) when these inputs do not fit the graph, or None."""
         if len(inputs) != self.n:
-            return f"{len(inputs)} inputs for {self.n}"
+            return f"{len(inputs)} inputs for {self.n}", set()
+        moved = set()
         for i, ptr, layout in self.stable:
             x = inputs[i]
-            if not isinstance(x, torch.Tensor) or x.data_ptr() != ptr or _layout(x) != layout:
-                return f"input {i} moved"
+            if not isinstance(x, torch.Tensor) or _layout(x) != layout:
+                return f"input {i} changed layout", set()
+            if x.data_ptr() != ptr:
+                moved.add(i)
         for i, _, layout in self.varying:
             x = inputs[i]
             if not isinstance(x, torch.Tensor) or _layout(x) != layout:
-                return f"input {i} changed layout"
-        return None
+                return f"input {i} changed layout", set()
+        return (f"input {min(moved)} moved", moved) if moved else None
 
 
 class Replayer:
@@ -137,7 +142,9 @@ class Replayer:
         self.last: list = []    # the previous call's entries
         self.bound: list[tuple[int, int]] = []  # (client id, storage address) bound to overwritten memory
         self.reason: str | None = None  # why this graph runs without CUDA graphs
+        self.copied: set[int] = set()   # positions that moved once: copied into a static buffer from then on
         self.captures = self.recaptures = self.replays = self.evictions = 0
+        self.fruitless = 0      # recaptures that moved no new input to the copied ones
 
     def __call__(self, inputs: list) -> list:
         if self.reason is not None:
@@ -145,9 +152,9 @@ class Replayer:
         c = self.captured
         if c is None:
             return self._plain_or_capture(inputs)
-        why = c.moved(inputs)
-        if why is not None:
-            return self._recapture(why, inputs)
+        misfit = c.misfit(inputs)
+        if misfit is not None:
+            return self._recapture(*misfit, inputs)
         dev = self.capturer.device_type
         if not all(_same(_entry(inputs[i], dev), v) for i, v in c.values):
             return list(self.fn(*inputs))  # a new value: this call without the graph
@@ -192,7 +199,7 @@ class Replayer:
                 for i, (e, x) in enumerate(zip(entries, inputs)):
                     if e[0] == _VALUE:
                         values.append((i, e))
-                    elif e == self.last[i]:
+                    elif e == self.last[i] and i not in self.copied:
                         stable.append((i, e[1], e[2]))
                     else:  # (an expanded input, whose elements overlap, cannot be copied into: given up)
                         buf = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
@@ -230,13 +237,17 @@ class Replayer:
         self.replays += 1
         return list(c.outputs)
 
-    def _recapture(self, why: str, inputs: list) -> list:
+    def _recapture(self, why: str, moved: set, inputs: list) -> list:
         self.captured = None  # nothing replays it again: its outputs the client holds stay as they are
         self.bound.clear()
-        if self.recaptures >= MAX_RECAPTURES:
+        self.recaptures += 1
+        if moved - self.copied:   # progress: those inputs are copied from now on (bounded by the inputs)
+            self.copied |= moved
+        elif self.fruitless >= MAX_RECAPTURES:
             self._give_up(f"{why} after {MAX_RECAPTURES} recaptures")
             return list(self.fn(*inputs))
-        self.recaptures += 1
+        else:
+            self.fruitless += 1
         self.plain = WARM_CALLS - 1  # this call runs as it is, the next one captures
         return self._plain_or_capture(inputs)
 
