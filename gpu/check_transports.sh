@@ -38,8 +38,9 @@ try:
     info["numba"] = numba.__version__
 except ImportError as exc:
     info["numba"] = f"absent: {exc}"
-from rgpu.transport import fastcopy, negotiate
+from rgpu.transport import fastcopy, negotiate, shm_fast
 info["shm"] = negotiate.unavailable("shm") or "available"
+info["shm_c"] = "built" if shm_fast.load() else f"not built: {shm_fast.why_not()}"   # the C path (cffi)
 info["ucx"] = negotiate.unavailable("ucx") or "available"
 info["fastcopy"] = fastcopy.backend()
 print(json.dumps(info))'

@@ -20,6 +20,7 @@ SAMPLES = {
     "RGPU_TOKEN": ("secret", "secret"),
     "RGPU_TOKEN_FILE": ("/tmp/t", "/tmp/t"),
     "RGPU_TRANSPORT": ("shm", "shm"),
+    "RGPU_SHM_C": ("0", False),
     "RGPU_TLS": ("yes", True),
     "RGPU_TLS_CERT": ("/c.pem", "/c.pem"),
     "RGPU_TLS_KEY": ("/k.pem", "/k.pem"),

@@ -22,9 +22,10 @@ MiB = 1 << 20
 LIMITS = Limits()
 
 
-@pytest.fixture
-def ends():
-    client, server = shm_pair()
+@pytest.fixture(params=[True, False], ids=["c", "py"])
+def ends(request):
+    """A connected pair on shm's C path (where it builds) or on the Python path."""
+    client, server = shm_pair(request.param, request.param)
     yield client, server
     client.close()
     server.close()

@@ -3,7 +3,9 @@
     with pair("shm") as (client, server): ...     # each end a Transport; both closed after
 
 tcp: a loopback TCP connection. shm: the server's offer and the client's attach
-(on a thread, as they would be two processes). ucx: two UCXX workers joined by
+(on a thread, as they would be two processes), with the C path (shm_fast.c) where it
+builds; shm-py: both ends on the Python path; shm-mixed: the client in C, the server in
+Python (the records are the same). ucx: two UCXX workers joined by
 worker addresses, each with a tcp carrier as in a real session.
 """
 from __future__ import annotations
@@ -15,15 +17,16 @@ from contextlib import contextmanager
 
 from rgpu.transport.tcp import TcpTransport, tune
 
-NAMES = ("tcp", "shm", "ucx")
+NAMES = ("tcp", "shm", "shm-py", "shm-mixed", "ucx")
 
 
 def skip_reason(name: str) -> str | None:
     if name == "ucx" and importlib.util.find_spec("ucxx") is None:
         return "UCXX is not installed (pip install 'rgpu[ucx]', i.e. ucxx-cu12==0.52.*)"
-    if name == "shm":
-        from rgpu.transport import shm
-        return shm.available()
+    if name.startswith("shm"):
+        from rgpu.transport import shm, shm_fast
+        return shm.available() or (None if name == "shm-py" or shm_fast.load() else
+                                   f"shm's C path did not build: {shm_fast.why_not()}")
     return None
 
 
@@ -37,18 +40,18 @@ def tcp_pair() -> tuple[TcpTransport, TcpTransport]:
     return TcpTransport(a), TcpTransport(b)
 
 
-def shm_pair():
+def shm_pair(client_c: bool = True, server_c: bool = True):
     from rgpu.transport import shm_setup
 
     offer = shm_setup.ShmOffer()
     got = {}
-    th = threading.Thread(target=lambda: got.update(pair=shm_setup.attach(offer.details(), 10)))
+    th = threading.Thread(target=lambda: got.update(pair=shm_setup.attach(offer.details(), 10, client_c)))
     th.start()
     offer.accept(10)
     th.join()
     client, nonce = got["pair"]
     assert offer.proven(nonce)
-    return client, offer.transport()
+    return client, offer.transport(server_c)
 
 
 def ucx_pair():
@@ -63,7 +66,8 @@ def ucx_pair():
 
 @contextmanager
 def pair(name: str):
-    client, server = {"tcp": tcp_pair, "shm": shm_pair, "ucx": ucx_pair}[name]()
+    client, server = {"tcp": tcp_pair, "shm": shm_pair, "shm-py": lambda: shm_pair(False, False),
+                      "shm-mixed": lambda: shm_pair(True, False), "ucx": ucx_pair}[name]()
     try:
         yield client, server
     finally:

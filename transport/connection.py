@@ -26,7 +26,7 @@ from rgpu.errors import ConnectionLost, ProtocolError, RemoteError, RgpuError, S
 
 from .base import Transport
 from .buffers import BufferPool, as_bytes_view, writable_view
-from .wire import Frame, Limits, MsgKind, encode_prefix
+from .wire import Frame, Limits, MsgKind, encode_prefix, pack_meta
 
 
 _POST, _REQUEST, _REPLY, _ERROR = MsgKind.POST, MsgKind.REQUEST, MsgKind.REPLY, MsgKind.ERROR
@@ -109,6 +109,7 @@ class Connection:
         self._copy_bytes, self._queue_max = settings.post_copy_bytes, settings.queue_max_bytes
         self._request_timeout = settings.request_timeout
         self._posts_inline = getattr(transport, "posts_inline", False)
+        self._transport_call = getattr(transport, "call_alone", None)
         transport.on_block = self._drain_while_blocked
 
     @property
@@ -159,7 +160,85 @@ class Connection:
         return fut
 
     def call(self, meta: Any, buffers: Sequence = (), reply_into=None, timeout: float | None = None) -> Reply:
+        if timeout is None and not self._request_timeout:
+            reply = self._call_alone(meta, buffers, reply_into)
+            if reply is not None:
+                return reply
         return self.request(meta, buffers, reply_into).result(timeout)
+
+    def _call_alone(self, meta: Any, buffers: Sequence, reply_into) -> Reply | None:
+        """``call()`` when nothing else is in flight: write, then read until the reply, with no future.
+
+        The round trip of a lone request (a 64 B echo over shm: most of it was the future's
+        bookkeeping), in one call of the transport where it has one (shm's ``call_alone``). None
+        when another thread reads or writes, a request is pending, frames are queued or the
+        buffers are big: ``request()`` then does it.
+        """
+        if self._pending or self._queue or self._dead or self._async_error is not None:
+            return None
+        views = [as_bytes_view(b) for b in buffers] if buffers else []
+        nbytes = sum([v.nbytes for v in views]) if views else 0
+        if nbytes > self._copy_bytes:
+            return None
+        into = [writable_view(b) for b in reply_into] if reply_into is not None else None
+        packed = pack_meta(meta) if self._transport_call is not None else None   # raises before anything is sent
+        with self._rcv_lock:
+            if self._reading:
+                return None
+            self._reading = True
+        try:
+            with self._cv_lock:
+                if self._queue or self._pending or self._dead or not self._send_lock.acquire(blocking=False):
+                    return None
+                seq = next(self._seq)
+                stats = self.stats
+                stats["messages"] += 1
+                stats["round_trips"] += 1
+                stats["bytes_out"] += nbytes
+            first = self._write_inline(seq, self._write_request, seq, meta, packed, views, into)
+            return self._read_reply(seq, into, first)
+        finally:
+            self._end_read()
+
+    def _write_request(self, seq: int, meta, packed: bytes | None, views: list, into):
+        """Write request ``seq``; returns its reply when the transport's ``call_alone`` read it too."""
+        if packed is not None:
+            written, frame = self._transport_call(seq, packed, views, into, self.limits)
+            if written:
+                return frame
+        self.transport.send(self.transport.frame_parts(_REQUEST, seq, 0, meta, views))
+        return None
+
+    def _read_reply(self, seq: int, into, frame: Frame | None = None) -> Reply:
+        """Frames until request ``seq``'s answer (this thread is the reader); earlier posts' errors first."""
+        recv, limits, pool = self.transport.recv_frame, self.limits, self.pool
+        want = (lambda kind, s, lengths: into if kind is _REPLY and s == seq else None) if into is not None else None
+        while True:
+            if frame is None:
+                try:
+                    frame = recv(limits, pool, want)
+                except RgpuError as exc:
+                    self._fail(exc)
+                    raise self._dead from None
+            if frame.seq == seq and (frame.kind is _REPLY or frame.kind is _ERROR):
+                break
+            try:
+                self._dispatch(frame)             # a failed post's error, a BYE
+            except RgpuError as exc:
+                self._fail(exc)
+                raise self._dead from None
+            frame = None
+        if frame.buffers:
+            self.stats["bytes_in"] += sum([b.nbytes for b in frame.buffers])
+        if self._async_error is not None:
+            err = self.take_async_error(seq)      # a post before this request failed: it wins
+            if err is not None:
+                frame.release()
+                raise err
+        if frame.kind is _ERROR:
+            frame.release()
+            raise _remote_error(frame.meta)
+        return Reply(frame)
 
     def _submit(self, kind: MsgKind, meta, buffers: Sequence, fut: Future | None) -> int:
         views = [as_bytes_view(b) for b in buffers]
@@ -216,11 +295,11 @@ class Connection:
         self._ensure_io_thread()
         self._cv.notify_all()
 
-    def _write_inline(self, seq: int, write, *args) -> None:
-        """``write(*args)`` on this thread, which holds the send lock (released here)."""
+    def _write_inline(self, seq: int, write, *args):
+        """``write(*args)`` on this thread, which holds the send lock (released here); returns what it returns."""
         try:
             self._sending_seq = seq
-            write(*args)
+            return write(*args)
         except RgpuError as exc:
             self._fail(self._why_lost(exc))
             raise self._dead from None

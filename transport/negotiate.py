@@ -141,7 +141,7 @@ def _client_shm(t: Transport, settings, forced: bool) -> Transport:
     if not reply.get("ok"):
         raise Declined(f"the server cannot offer shm: {reply.get('reason', 'no reason given')}")
     try:
-        st, nonce = shm_setup.attach(reply, settings.connect_timeout)
+        st, nonce = shm_setup.attach(reply, settings.connect_timeout, settings.shm_c)
     except ConnectError as exc:
         _send(t, {"transport": "shm", "ok": False, "reason": str(exc)})
         raise Declined(str(exc)) from None
@@ -253,7 +253,7 @@ def _server_shm(t: Transport, msg: dict, settings) -> Transport | None:
         if offer.conn is None or not offer.proven(proof.get("proof")):
             _send(t, {"transport": "shm", "ok": False, "reason": "the nonce read back does not match"})
             return None
-        st = offer.transport()
+        st = offer.transport(settings.shm_c)
         offer = None
         _send(t, {"transport": "shm", "ok": True})
         t.close()

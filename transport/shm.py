@@ -35,7 +35,7 @@ import numpy as np
 
 from rgpu.errors import ConnectionLost, ProtocolError
 
-from . import fastcopy
+from . import fastcopy, shm_fast
 from .base import Transport
 from .buffers import as_bytes_view
 from .shm_memory import Heap, Segment
@@ -44,7 +44,10 @@ from .shm_ring import (
     BACKSTOP_S, BLOB, CTL_MSG, DESC, INLINE_MAX, KIND_FRAME, KIND_WRAP, MAX_PLACED, MAX_SEGMENT, NO_SLOT, OP_DROP,
     OP_SEGMENT, REC, REC_HEAD, RECORD_MAX, RING_BYTES, RINGS_OFF, SLOTS, SLOTS_OFF, _drain, _fence, _words,
 )
-from .wire import HEADER, MAGIC, PROTOCOL_VERSION, encode_prefix, pack_meta
+from .wire import HEADER, MAGIC, PROTOCOL_VERSION, MsgKind, encode_prefix, pack_meta
+
+
+_REQUEST = int(MsgKind.REQUEST)
 
 
 def _peer_pid(sock: socket.socket) -> int:
@@ -66,11 +69,19 @@ def available() -> str | None:
 
 
 class _Out:
-    """One frame to send, as this transport's ``frame_parts`` makes it."""
-    __slots__ = ("prefix", "views")
+    """One frame to send, as this transport's ``frame_parts`` makes it: its fields, the prefix packed on demand."""
+    __slots__ = ("kind", "seq", "ack", "flags", "meta", "views", "_prefix")
 
-    def __init__(self, prefix: bytes, views: list):
-        self.prefix, self.views = prefix, views
+    def __init__(self, kind: int, seq: int, ack: int, flags: int, meta: bytes, views: list, prefix: bytes | None = None):
+        self.kind, self.seq, self.ack, self.flags, self.meta, self.views = kind, seq, ack, flags, meta, views
+        self._prefix = prefix
+
+    @property
+    def prefix(self) -> bytes:
+        if self._prefix is None:
+            self._prefix = encode_prefix(self.kind, self.seq, self.ack, self.meta, [v.nbytes for v in self.views],
+                                         self.flags)
+        return self._prefix
 
 
 class ShmTransport(Receiving, Transport):
@@ -93,7 +104,7 @@ class ShmTransport(Receiving, Transport):
     find_shared: Callable[[int, int], "tuple[int, int, int] | None"] | None = None
 
     def __init__(self, side: str, sock: socket.socket, control: Segment, efds: list[int],
-                 max_segment: int = MAX_SEGMENT):
+                 max_segment: int = MAX_SEGMENT, use_c: bool = True):
         self.side = side
         self._sock = sock
         self._control = control
@@ -128,20 +139,39 @@ class ShmTransport(Receiving, Transport):
         self._poll_space = select.poll()
         self._poll_space.register(self._space_out, select.POLLIN)
         self._poll_space.register(sock, select.POLLRDHUP)
+        self._c_put = self._c_wait = self._c_take = self._c_next = self._c_call = None    # the C path (shm_fast.c) where it is built
+        fast = shm_fast.load(use_c)
+        if fast is not None:
+            self._c_ring = shm_fast.ring(fast.ffi, control.mm, out, self._data_out, self._space_in)
+            self._c_frame = fast.ffi.new("rgpu_frame *")
+            self._c_frame_words = fast.ffi.buffer(self._c_frame)
+            self._c_bufs = fast.ffi.new("const char *[]", shm_fast.FAST_BUFS)
+            self._c_lens = fast.ffi.new("uint64_t[]", shm_fast.FAST_BUFS)
+            self._c_from_buffer, self._c_null = fast.ffi.from_buffer, fast.ffi.NULL
+            lib = fast.lib
+            self._c_put, self._c_wait, self._c_take, self._c_next, self._c_consume, self._c_call = (
+                lib.rgpu_shm_put, lib.rgpu_shm_wait, lib.rgpu_shm_take, lib.rgpu_shm_next, lib.rgpu_shm_consume,
+                lib.rgpu_shm_call)
 
     # ---- sending -------------------------------------------------------------------
 
     def frame_parts(self, kind: int, seq: int, ack: int, meta, views: Sequence[memoryview], flags: int = 0) -> list:
-        views = [as_bytes_view(v) for v in views]
-        return [_Out(encode_prefix(kind, seq, ack, pack_meta(meta), [v.nbytes for v in views], flags), views)]
+        return [_Out(kind, seq, ack, flags, pack_meta(meta), list(views))]
 
     def send(self, parts: Sequence) -> None:
         with self._send_lock:
             try:
                 if self._closed:
                     raise ConnectionLost("connection closed")
-                for prefix, views in _frames(parts):
-                    self._write_frame(prefix, views)
+                put = self._c_put
+                if len(parts) == 1 and type(parts[0]) is _Out:   # one frame (a reply, say): no generator
+                    out = parts[0]
+                    if put is None or not self._put_c(out):
+                        self._write_frame(out.prefix, out.views)
+                else:
+                    for out in _frames(parts):
+                        if put is None or not self._put_c(out):
+                            self._write_frame(out.prefix, out.views)
                 self._publish()
             except (OSError, ValueError, BufferError) as exc:
                 raise self._lost(exc, "sending") from None
@@ -151,11 +181,16 @@ class ShmTransport(Receiving, Transport):
         blob_len = HEADER.size + len(meta)
         rec_len = (REC.size + blob_len + 7) & ~7
         if rec_len > RECORD_MAX:
-            return self.send([_Out(encode_prefix(kind, seq, 0, meta, ()), [])])
+            return self.send([_Out(kind, seq, 0, 0, meta, [])])
         with self._send_lock:
             try:
                 if self._closed:
                     raise ConnectionLost("connection closed")
+                if self._c_put is not None:
+                    tail = self._c_put(self._c_ring, self._tail, kind, 0, seq, 0, meta, len(meta), 0, self._c_null, self._c_null)
+                    if tail >= 0:
+                        self._tail = tail
+                        return
                 pos = self._reserve(rec_len)
                 ring = self._ring_out
                 REC.pack_into(ring, pos, rec_len, KIND_FRAME, NO_SLOT, 0, blob_len, 0)
@@ -166,6 +201,61 @@ class ShmTransport(Receiving, Transport):
                 self._publish()
             except (OSError, ValueError, BufferError) as exc:
                 raise self._lost(exc, "sending") from None
+
+    def call_alone(self, seq: int, meta: bytes, views: list, into: list | None, limits) -> tuple[bool, object]:
+        """A lone request written and its reply read in one C call (``rgpu_shm_call``): (written, frame).
+
+        (False, None): nothing written (no C path, too many or big buffers, no room); send it the
+        usual way. (True, None): written, and the reply is not here yet or is one for
+        ``recv_frame``. The caller holds the connection's send lock and is its only reader.
+        """
+        call = self._c_call
+        n = len(views)
+        if call is None or n > shm_fast.FAST_BUFS:
+            return False, None
+        with self._send_lock, self._recv_lock:
+            if self._closed:
+                raise ConnectionLost("connection closed")
+            keep = [self._c_from_buffer(v) for v in views]     # alive until the call returns
+            bufs, lens = self._c_bufs, self._c_lens
+            for i, (b, v) in enumerate(zip(keep, views)):
+                bufs[i], lens[i] = b, v.nbytes
+            dest = into[0] if into is not None and len(into) == 1 else None
+            busy = self.busy_s if time.perf_counter() >= self._shared_until else 0.0
+            got = call(self._c_ring, self._tail, self._head, _REQUEST, seq, meta, len(meta), n, bufs, lens,
+                       busy, self.spin_s, self.spin_yield, limits.max_meta_bytes, limits.max_buffers,
+                       limits.max_frame_bytes, self._c_null if dest is None else self._c_from_buffer(dest),
+                       0 if dest is None else dest.nbytes, self._c_frame)
+            if got < 0:
+                return False, None
+            self._tail = self._c_frame.tail
+            if got == 1:
+                frame = self._recv_c(limits, None, [dest] if self._c_frame.copied else None)
+                if frame is not None:
+                    return True, frame
+            if got:
+                self._head = self._c_frame.head     # past any wrap marker; recv_frame reads the rest
+            return True, None
+
+    def _put_c(self, out: _Out) -> bool:
+        """``out`` written and published by the C path, if it is a frame for the ring alone and the ring has room."""
+        views = out.views
+        n = len(views)
+        if n > shm_fast.FAST_BUFS:
+            return False
+        if n:
+            keep = [self._c_from_buffer(v) for v in views]    # alive until the call returns
+            bufs, lens = self._c_bufs, self._c_lens
+            for i, (b, v) in enumerate(zip(keep, views)):
+                bufs[i], lens[i] = b, v.nbytes
+        else:
+            bufs = lens = self._c_null
+        tail = self._c_put(self._c_ring, self._tail, out.kind, out.flags, out.seq, out.ack, out.meta, len(out.meta),
+                           n, bufs, lens)
+        if tail < 0:
+            return False     # too big for the ring alone, or no room now: the Python path places or waits
+        self._tail = tail
+        return True
 
     def _write_frame(self, prefix: bytes, views: list) -> None:
         lengths = [v.nbytes for v in views]
@@ -351,19 +441,20 @@ class ShmTransport(Receiving, Transport):
 
 
 def _frames(parts: Sequence):
-    """(prefix, views) of each frame in ``parts``: this transport's frames, or plain prefix + buffer parts."""
+    """Each frame in ``parts`` as an ``_Out``: this transport's frames, or plain prefix + buffer parts."""
     i, n = 0, len(parts)
     while i < n:
         part = parts[i]
         if type(part) is _Out:
-            yield part.prefix, part.views
+            yield part
             i += 1
             continue
         prefix = bytes(part)
         if prefix[:4] != MAGIC:
             raise TypeError("shm sends whole frames: build the parts with frame_parts")
-        nbufs = HEADER.unpack_from(prefix)[7]
-        yield prefix, [as_bytes_view(v) for v in parts[i + 1:i + 1 + nbufs]]
+        _, _, kind, flags, seq, ack, meta_len, nbufs = HEADER.unpack_from(prefix)
+        meta = prefix[len(prefix) - meta_len:] if meta_len else b""
+        yield _Out(kind, seq, ack, flags, meta, [as_bytes_view(v) for v in parts[i + 1:i + 1 + nbufs]], prefix)
         i += 1 + nbufs
 
 

@@ -17,6 +17,7 @@ import weakref
 from rgpu.errors import ConnectionLost, ProtocolError
 
 from . import fastcopy
+from .shm_fast import FAST_BUFS, FRAME
 from .base import Into
 from .buffers import BufferPool, as_bytes_view
 from .shm_memory import Segment
@@ -109,8 +110,11 @@ class Receiving:
         end = now + self.spin_s
         if deadline is not None:
             end = min(end, now + deadline - time.monotonic())
-        busy = now + (self.busy_s if now >= self._shared_until else 0.0)
-        got = _spin(q, tail, head, busy, end, self.spin_yield)
+        busy_s = self.busy_s if now >= self._shared_until else 0.0
+        if self._c_wait is not None:   # the same spin in C, without the GIL
+            got = self._c_wait(self._c_ring, head, busy_s, end - now, self.spin_yield)
+        else:
+            got = _spin(q, tail, head, now + busy_s, end, self.spin_yield)
         if got == 2 and now > self._core_checked + CORE_CHECK_S:
             self._core_checked = now
             if _same_core(self._peer_pid):
@@ -201,6 +205,20 @@ class Receiving:
             return (pos, *REC.unpack_from(ring, pos))
 
     def _recv(self, limits: Limits, pool: BufferPool, into: Into | None) -> Frame:
+        if self._c_next is not None:
+            busy = self.busy_s if time.perf_counter() >= self._shared_until else 0.0
+            got = self._c_next(self._c_ring, self._head, busy, self.spin_s, self.spin_yield, limits.max_meta_bytes,
+                               limits.max_buffers, limits.max_frame_bytes, self._c_frame)
+            if got == 0:     # nothing within the spin: sleep on the eventfd, then look again
+                self._wait_data()
+                got = self._c_take(self._c_ring, self._head, limits.max_meta_bytes, limits.max_buffers,
+                                   limits.max_frame_bytes, self._c_frame)
+            if got == 1:
+                frame = self._recv_c(limits, into)
+                if frame is not None:
+                    return frame
+            if got:
+                self._head = self._c_frame.head     # past any wrap marker; the Python path reads the rest
         pos, rec_len, _, slot, ndesc, blob_len, blob_in_heap = self._next_record()
         if ndesc == 0 and slot == NO_SLOT and not blob_in_heap:
             return self._recv_inline(pos, rec_len, blob_len, limits, into)
@@ -244,6 +262,39 @@ class Receiving:
             bufs.append(dest)
             p += n
         self._consume(rec_len)
+        return Frame(msg_kind, seq, ack, meta, bufs)
+
+    def _recv_c(self, limits: Limits, into: Into | None, copied: list | None = None) -> Frame | None:
+        """The frame ``rgpu_shm_take`` found and checked (wholly in the ring), or None for the Python path.
+
+        ``copied``: its one buffer is there already (``rgpu_shm_call`` copied it).
+        """
+        words = FRAME.unpack_from(self._c_frame_words)
+        head, nxt, seq, ack, kind, meta_len, nbufs, meta_off = words[:8]
+        msg_kind = _KINDS.get(kind)
+        if msg_kind is None:
+            return None      # the Python path names what is wrong
+        ring = self._ring_in
+        meta = unpack_meta(ring[meta_off:meta_off + meta_len], limits) if meta_len else None
+        bufs = []
+        if copied is not None:
+            bufs = copied
+        elif nbufs:
+            offs, lengths = words[8:8 + nbufs], list(words[8 + FAST_BUFS:8 + FAST_BUFS + nbufs])
+            targets = into(msg_kind, seq, lengths) if into is not None else None
+            if targets is not None:
+                targets = [as_bytes_view(v) for v in targets]
+                if [v.nbytes for v in targets] != lengths:
+                    targets = None  # not the reply the caller prepared for (an error, say)
+            for i, (off, n) in enumerate(zip(offs, lengths)):
+                if targets is not None:
+                    dest = targets[i]
+                    dest[:] = ring[off:off + n]
+                else:
+                    dest = memoryview(bytearray(ring[off:off + n]))
+                bufs.append(dest)
+        self._head = nxt
+        self._c_consume(self._c_ring, nxt)
         return Frame(msg_kind, seq, ack, meta, bufs)
 
     def _recv_placed(self, pos: int, rec_len: int, slot: int, ndesc: int, blob_len: int, blob_in_heap: int,

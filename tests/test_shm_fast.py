@@ -1,0 +1,183 @@
+"""shm's C path (transport/shm_fast.c): the same records as the Python path, lone round trips in one call.
+
+The contract and shm tests run every case on the C path, the Python path and a mix of the two
+(``transport_pairs``); these are what only the C path has.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from rgpu import config
+from rgpu.errors import ProtocolError, RemoteError
+from rgpu.transport import shm, shm_fast
+from rgpu.transport.buffers import BufferPool, as_bytes_view
+from rgpu.transport.connection import Connection
+from rgpu.transport.wire import Limits, MsgKind, pack_meta
+from transport_pairs import shm_pair
+
+pytestmark = pytest.mark.skipif(shm.available() is not None or shm_fast.load() is None,
+                                reason=str(shm.available() or f"shm's C path: {shm_fast.why_not()}"))
+
+LIMITS = Limits()
+
+
+@pytest.fixture
+def ends():
+    client, server = shm_pair()
+    yield client, server
+    client.close()
+    server.close()
+
+
+def pattern(n: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
+
+
+def test_the_module_is_built_once_and_loaded_from_the_cache():
+    assert shm_fast.load() is shm_fast.load() and shm_fast.why_not() is None
+    assert len(list(shm_fast.cache_dir().glob(f"*/{shm_fast.MODULE}*.so"))) >= 1
+    assert shm_fast.load(enabled=False) is None
+
+
+def test_c_and_python_write_the_same_bytes():
+    rings = []
+    for use_c in (True, False):
+        client, server = shm_pair(use_c, use_c)
+        assert (client._c_put is not None) == use_c
+        for i in range(5):
+            client.send(client.frame_parts(MsgKind.POST, i + 1, i, {"i": i}, [as_bytes_view(pattern(100 + i, i))]))
+        client.send_meta(MsgKind.POST, 9, pack_meta({"op": 1}))
+        rings.append(bytes(client._ring_out[:client._tail]))
+        client.close()
+        server.close()
+    assert rings[0] == rings[1]
+
+
+def reply_later(server, delay: float, meta, bufs, kind=MsgKind.REPLY):
+    """The server's side of one request: read it, wait ``delay``, answer with ``meta`` and ``bufs``."""
+    def run():
+        f = server.recv_frame(LIMITS, BufferPool())
+        time.sleep(delay)
+        server.send(server.frame_parts(kind, f.seq, f.seq, meta, [as_bytes_view(b) for b in bufs]))
+        f.release()
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    return th
+
+
+def test_a_lone_round_trip_is_one_call_and_the_reply_lands_in_place(ends):
+    client, server = ends
+    into = [memoryview(bytearray(64))]
+    th = reply_later(server, 0, {"ok": 1}, [pattern(64, 3)])
+    written, frame = client.call_alone(7, pack_meta({"op": "echo"}), [as_bytes_view(pattern(64))], into, LIMITS)
+    th.join(10)
+    if frame is None:            # a slow machine: the reply came after the spin; it is read the usual way
+        frame = client.recv_frame(LIMITS, BufferPool(), lambda kind, seq, lengths: into)
+    assert written and frame.kind is MsgKind.REPLY and frame.seq == 7 and frame.meta == {"ok": 1}
+    assert frame.buffers[0] is into[0] and bytes(into[0]) == pattern(64, 3).tobytes()
+
+
+@pytest.mark.parametrize("bufs", [[], [pattern(10), pattern(20, 1)], [pattern(2 << 20, 2)]],
+                         ids=["no buffer", "two buffers", "a heap buffer"])
+def test_a_reply_after_the_spin_or_outside_the_ring_is_left_for_recv_frame(ends, bufs):
+    client, server = ends
+    client.spin_s = 0.0005
+    th = reply_later(server, 0.05, {"n": len(bufs)}, bufs)
+    written, frame = client.call_alone(3, pack_meta(None), [], None, LIMITS)
+    assert written and frame is None
+    th.join(10)
+    got = client.recv_frame(LIMITS, BufferPool())
+    assert got.seq == 3 and got.meta == {"n": len(bufs)}
+    assert [bytes(b) for b in got.buffers] == [b.tobytes() for b in bufs]
+    got.release()
+
+
+def test_a_frame_too_big_for_the_ring_is_not_written_by_the_c_call(ends):
+    client, server = ends
+    written, frame = client.call_alone(1, pack_meta(None), [as_bytes_view(pattern(1 << 20))], None, LIMITS)
+    assert (written, frame) == (False, None)
+    assert not server.readable(0)
+
+
+def test_a_malformed_record_from_a_c_peer_is_still_named_by_the_python_path(ends):
+    client, server = ends
+    pos = client._reserve(64)
+    shm.REC.pack_into(client._ring_out, pos, 64, shm.KIND_FRAME, shm.NO_SLOT, 0, 40, 0)
+    client._ring_out[pos + shm.REC.size:pos + shm.REC.size + 40] = b"XXXX" + bytes(36)
+    client._tail += 64
+    client._publish()
+    with pytest.raises(ProtocolError, match="magic"):
+        server.recv_frame(LIMITS, BufferPool())
+
+
+# ---- through a Connection: the lone call and what makes it step aside ---------------------------
+
+@pytest.fixture
+def conn_and_server():
+    client, server = shm_pair()
+    conn = Connection(client, config.settings(environ={}))
+    yield conn, server
+    conn.close(timeout=1)
+    server.close()
+
+
+def serve(server, n: int, answer):
+    """Answer ``n`` frames on a thread: ``answer(frame)`` -> (kind, meta, bufs) or None for a post."""
+    def run():
+        for _ in range(n):
+            f = server.recv_frame(LIMITS, BufferPool())
+            out = answer(f)
+            if out is not None:
+                kind, meta, bufs = out
+                server.send(server.frame_parts(kind, f.seq, f.seq, meta, [as_bytes_view(b) for b in bufs]))
+            f.release()
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    return th
+
+
+def test_lone_calls_return_the_servers_answers(conn_and_server):
+    conn, server = conn_and_server
+    th = serve(server, 50, lambda f: (MsgKind.REPLY, {"seq": f.seq}, list(f.buffers)))
+    back = [bytearray(32)]
+    for i in range(50):
+        reply = conn.call({"i": i}, [pattern(32, i)], reply_into=back)
+        assert reply.meta == {"seq": reply._frame.seq} and bytes(back[0]) == pattern(32, i).tobytes()
+    th.join(10)
+    assert conn.stats["round_trips"] == 50
+
+
+def test_an_error_reply_and_an_earlier_posts_error_are_raised_at_the_call(conn_and_server):
+    conn, server = conn_and_server
+    error = {"message": "boom", "op": "x", "type": "ValueError"}
+    th = serve(server, 3, lambda f: (MsgKind.ERROR, error, []) if f.meta.get("fail") else
+               (MsgKind.REPLY, {}, []) if f.kind is MsgKind.REQUEST else None)
+    with pytest.raises(RemoteError, match="boom"):
+        conn.call({"fail": True})
+    conn.post({"fail": True})               # its error comes back with no request waiting for it
+    with pytest.raises(RemoteError, match="boom"):
+        conn.call({"fine": True})
+    th.join(10)
+
+
+def test_a_call_while_another_request_is_pending_goes_through_the_future(conn_and_server):
+    conn, server = conn_and_server
+    th = serve(server, 2, lambda f: (MsgKind.REPLY, {"seq": f.seq}, []))
+    pending = conn.request({"first": True})
+    reply = conn.call({"second": True})
+    assert reply.meta == {"seq": pending.seq + 1} and pending.result(10).meta == {"seq": pending.seq}
+    th.join(10)
+
+
+def test_rgpu_shm_c_0_keeps_a_session_on_the_python_path(rgpu_server):
+    fast = rgpu_server.connect("echo", transport="shm")
+    slow = rgpu_server.connect("echo", transport="shm", shm_c=False)
+    assert fast.transport._c_call is not None and slow.transport._c_call is None
+    for conn in (fast, slow):
+        back = [bytearray(64)]
+        conn.call({"op": "echo"}, [pattern(64, 5)], reply_into=back)
+        assert bytes(back[0]) == pattern(64, 5).tobytes()
