@@ -148,6 +148,7 @@ class ShmTransport(Receiving, Transport):
             self._c_bufs = fast.ffi.new("const char *[]", shm_fast.FAST_BUFS)
             self._c_lens = fast.ffi.new("uint64_t[]", shm_fast.FAST_BUFS)
             self._c_from_buffer, self._c_null = fast.ffi.from_buffer, fast.ffi.NULL
+            self.call_alone = self._call_c
             lib = fast.lib
             self._c_put, self._c_wait, self._c_take, self._c_next, self._c_consume, self._c_call = (
                 lib.rgpu_shm_put, lib.rgpu_shm_wait, lib.rgpu_shm_take, lib.rgpu_shm_next, lib.rgpu_shm_consume,
@@ -202,7 +203,7 @@ class ShmTransport(Receiving, Transport):
             except (OSError, ValueError, BufferError) as exc:
                 raise self._lost(exc, "sending") from None
 
-    def call_alone(self, seq: int, meta: bytes, views: list, into: list | None, limits) -> tuple[bool, object]:
+    def _call_c(self, seq: int, meta: bytes, views: list, into: list | None, limits) -> tuple[bool, object]:
         """A lone request written and its reply read in one C call (``rgpu_shm_call``): (written, frame).
 
         (False, None): nothing written (no C path, too many or big buffers, no room); send it the
@@ -211,7 +212,7 @@ class ShmTransport(Receiving, Transport):
         """
         call = self._c_call
         n = len(views)
-        if call is None or n > shm_fast.FAST_BUFS:
+        if n > shm_fast.FAST_BUFS:
             return False, None
         with self._send_lock, self._recv_lock:
             if self._closed:
