@@ -213,16 +213,34 @@ def plot_bandwidth(rows: list[dict], path: str, title: str = "bandwidth against 
 # ---- processes: a local server, pinned apart from the client ------------------------------------
 
 def cpu_split() -> tuple[set[int], set[int]] | None:
-    """(client CPUs, server CPUs) on different cores, or None with fewer than two usable CPUs.
+    """(client CPUs, server CPUs) on different physical cores, or None with fewer than two usable CPUs.
 
     Client and server on one core measure a same-core wake-up (4-13 us here) that no remote
-    server ever gives; different cores are the honest stand-in for two hosts.
+    server ever gives; different cores are the honest stand-in for two hosts. Hyperthreads of one
+    core count as one (a spinning sibling slows its twin), wherever the CPU list puts them.
     """
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         return None
-    half = len(cpus) // 2
-    return set(cpus[:half]), set(cpus[half:])
+    cores: dict[tuple, list[int]] = {}
+    for cpu in cpus:
+        cores.setdefault(_core_of(cpu), []).append(cpu)
+    groups = list(cores.values())
+    if len(groups) < 2:
+        half = len(cpus) // 2
+        return set(cpus[:half]), set(cpus[half:])
+    half = len(groups) // 2
+    return {c for g in groups[:half] for c in g}, {c for g in groups[half:] for c in g}
+
+
+def _core_of(cpu: int) -> tuple:
+    """(package, core) of a CPU from sysfs; the CPU itself where sysfs does not say."""
+    base = f"/sys/devices/system/cpu/cpu{cpu}/topology/"
+    try:
+        with open(base + "physical_package_id") as f, open(base + "core_id") as g:
+            return int(f.read()), int(g.read())
+    except (OSError, ValueError):
+        return (-1, cpu)
 
 
 def pin_self(cpus: set[int] | None) -> None:

@@ -10,7 +10,7 @@ and the same batches (``make_batches``) as the rgpu side.
 
     python bench/native_step.py        # driven by ``Native`` below over stdin/stdout, one JSON object a line
 
-Requests: ``{"setup": {preset, vocab, device, tf32[, compile]}}``, ``{"warm": n}`` (losses of
+Requests: ``{"setup": {preset, vocab, device, tf32[, compile: true or a mode]}}``, ``{"warm": n}`` (losses of
 the first n batches), ``{"block": steps}`` (ms per step), ``{"quit": true}``.
 This file imports torch and the model only; a test asserts rgpu stays out.
 """
@@ -62,8 +62,9 @@ def _serve() -> int:
                             n_head=p["n_head"], n_embd=p["n_embd"], dropout=0.0)
             model = GPT(cfg).to(dev)
             opt = model.configure_optimizer(3e-4)
-            if s.get("compile"):  # native torch.compile (Inductor): the reference for rgpu's compiled step
-                model = torch.compile(model)
+            mode = s.get("compile")
+            if mode:  # native torch.compile (Inductor), the same mode: the reference for rgpu's compiled step
+                model = torch.compile(model, mode=None if mode in (True, "default") else mode)
             state.update(device=dev, model=model, opt=opt,
                          batches=make_batches(torch, s["vocab"], p["batch"], p["block_size"], s.get("batches", 4)))
             reply = {"device": dev, "torch": torch.__version__, "rgpu_imported": "rgpu" in sys.modules}
@@ -87,7 +88,7 @@ class Native:
     """The parent's handle on a ``native_step`` process."""
 
     def __init__(self, device: str, preset: dict, vocab: int, tf32: bool = False, batches: int = 4,
-                 compile: bool = False):
+                 compile: bool | str = False):
         env = {k: v for k, v in os.environ.items() if k != "PYTHONSTARTUP"}
         self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve())], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=env)

@@ -85,7 +85,7 @@ def rows(args=None, profile: str | None = None) -> list[dict]:
         model, opt = _setup("rgpu", p, vocab)
         runs[COMPILED] = (torch.compile(model, backend="rgpu", mode=None if mode == "default" else mode), opt)
         if native == "cuda":  # what Inductor does natively with the same step: the floor of the compiled figure
-            natives[NATIVE_COMPILED] = Native(native, p, vocab, tf32, compile=True)
+            natives[NATIVE_COMPILED] = Native(native, p, vocab, tf32, compile=mode)
     warm = {}  # the same init and batches everywhere: the warm-up losses double as a correctness check
     for dev, (model, opt) in runs.items():  # warm: kernels, allocator, op definitions, meta cache (and compile)
         warm[dev] = [_step(model, opt, *b, _device(dev)) for b in batches[:3]]
@@ -192,6 +192,10 @@ def _compiled_rows(run, batches, steps, per_step, native_ms, base, row) -> list[
         row("graphs shipped; server backend: " + ", ".join(backends) + (
             f"; compile errors: {' | '.join(errors)}" if errors else ""), "count",
             rcompile.stats()["graphs_shipped"]),
+    ] + [  # rgpu's own CUDA graphs on the server (reduce-overhead): captures, replays, outputs moved aside
+        row(f"CUDA graphs of graph {k} ({i['nodes']} nodes): " + ", ".join(f"{n} {v}" for n, v in
+            i["cuda_graphs"].items()), "count", i["cuda_graphs"]["replays"])
+        for k, i in enumerate(graphs) if i.get("cuda_graphs")
     ]
 
 

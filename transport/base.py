@@ -34,9 +34,10 @@ class Transport(ABC):
     # Whether a connection writes posts on the caller's thread when nothing is queued, instead
     # of handing them to its I/O thread (for transports whose write is a memory copy, no syscall).
     posts_inline: ClassVar[bool] = False
-    # call_alone(seq, packed meta, views, reply views or None, limits) -> (written, reply frame or None):
-    # a lone request written and its reply read in one call, set by a transport that has one (shm's C
-    # path). (False, None): nothing written, send it the usual way; (True, None): read the reply as usual.
+    # call_alone(seq, packed meta, buffers, [reply buffer] or None, limits) -> (bytes sent, reply frame or
+    # None): a lone request written and its reply read in one call, set by a transport that has one (shm's
+    # C path); buffers as the caller gave them. (-1, None): nothing written, send it the usual way;
+    # (n, None): read the reply as usual.
     call_alone: Callable | None = None
 
     @abstractmethod

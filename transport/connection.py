@@ -169,19 +169,14 @@ class Connection:
     def _call_alone(self, meta: Any, buffers: Sequence, reply_into) -> Reply | None:
         """``call()`` when nothing else is in flight: write, then read until the reply, with no future.
 
-        The round trip of a lone request (a 64 B echo over shm: most of it was the future's
-        bookkeeping), in one call of the transport where it has one (shm's ``call_alone``). None
-        when another thread reads or writes, a request is pending, frames are queued or the
-        buffers are big: ``request()`` then does it.
+        A lone request's round trip (a 64 B echo over shm: the future's bookkeeping was most of it), in
+        one call of the transport where it has one (``call_alone``: shm's C path). None when another
+        thread reads or writes, a request is pending or frames are queued: ``request()`` then does it.
         """
         if self._pending or self._queue or self._dead or self._async_error is not None:
             return None
-        views = [as_bytes_view(b) for b in buffers] if buffers else []
-        nbytes = sum([v.nbytes for v in views]) if views else 0
-        if nbytes > self._copy_bytes:
-            return None
-        into = [writable_view(b) for b in reply_into] if reply_into is not None else None
-        packed = pack_meta(meta) if self._transport_call is not None else None   # raises before anything is sent
+        call = self._transport_call
+        packed = pack_meta(meta) if call is not None else None   # raises before anything is sent
         with self._rcv_lock:
             if self._reading:
                 return None
@@ -191,23 +186,30 @@ class Connection:
                 if self._queue or self._pending or self._dead or not self._send_lock.acquire(blocking=False):
                     return None
                 seq = next(self._seq)
-                stats = self.stats
-                stats["messages"] += 1
-                stats["round_trips"] += 1
-                stats["bytes_out"] += nbytes
-            first = self._write_inline(seq, self._write_request, seq, meta, packed, views, into)
-            return self._read_reply(seq, into, first)
+            stats = self.stats
+            stats["messages"] += 1
+            stats["round_trips"] += 1
+            into, frame, sent = None, None, -1
+            try:
+                self._sending_seq = seq
+                if call is not None:
+                    sent, frame = call(seq, packed, buffers, reply_into, self.limits)
+                if sent < 0:              # the usual way: the buffers as views, the targets checked first
+                    views = [as_bytes_view(b) for b in buffers]
+                    into = [writable_view(b) for b in reply_into] if reply_into is not None else None
+                    sent = sum([v.nbytes for v in views])
+                    self.transport.send(self.transport.frame_parts(_REQUEST, seq, 0, meta, views))
+            except RgpuError as exc:
+                self._fail(self._why_lost(exc))
+                raise self._dead from None
+            finally:
+                self._send_lock.release()
+            stats["bytes_out"] += sent
+            if frame is None and into is None and reply_into is not None:
+                into = [writable_view(b) for b in reply_into]   # the reply comes the usual way
+            return self._read_reply(seq, into, frame)
         finally:
             self._end_read()
-
-    def _write_request(self, seq: int, meta, packed: bytes | None, views: list, into):
-        """Write request ``seq``; returns its reply when the transport's ``call_alone`` read it too."""
-        if packed is not None:
-            written, frame = self._transport_call(seq, packed, views, into, self.limits)
-            if written:
-                return frame
-        self.transport.send(self.transport.frame_parts(_REQUEST, seq, 0, meta, views))
-        return None
 
     def _read_reply(self, seq: int, into, frame: Frame | None = None) -> Reply:
         """Frames until request ``seq``'s answer (this thread is the reader); earlier posts' errors first."""

@@ -147,7 +147,7 @@ class ShmTransport(Receiving, Transport):
             self._c_frame_words = fast.ffi.buffer(self._c_frame)
             self._c_bufs = fast.ffi.new("const char *[]", shm_fast.FAST_BUFS)
             self._c_lens = fast.ffi.new("uint64_t[]", shm_fast.FAST_BUFS)
-            self._c_from_buffer, self._c_null = fast.ffi.from_buffer, fast.ffi.NULL
+            self._c_from_buffer, self._c_buffer, self._c_null = fast.ffi.from_buffer, fast.ffi.buffer, fast.ffi.NULL
             self.call_alone = self._call_c
             lib = fast.lib
             self._c_put, self._c_wait, self._c_take, self._c_next, self._c_consume, self._c_call = (
@@ -203,40 +203,49 @@ class ShmTransport(Receiving, Transport):
             except (OSError, ValueError, BufferError) as exc:
                 raise self._lost(exc, "sending") from None
 
-    def _call_c(self, seq: int, meta: bytes, views: list, into: list | None, limits) -> tuple[bool, object]:
-        """A lone request written and its reply read in one C call (``rgpu_shm_call``): (written, frame).
+    def _call_c(self, seq: int, meta: bytes, buffers, into, limits) -> tuple[int, object]:
+        """A lone request written and its reply read in one C call (``rgpu_shm_call``): (bytes sent, frame).
 
-        (False, None): nothing written (no C path, too many or big buffers, no room); send it the
-        usual way. (True, None): written, and the reply is not here yet or is one for
-        ``recv_frame``. The caller holds the connection's send lock and is its only reader.
+        ``buffers`` and ``into`` (a list of one buffer, or None) are the caller's objects as they
+        are: whatever the C call cannot take straight (not contiguous, not writable, a tensor, too
+        many, too big, no room) makes it (-1, None), nothing written, for the usual path. Else
+        (n, None) means the reply is not here yet or is one for ``recv_frame``. The caller holds the
+        connection's send lock and is its only reader.
         """
-        call = self._c_call
-        n = len(views)
-        if n > shm_fast.FAST_BUFS:
-            return False, None
+        n = len(buffers)
+        if n > shm_fast.FAST_BUFS or (into is not None and len(into) != 1):
+            return -1, None
+        from_buffer = self._c_from_buffer
+        try:
+            keep = [from_buffer(b) for b in buffers]      # alive until the call returns
+            dest = from_buffer(into[0], require_writable=True) if into is not None else None
+        except (TypeError, ValueError, BufferError):
+            return -1, None
+        bufs, lens = self._c_bufs, self._c_lens
+        nbytes = 0
+        for i, b in enumerate(keep):
+            bufs[i] = b
+            lens[i] = size = len(b)
+            nbytes += size
+        frame = self._c_frame
         with self._send_lock, self._recv_lock:
             if self._closed:
                 raise ConnectionLost("connection closed")
-            keep = [self._c_from_buffer(v) for v in views]     # alive until the call returns
-            bufs, lens = self._c_bufs, self._c_lens
-            for i, (b, v) in enumerate(zip(keep, views)):
-                bufs[i], lens[i] = b, v.nbytes
-            dest = into[0] if into is not None and len(into) == 1 else None
             busy = self.busy_s if time.perf_counter() >= self._shared_until else 0.0
-            got = call(self._c_ring, self._tail, self._head, _REQUEST, seq, meta, len(meta), n, bufs, lens,
-                       busy, self.spin_s, self.spin_yield, limits.max_meta_bytes, limits.max_buffers,
-                       limits.max_frame_bytes, self._c_null if dest is None else self._c_from_buffer(dest),
-                       0 if dest is None else dest.nbytes, self._c_frame)
+            got = self._c_call(self._c_ring, self._tail, self._head, _REQUEST, seq, meta, len(meta), n, bufs, lens,
+                               busy, self.spin_s, self.spin_yield, limits.max_meta_bytes, limits.max_buffers,
+                               limits.max_frame_bytes, self._c_null if dest is None else dest,
+                               0 if dest is None else len(dest), frame)
             if got < 0:
-                return False, None
-            self._tail = self._c_frame.tail
+                return -1, None
+            self._tail = frame.tail
             if got == 1:
-                frame = self._recv_c(limits, None, [dest] if self._c_frame.copied else None)
-                if frame is not None:
-                    return True, frame
+                out = self._recv_c(limits, None, [memoryview(self._c_buffer(dest))] if frame.copied else None)
+                if out is not None:
+                    return nbytes, out
             if got:
-                self._head = self._c_frame.head     # past any wrap marker; recv_frame reads the rest
-            return True, None
+                self._head = frame.head     # past any wrap marker; recv_frame reads the rest
+            return nbytes, None
 
     def _put_c(self, out: _Out) -> bool:
         """``out`` written and published by the C path, if it is a frame for the ring alone and the ring has room."""

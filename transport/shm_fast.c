@@ -30,7 +30,7 @@ typedef struct {
     uint32_t magic, version;            /* the frame header's, as wire.py has them */
 } rgpu_ring;
 
-/* All words, so Python reads it with one struct.unpack_from (FRAME in shm_fast.py). */
+/* All words, so Python reads it with struct.unpack_from (FRAME_HEAD, FRAME_BUFS in shm_fast.py). */
 typedef struct {
     uint64_t head;                      /* where the record starts (wrap markers skipped) */
     uint64_t next;                      /* the head once it is consumed */

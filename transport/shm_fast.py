@@ -58,9 +58,11 @@ int rgpu_shm_call(const rgpu_ring *r, uint64_t tail, uint64_t head, uint32_t kin
                   uint64_t max_frame, char *into, uint64_t into_len, rgpu_frame *f);
 """
 FAST_BUFS = 8
-# rgpu_frame as Python reads it: head, next, seq, ack, kind, meta length, buffers, meta offset, then
-# FAST_BUFS buffer offsets, FAST_BUFS lengths, and rgpu_shm_call's tail and copied
-FRAME = struct.Struct(f"<8Q{FAST_BUFS}Q{FAST_BUFS}Q2Q")
+# rgpu_frame as Python reads it: head, next, seq, ack, kind, meta length, buffers, meta offset; then
+# FAST_BUFS buffer offsets and FAST_BUFS lengths (read only when there are buffers); then
+# rgpu_shm_call's tail and copied (read as the struct's fields)
+FRAME_HEAD = struct.Struct("<8Q")
+FRAME_BUFS = struct.Struct(f"<{2 * FAST_BUFS}Q")
 
 _lock = threading.Lock()
 _module = None          # the loaded module, or False once it failed

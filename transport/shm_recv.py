@@ -17,7 +17,7 @@ import weakref
 from rgpu.errors import ConnectionLost, ProtocolError
 
 from . import fastcopy
-from .shm_fast import FAST_BUFS, FRAME
+from .shm_fast import FAST_BUFS, FRAME_BUFS, FRAME_HEAD
 from .base import Into
 from .buffers import BufferPool, as_bytes_view
 from .shm_memory import Segment
@@ -269,8 +269,8 @@ class Receiving:
 
         ``copied``: its one buffer is there already (``rgpu_shm_call`` copied it).
         """
-        words = FRAME.unpack_from(self._c_frame_words)
-        head, nxt, seq, ack, kind, meta_len, nbufs, meta_off = words[:8]
+        words = self._c_frame_words
+        _, nxt, seq, ack, kind, meta_len, nbufs, meta_off = FRAME_HEAD.unpack_from(words)
         msg_kind = _KINDS.get(kind)
         if msg_kind is None:
             return None      # the Python path names what is wrong
@@ -280,7 +280,8 @@ class Receiving:
         if copied is not None:
             bufs = copied
         elif nbufs:
-            offs, lengths = words[8:8 + nbufs], list(words[8 + FAST_BUFS:8 + FAST_BUFS + nbufs])
+            places = FRAME_BUFS.unpack_from(words, FRAME_HEAD.size)
+            offs, lengths = places[:nbufs], list(places[FAST_BUFS:FAST_BUFS + nbufs])
             targets = into(msg_kind, seq, lengths) if into is not None else None
             if targets is not None:
                 targets = [as_bytes_view(v) for v in targets]
