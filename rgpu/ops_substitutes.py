@@ -23,16 +23,30 @@ def _convolution_backward(aten, grad_output, input, weight, *a):
 
 def _sdpa_cuda(aten, q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False, *,
                scale=None):
-    # memory-efficient attention: every float dtype, what native CUDA picks for fp32
+    # memory-efficient attention: every float dtype, what native CUDA picks for fp32. Its logsumexp is
+    # padded to a multiple of 32 rows; the overrideable op's own meta (what torch.compile traces with)
+    # says (batch, heads, rows): cut to that, so eager and compiled clients size it alike
     out, lse, seed, offset = aten._scaled_dot_product_efficient_attention.default(
         q, k, v, attn_bias, True, dropout_p, is_causal, scale=scale)
-    return out, lse, None, None, q.shape[-2], k.shape[-2], seed, offset, None
+    rows = q.shape[-2]
+    if lse.shape[-1] != rows:
+        lse = aten.clone.default(aten.slice.Tensor(lse, -1, 0, rows), memory_format=_contiguous())
+    return out, lse, None, None, rows, k.shape[-2], seed, offset, None
 
 
 def _sdpa_cuda_backward(aten, grad_out, q, k, v, attn_bias, grad_input_mask, out, lse, cum_q, cum_k, max_q,
                         max_k, dropout_p, is_causal, seed, offset, *, scale=None):
+    padded = -(-lse.shape[-1] // 32) * 32     # the kernel reads the rows in blocks of 32: pad back
+    if padded != lse.shape[-1]:
+        lse = aten.constant_pad_nd.default(lse, [0, padded - lse.shape[-1]], 0.0)
     return aten._scaled_dot_product_efficient_attention_backward.default(
         grad_out, q, k, v, attn_bias, out, lse, seed, offset, dropout_p, grad_input_mask, is_causal, scale=scale)
+
+
+def _contiguous():
+    import torch
+
+    return torch.contiguous_format
 
 
 def _sdpa_cpu(aten, q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False, *,

@@ -57,16 +57,9 @@ def test_c_and_python_write_the_same_bytes():
     assert rings[0] == rings[1]
 
 
-def reply_later(server, delay: float, meta, bufs, kind=MsgKind.REPLY):
+def reply_later(server, delay: float, meta, bufs):
     """The server's side of one request: read it, wait ``delay``, answer with ``meta`` and ``bufs``."""
-    def run():
-        f = server.recv_frame(LIMITS, BufferPool())
-        time.sleep(delay)
-        server.send(server.frame_parts(kind, f.seq, f.seq, meta, [as_bytes_view(b) for b in bufs]))
-        f.release()
-    th = threading.Thread(target=run, daemon=True)
-    th.start()
-    return th
+    return serve(server, 1, lambda f: (MsgKind.REPLY, meta, bufs), delay)
 
 
 def test_a_lone_round_trip_is_one_call_and_the_reply_lands_in_place(ends):
@@ -125,11 +118,13 @@ def conn_and_server():
     server.close()
 
 
-def serve(server, n: int, answer):
-    """Answer ``n`` frames on a thread: ``answer(frame)`` -> (kind, meta, bufs) or None for a post."""
+def serve(server, n: int, answer, delay: float = 0.0):
+    """Answer ``n`` frames on a thread, each after ``delay``: ``answer(frame)`` -> (kind, meta, bufs), or None
+    for a post."""
     def run():
         for _ in range(n):
             f = server.recv_frame(LIMITS, BufferPool())
+            time.sleep(delay)
             out = answer(f)
             if out is not None:
                 kind, meta, bufs = out
