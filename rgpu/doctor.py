@@ -155,6 +155,13 @@ def check_transport(ctx: Context) -> Check:
                else f"RGPU_TRANSPORT={s.transport}")
     detail = f"{chosen}: {why}; RGPU_TRANSPORT={s.transport}; the server offers {', '.join(offered) or 'tcp'}"
     data = {"chosen": chosen, "requested": s.transport, "offered": offered, "why": why}
+    if chosen == "shm":   # its hot path in C, or why it runs in Python (slower round trips, same results)
+        from rgpu.transport import shm_fast
+
+        c_path = getattr(conn.transport, "call_alone", None) is not None
+        data["shm_c"] = c_path
+        detail += ("; shm's C path built" if c_path else
+                   f"; shm runs its Python path ({'RGPU_SHM_C=0' if not s.shm_c else shm_fast.why_not()})")
     if s.transport not in ("auto", chosen):
         return Check("transport", "warn", detail, f"RGPU_TRANSPORT={s.transport} was asked for but {chosen} is in "
                      "use: see the server's log for why it was not available", data)

@@ -6,6 +6,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from conftest import clean_env, wait_until
 
 from rgpu import doctor
@@ -31,6 +33,17 @@ def test_a_healthy_server_passes_every_check_and_json_says_so(rgpu_server):
     assert checks["transport"]["data"]["chosen"] in ("tcp", "shm", "ucx")
     assert checks["devices"]["data"]["devices"]
     assert "loopback" in checks["tls"]["detail"] or "shm" in checks["tls"]["detail"]
+
+
+@pytest.mark.parametrize("shm_c", [True, False])
+def test_on_shm_the_transport_check_says_whether_its_c_path_runs(rgpu_server, shm_c):
+    from rgpu.transport import shm, shm_fast
+
+    if shm.available() or (shm_c and shm_fast.load() is None):
+        pytest.skip(str(shm.available() or shm_fast.why_not()))
+    checks = by_name(doctor.run_checks(rgpu_server.settings(transport="shm", shm_c=shm_c)))
+    assert checks["transport"].data["shm_c"] is shm_c
+    assert ("C path built" if shm_c else "Python path (RGPU_SHM_C=0)") in checks["transport"].detail
 
 
 def test_no_server_fails_the_first_check_skips_the_rest_and_says_how_to_start_one():
