@@ -72,7 +72,8 @@ class _Out:
     """One frame to send, as this transport's ``frame_parts`` makes it: its fields, the prefix packed on demand."""
     __slots__ = ("kind", "seq", "ack", "flags", "meta", "views", "_prefix")
 
-    def __init__(self, kind: int, seq: int, ack: int, flags: int, meta: bytes, views: list, prefix: bytes | None = None):
+    def __init__(self, kind: int, seq: int, ack: int, flags: int, meta: bytes, views: list,
+                 prefix: bytes | None = None):
         self.kind, self.seq, self.ack, self.flags, self.meta, self.views = kind, seq, ack, flags, meta, views
         self._prefix = prefix
 
@@ -139,20 +140,24 @@ class ShmTransport(Receiving, Transport):
         self._poll_space = select.poll()
         self._poll_space.register(self._space_out, select.POLLIN)
         self._poll_space.register(sock, select.POLLRDHUP)
-        self._c_put = self._c_wait = self._c_take = self._c_next = self._c_call = None    # the C path (shm_fast.c) where it is built
+        self._c_put = self._c_wait = self._c_take = self._c_next = self._c_call = None
         fast = shm_fast.load(use_c)
         if fast is not None:
-            self._c_ring = shm_fast.ring(fast.ffi, control.mm, out, self._data_out, self._space_in)
-            self._c_frame = fast.ffi.new("rgpu_frame *")
-            self._c_frame_words = fast.ffi.buffer(self._c_frame)
-            self._c_bufs = fast.ffi.new("const char *[]", shm_fast.FAST_BUFS)
-            self._c_lens = fast.ffi.new("uint64_t[]", shm_fast.FAST_BUFS)
-            self._c_from_buffer, self._c_buffer, self._c_null = fast.ffi.from_buffer, fast.ffi.buffer, fast.ffi.NULL
-            self.call_alone = self._call_c
-            lib = fast.lib
-            self._c_put, self._c_wait, self._c_take, self._c_next, self._c_consume, self._c_call = (
-                lib.rgpu_shm_put, lib.rgpu_shm_wait, lib.rgpu_shm_take, lib.rgpu_shm_next, lib.rgpu_shm_consume,
-                lib.rgpu_shm_call)
+            self._attach_c(fast, control, out)
+
+    def _attach_c(self, fast, control: Segment, out: int) -> None:
+        """Use the C path (shm_fast.c): its functions and scratch kept as plain attributes, one lookup a call."""
+        ffi, lib = fast.ffi, fast.lib
+        self._c_ring = shm_fast.ring(ffi, control.mm, out, self._data_out, self._space_in)
+        self._c_frame = ffi.new("rgpu_frame *")
+        self._c_frame_words = ffi.buffer(self._c_frame)
+        self._c_bufs = ffi.new("const char *[]", shm_fast.FAST_BUFS)
+        self._c_lens = ffi.new("uint64_t[]", shm_fast.FAST_BUFS)
+        self._c_from_buffer, self._c_buffer, self._c_null = ffi.from_buffer, ffi.buffer, ffi.NULL
+        self._c_put, self._c_wait, self._c_take, self._c_next, self._c_consume, self._c_call = (
+            lib.rgpu_shm_put, lib.rgpu_shm_wait, lib.rgpu_shm_take, lib.rgpu_shm_next, lib.rgpu_shm_consume,
+            lib.rgpu_shm_call)
+        self.call_alone = self._call_c
 
     # ---- sending -------------------------------------------------------------------
 
@@ -188,7 +193,8 @@ class ShmTransport(Receiving, Transport):
                 if self._closed:
                     raise ConnectionLost("connection closed")
                 if self._c_put is not None:
-                    tail = self._c_put(self._c_ring, self._tail, kind, 0, seq, 0, meta, len(meta), 0, self._c_null, self._c_null)
+                    null = self._c_null
+                    tail = self._c_put(self._c_ring, self._tail, kind, 0, seq, 0, meta, len(meta), 0, null, null)
                     if tail >= 0:
                         self._tail = tail
                         return
