@@ -280,3 +280,49 @@ def test_a_graph_whose_inputs_cannot_be_captured_runs_without_cuda_graphs_and_sa
         args = inputs()
         _same(r(args), add_scaled(*args))
     assert r.reason.startswith(why) and r.replays == 0, r.reason
+
+
+def _mm_graphs(monkeypatch):
+    monkeypatch.setattr("torch._inductor.compile", lambda gm, examples, options=None: gm)
+    ops = {1: type("R", (), {"name": "aten.mm.default", "op": torch.ops.aten.mm.default})()}
+    graphs = Graphs(HandleTable([torch.device("cpu")]), ops.__getitem__, on_gpu=True, capturer=FakeCapturer())
+    graphs.define([11, 1, {"mode": "reduce-overhead"}, {"inputs": 2, "nodes": [[1, [{"n": 0}, {"n": 1}], {}]],
+                                                        "outputs": [2]}], [])
+    return graphs
+
+
+def test_a_replay_builds_no_view_for_a_stable_input_named_as_it_was_captured(monkeypatch):
+    graphs = _mm_graphs(monkeypatch)
+    f32 = CODE_BY_DTYPE[torch.float32]
+    w_desc = [1, 48, f32, [4, 3], [3, 1], 0, 0]
+    built = []
+    real = graphs.table.tensor
+    monkeypatch.setattr(graphs.table, "tensor", lambda desc, ptrs=None: built.append(desc[0]) or real(desc, ptrs))
+    with torch.inference_mode():
+        w = real(w_desc).copy_(torch.randn(4, 3))
+        for step in range(8):
+            x_desc = [100 + step, 32, f32, [2, 4], [4, 1], 0, 0]
+            x = real(x_desc).copy_(torch.randn(2, 4))
+            built.clear()
+            graphs.run([12, [], 1, [x_desc, w_desc], [[200 + step, 24, f32, [2, 3], [3, 1], 0, 0]]], [])
+            torch.testing.assert_close(real([200 + step, 24, f32, [2, 3], [3, 1], 0, 0]), x @ w)
+            if step > WARM_CALLS:   # replays: only the batch is looked up
+                assert built == [100 + step], built
+
+
+def test_a_stable_input_whose_id_names_new_memory_is_noticed_and_its_values_used(monkeypatch):
+    graphs = _mm_graphs(monkeypatch)
+    f32 = CODE_BY_DTYPE[torch.float32]
+    w_desc, x_desc = [1, 48, f32, [4, 3], [3, 1], 0, 0], [2, 32, f32, [2, 4], [4, 1], 0, 0]
+    out = [3, 24, f32, [2, 3], [3, 1], 0, 0]
+    with torch.inference_mode():
+        x = graphs.table.tensor(x_desc).copy_(torch.randn(2, 4))
+        graphs.table.tensor(w_desc).copy_(torch.randn(4, 3))
+        for _ in range(WARM_CALLS + 2):
+            graphs.run([12, [], 1, [x_desc, w_desc], [out]], [])
+        w2 = torch.randn(4, 3)
+        graphs.table.bind(1, w2.clone().untyped_storage(), 0)   # the same id and layout, other memory
+        for _ in range(3):
+            graphs.run([12, [], 1, [x_desc, w_desc], [out]], [])
+            torch.testing.assert_close(graphs.table.tensor(out), x @ w2)
+    assert graphs.graphs[1].replayer.recaptures == 1

@@ -112,13 +112,18 @@ class Captured:
         self.stable = stable    # [(position, address, layout)]: captured in place
         self.varying = varying  # [(position, static buffer, layout)]: copied in at each replay
         self.values = values    # [(position, entry)]: must equal the captured value
+        # [(position, its descriptor, its table entry, the tensor)] of the stable inputs, as captured: a
+        # call naming the same descriptor and entry passes that very tensor (Replayer.inputs_from)
+        self.known: list[tuple[int, list, object, torch.Tensor]] = []
+        self.unknown: list[int] = []   # the other positions: decoded at every call
 
-    def misfit(self, inputs: list) -> tuple[str, set] | None:
-        """(why, the stable positions that moved) when these inputs do not fit the graph, or None."""
+    def misfit(self, inputs: list, stable_known: bool = False) -> tuple[str, set] | None:
+        """(why, the stable positions that moved) when these inputs do not fit the graph, or None.
+        ``stable_known``: the stable inputs are the captured tensors (``inputs_from`` said so)."""
         if len(inputs) != self.n:
             return f"{len(inputs)} inputs for {self.n}", set()
         moved = set()
-        for i, ptr, layout in self.stable:
+        for i, ptr, layout in () if stable_known else self.stable:
             x = inputs[i]
             if not isinstance(x, torch.Tensor) or _layout(x) != layout:
                 return f"input {i} changed layout", set()
@@ -146,13 +151,37 @@ class Replayer:
         self.captures = self.recaptures = self.replays = self.evictions = 0
         self.fruitless = 0      # recaptures that moved no new input to the copied ones
 
-    def __call__(self, inputs: list) -> list:
+    def inputs_from(self, wire: list, decode) -> tuple[list, bool]:
+        """A call's inputs from their descriptors, and whether every stable input is the captured one.
+
+        A stable input named by the descriptor it was captured with, whose table entry is the one it
+        was captured from (same storage), is the captured tensor: no view to build, no address to
+        check, about 300 of them a call for the benchmark's backward graph. The rest go through
+        ``decode`` (the handle table's tensor, or a value).
+        """
+        c = self.captured
+        if c is None or not c.known or len(wire) != c.n:
+            return [decode(x) for x in wire], False
+        inputs = [None] * c.n
+        entries, known = self.table.entries, True
+        for i, desc, entry, tensor in c.known:
+            x = wire[i]
+            if x == desc and entries.get(desc[0]) is entry:
+                inputs[i] = tensor
+            else:
+                inputs[i], known = decode(x), False
+        for i in c.unknown:
+            inputs[i] = decode(wire[i])
+        return inputs, known
+
+    def __call__(self, inputs: list, wire: list | None = None, stable_known: bool = False) -> list:
+        """The graph on ``inputs`` (``wire``: their descriptors, kept at a capture for ``inputs_from``)."""
         if self.reason is not None:
             return list(self.fn(*inputs))
         c = self.captured
         if c is None:
-            return self._plain_or_capture(inputs)
-        misfit = c.misfit(inputs)
+            return self._plain_or_capture(inputs, wire)
+        misfit = c.misfit(inputs, stable_known)
         if misfit is not None:
             return self._recapture(*misfit, inputs)
         dev = self.capturer.device_type
@@ -174,17 +203,17 @@ class Replayer:
         return {"captures": self.captures, "recaptures": self.recaptures, "replays": self.replays,
                 "evictions": self.evictions}
 
-    def _plain_or_capture(self, inputs: list) -> list:
+    def _plain_or_capture(self, inputs: list, wire: list | None) -> list:
         entries = [_entry(x, self.capturer.device_type) for x in inputs]
         if self.plain >= WARM_CALLS and len(entries) == len(self.last):
-            outputs = self._capture(inputs, entries)
+            outputs = self._capture(inputs, entries, wire)
             return outputs if outputs is not None else list(self.fn(*inputs))  # None: given up
         self.plain += 1
         self.last = entries
         device = next((e[2][3] for e in entries if e[0] == _TENSOR), None)
         return list(self.capturer.warm(self.fn, inputs, device))
 
-    def _capture(self, inputs: list, entries: list) -> list | None:
+    def _capture(self, inputs: list, entries: list, wire: list | None) -> list | None:
         off = next((i for i, e in enumerate(entries) if e[0] == _OFF), None)
         devices = {e[2][3] for e in entries if e[0] == _TENSOR}
         if off is not None or len(devices) != 1:  # a capture on one device's stream misses other devices' work
@@ -218,7 +247,13 @@ class Replayer:
         owned = {t.untyped_storage().data_ptr() for t in outputs if isinstance(t, torch.Tensor)}
         owned |= {buf.untyped_storage().data_ptr() for _, buf, _ in varying}
         owned -= in_place | {0}  # a stable input written by the graph is the client's own business
-        self.captured = Captured(graph, len(inputs), stable, varying, values, outputs, owned)
+        self.captured = c = Captured(graph, len(inputs), stable, varying, values, outputs, owned)
+        if wire is not None and len(wire) == len(inputs):
+            entries = self.table.entries
+            c.known = [(i, wire[i], entries.get(wire[i][0]), inputs[i])
+                       for i, _, _ in stable if type(wire[i]) is list]
+            named = {k[0] for k in c.known}
+            c.unknown = [i for i in range(len(inputs)) if i not in named]
         self.captures += 1
         self.bound.clear()
         return self._replay(self.captured, inputs)
@@ -249,7 +284,7 @@ class Replayer:
         else:
             self.fruitless += 1
         self.plain = WARM_CALLS - 1  # this call runs as it is, the next one captures
-        return self._plain_or_capture(inputs)
+        return self._plain_or_capture(inputs, None)
 
     def _give_up(self, reason: str) -> None:
         self.reason, self.captured = reason, None

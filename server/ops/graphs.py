@@ -224,7 +224,8 @@ class Graph:
             self.error = f"inductor: {type(exc).__name__}: {str(exc)[:2000]}"
             log.warning("graph not compiled, interpreting it: %s", self.error)
 
-    def run(self, inputs: list) -> list:
+    def run(self, inputs: list, wire: list | None = None, stable_known: bool = False) -> list:
+        """The graph on ``inputs`` (``wire``, ``stable_known``: for the replayer, see ``Replayer.inputs_from``)."""
         if self.pending_compile:
             self.pending_compile = False
             self.compile(inputs)
@@ -232,7 +233,7 @@ class Graph:
         if self.compiled is not None:
             try:
                 if self.replayer is not None:
-                    return self.replayer(inputs)
+                    return self.replayer(inputs, wire, stable_known)
                 return list(self.compiled(*inputs))
             except Exception as exc:
                 self.compiled, self.replayer, self.backend = None, None, "interpreted"
@@ -314,9 +315,15 @@ class Graphs:
             if g is None or isinstance(g, GraphError):
                 raise RuntimeError(str(g) if g is not None else f"graph {gid} was never defined")
             t0, captures = time.perf_counter(), g.captures()
-            dec = Decoder(self.table)
-            args = [self.table.tensor(x) if type(x) is list else dec.value(x) for x in inputs]
-            results = g.run(args)
+            dec, table = Decoder(self.table), self.table
+
+            def decode(x):
+                return table.tensor(x) if type(x) is list else dec.value(x)
+            if g.replayer is not None:
+                args, known = g.replayer.inputs_from(inputs, decode)
+            else:
+                args, known = [decode(x) for x in inputs], False
+            results = g.run(args, inputs, known)
         except Poisoned as cause:
             self._poison(outs, cause)
             return None
