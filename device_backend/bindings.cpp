@@ -3,7 +3,7 @@
 // describe() reads a tensor's storage id and geometry in one call, the
 // operation the op stream does for every tensor argument; the rest mint ids,
 // drain allocator events and build tensors the fallback cannot build in Python.
-// The fast path's functions (fast_path.cpp) join the same module.
+// The fast path's functions (fast_path.cpp) and shipped graphs' calls (graph_call.cpp) join the same module.
 #include "rgpu_device.h"
 
 #include <torch/extension.h>
@@ -61,6 +61,7 @@ at::Tensor alias_of(const at::Tensor& src, at::ScalarType dtype, at::IntArrayRef
 }
 
 void bind_fast_path(py::module_& m);  // fast_path.cpp
+void bind_graph_call(py::module_& m);  // graph_call.cpp
 
 }  // namespace rgpu
 
@@ -79,4 +80,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pinned_region", &rgpu::pinned_region);
   m.def("id_shift", []() { return rgpu::kIdShift; });
   rgpu::bind_fast_path(m);
+  rgpu::bind_graph_call(m);
 }

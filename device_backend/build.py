@@ -18,7 +18,7 @@ from pathlib import Path
 from types import ModuleType
 
 SOURCES = ("allocator.cpp", "guard.cpp", "hooks.cpp", "pinned.cpp", "metadata_ops.cpp", "attention.cpp",
-           "autocast.cpp", "fast_encode.cpp", "fast_path.cpp", "bindings.cpp")
+           "autocast.cpp", "fast_encode.cpp", "fast_path.cpp", "graph_call.cpp", "bindings.cpp")
 HEADERS = ("rgpu_device.h", "msgpack.h", "fast_path.h")
 HERE = Path(__file__).resolve().parent
 

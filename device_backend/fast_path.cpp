@@ -22,6 +22,7 @@ namespace rgpu {
 namespace {
 
 constexpr c10::DispatchKeySet kKeys(c10::DispatchKey::PrivateUse1);
+constexpr int kMsgOp = 2;  // Msg.OP
 constexpr size_t kMaxPlans = 50000;  // why a bound: scalar values are part of some signatures
 
 enum class Leaf : int { kNew = 0, kArg = 1, kAlias = 2, kNone = 3 };
@@ -144,18 +145,22 @@ struct Held {
   }
 };
 
-// [Msg.OP, events, op index, args, kwargs, outs]: events drained under the lock, so every
-// message carries the events recorded before it in the order the messages go out.
-void post(int index, const std::string& body) {
+}  // namespace
+
+bool streaming() { return g_enabled && g_send != nullptr; }
+
+// [kind, events, key, ...body]: events drained under the lock, so every message carries
+// the events recorded before it in the order the messages go out.
+void post_message(int kind, size_t fields, int64_t key, const std::string& body) {
   auto send = py::reinterpret_borrow<py::object>(g_send);  // the session's, even if a new one starts meanwhile
   Held held;
   auto events = drain_events();
   Packer head;
-  head.array(6);
-  head.integer(2);  // Msg.OP
+  head.array(fields);
+  head.integer(kind);
   head.array(events.size());
   for (auto e : events) head.integer(e);
-  head.integer(index);
+  head.integer(key);
   PyObject* raw = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(head.out.size() + body.size()));
   if (raw == nullptr) throw py::error_already_set();
   auto message = py::reinterpret_steal<py::bytes>(raw);
@@ -163,6 +168,8 @@ void post(int index, const std::string& body) {
   std::memcpy(PyBytes_AS_STRING(raw) + head.out.size(), body.data(), body.size());
   send(message);
 }
+
+namespace {
 
 // Returns false (nothing done) when an input the plan names is not a tensor this time.
 bool replay(const c10::FunctionSchema& schema, torch::jit::Stack* stack, const OpRecord& r, const Plan& plan,
@@ -218,7 +225,7 @@ bool replay(const c10::FunctionSchema& schema, torch::jit::Stack* stack, const O
     for (int i = 0; i < count; ++i) list.push_back(results[next++].toTensor());
     stack->emplace_back(std::move(list));
   }
-  if (posts) post(index, p.out);
+  if (posts) post_message(kMsgOp, 6, index, p.out);  // [Msg.OP, events, op index, args, kwargs, outs]
   return true;
 }
 

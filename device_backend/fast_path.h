@@ -2,7 +2,8 @@
 //
 // fast_encode.cpp turns a boxed call into what encode.py would make of it (the
 // signature that keys a plan, the msgpack of args and kwargs, Python objects for
-// a miss); fast_path.cpp keeps the plans, replays them and posts.
+// a miss); fast_path.cpp keeps the plans, replays them and posts; graph_call.cpp
+// posts a shipped graph's calls the same way.
 #pragma once
 
 #include "msgpack.h"
@@ -41,5 +42,10 @@ void pack_arguments(Packer& p, const c10::FunctionSchema& schema, const Argument
 std::pair<py::tuple, py::dict> to_python(const c10::FunctionSchema& schema, const Arguments& a,
                                          c10::ArrayRef<c10::IValue> args);
 void push_result(const c10::FunctionSchema& schema, torch::jit::Stack* stack, py::handle out);
+
+// fast_path.cpp: whether this session streams from C++, and a message posted as the fast path posts
+// an op: under the session's lock, `[kind, events, key, ...body]` (`fields` counts them all).
+bool streaming();
+void post_message(int kind, size_t fields, int64_t key, const std::string& body);
 
 }  // namespace rgpu
