@@ -10,8 +10,11 @@
 #   ro_tf32   the same with RGPU_TF32=1 on both sides (torch.set_float32_matmul_precision("high"))
 #   tests     the GPU tests of tests/test_cuda_graphs.py and tests/test_compile.py
 #   rtt       rgpu bench transport --transport shm --sizes 64 (shm's round trip vs rgpu tcp)
+# Every step's output goes into $OUT/compiled.tar.gz, beside summary.txt (the device tool returns at most
+# 8 files a call: run7 lost the rest).
 set -u
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+FINAL=${OUT:-/tmp/out}; mkdir -p "$FINAL"
+OUT=$(mktemp -d)
 BUDGET=${BUDGET:-540}
 T0=$(date +%s)
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
@@ -53,3 +56,4 @@ for name in ("ro", "ro_tf32", "rtt"):
 PY
 tail -n 5 "$OUT/tests.json"
 stamp done
+cp "$OUT/summary.txt" "$FINAL/" && tar czf "$FINAL/compiled.tar.gz" -C "$OUT" .
