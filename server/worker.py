@@ -166,8 +166,9 @@ def main(argv=None) -> int:
             pass
     # the shm copy's compile (numba, a second or more) happens here, while no session waits: in a
     # background thread during a session it would hold the GIL against every call (5 ms a switch)
-    from rgpu.transport import fastcopy
+    from rgpu.transport import fastcopy, shm_fast
     fastcopy.warm_up()
+    shm_fast.load(config.settings().shm_c)   # shm's C path: built once per machine, loaded here, not mid-handshake
     got = receive_session(control)
     control.close()
     if got is not None:

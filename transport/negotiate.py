@@ -34,7 +34,7 @@ from rgpu.errors import (
     AuthenticationError, ConfigError, ConnectError, ConnectionLost, ProtocolError, RgpuError, Timeout,
 )
 
-from . import shm, shm_setup
+from . import shm, shm_fast, shm_setup
 from .base import Transport
 from .buffers import BufferPool
 from .wire import Limits, MsgKind
@@ -136,6 +136,7 @@ def _chose(name: str, why: str, want: str) -> None:
 
 
 def _client_shm(t: Transport, settings, forced: bool) -> Transport:
+    shm_fast.load(settings.shm_c)   # a first use builds the C path (a second or two): before the exchange's clocks
     _send(t, {"transport": "shm"})
     reply = _recv(t, "shm")
     if not reply.get("ok"):
