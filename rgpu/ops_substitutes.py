@@ -30,7 +30,7 @@ def _sdpa_cuda(aten, q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False, re
         q, k, v, attn_bias, True, dropout_p, is_causal, scale=scale)
     rows = q.shape[-2]
     if lse.shape[-1] != rows:
-        lse = aten.clone.default(aten.slice.Tensor(lse, -1, 0, rows), memory_format=_contiguous())
+        lse = lse[..., :rows].contiguous()
     return out, lse, None, None, rows, k.shape[-2], seed, offset, None
 
 
@@ -41,12 +41,6 @@ def _sdpa_cuda_backward(aten, grad_out, q, k, v, attn_bias, grad_input_mask, out
         lse = aten.constant_pad_nd.default(lse, [0, padded - lse.shape[-1]], 0.0)
     return aten._scaled_dot_product_efficient_attention_backward.default(
         grad_out, q, k, v, attn_bias, out, lse, seed, offset, dropout_p, grad_input_mask, is_causal, scale=scale)
-
-
-def _contiguous():
-    import torch
-
-    return torch.contiguous_format
 
 
 def _sdpa_cpu(aten, q, k, v, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False, *,

@@ -175,8 +175,7 @@ class Connection:
         """
         if self._pending or self._queue or self._dead or self._async_error is not None:
             return None
-        call = self._transport_call
-        packed = pack_meta(meta) if call is not None else None   # raises before anything is sent
+        packed = pack_meta(meta) if self._transport_call is not None else None   # raises before anything is sent
         with self._rcv_lock:
             if self._reading:
                 return None
@@ -189,27 +188,25 @@ class Connection:
             stats = self.stats
             stats["messages"] += 1
             stats["round_trips"] += 1
-            into, frame, sent = None, None, -1
-            try:
-                self._sending_seq = seq
-                if call is not None:
-                    sent, frame = call(seq, packed, buffers, reply_into, self.limits)
-                if sent < 0:              # the usual way: the buffers as views, the targets checked first
-                    views = [as_bytes_view(b) for b in buffers]
-                    into = [writable_view(b) for b in reply_into] if reply_into is not None else None
-                    sent = sum([v.nbytes for v in views])
-                    self.transport.send(self.transport.frame_parts(_REQUEST, seq, 0, meta, views))
-            except RgpuError as exc:
-                self._fail(self._why_lost(exc))
-                raise self._dead from None
-            finally:
-                self._send_lock.release()
+            sent, frame, into = self._write_inline(seq, self._write_request, seq, meta, packed, buffers, reply_into)
             stats["bytes_out"] += sent
-            if frame is None and into is None and reply_into is not None:
-                into = [writable_view(b) for b in reply_into]   # the reply comes the usual way
             return self._read_reply(seq, into, frame)
         finally:
             self._end_read()
+
+    def _write_request(self, seq: int, meta, packed: bytes | None, buffers: Sequence, reply_into):
+        """Write request ``seq`` (the caller holds the send lock): (bytes sent, its reply if the transport's
+        ``call_alone`` read it too, else None, the targets its reply is read into)."""
+        if packed is not None:
+            sent, frame = self._transport_call(seq, packed, buffers, reply_into, self.limits)
+            if sent >= 0:
+                if frame is not None or reply_into is None:
+                    return sent, frame, None
+                return sent, None, [writable_view(b) for b in reply_into]   # the reply comes the usual way
+        views = [as_bytes_view(b) for b in buffers]      # the usual way: the targets checked before sending
+        into = [writable_view(b) for b in reply_into] if reply_into is not None else None
+        self.transport.send(self.transport.frame_parts(_REQUEST, seq, 0, meta, views))
+        return sum([v.nbytes for v in views]), None, into
 
     def _read_reply(self, seq: int, into, frame: Frame | None = None) -> Reply:
         """Frames until request ``seq``'s answer (this thread is the reader); earlier posts' errors first."""

@@ -140,7 +140,7 @@ class ShmTransport(Receiving, Transport):
         self._poll_space = select.poll()
         self._poll_space.register(self._space_out, select.POLLIN)
         self._poll_space.register(sock, select.POLLRDHUP)
-        self._c_put = self._c_wait = self._c_take = self._c_next = self._c_call = None
+        self._c_put = self._c_wait = self._c_take = self._c_call = None
         fast = shm_fast.load(use_c)
         if fast is not None:
             self._attach_c(fast, control, out)
@@ -154,9 +154,8 @@ class ShmTransport(Receiving, Transport):
         self._c_bufs = ffi.new("const char *[]", shm_fast.FAST_BUFS)
         self._c_lens = ffi.new("uint64_t[]", shm_fast.FAST_BUFS)
         self._c_from_buffer, self._c_buffer, self._c_null = ffi.from_buffer, ffi.buffer, ffi.NULL
-        self._c_put, self._c_wait, self._c_take, self._c_next, self._c_consume, self._c_call = (
-            lib.rgpu_shm_put, lib.rgpu_shm_wait, lib.rgpu_shm_take, lib.rgpu_shm_next, lib.rgpu_shm_consume,
-            lib.rgpu_shm_call)
+        self._c_put, self._c_wait, self._c_take, self._c_consume, self._c_call = (
+            lib.rgpu_shm_put, lib.rgpu_shm_wait, lib.rgpu_shm_take, lib.rgpu_shm_consume, lib.rgpu_shm_call)
         self.call_alone = self._call_c
 
     # ---- sending -------------------------------------------------------------------
@@ -170,14 +169,9 @@ class ShmTransport(Receiving, Transport):
                 if self._closed:
                     raise ConnectionLost("connection closed")
                 put = self._c_put
-                if len(parts) == 1 and type(parts[0]) is _Out:   # one frame (a reply, say): no generator
-                    out = parts[0]
+                for out in _frames(parts):
                     if put is None or not self._put_c(out):
                         self._write_frame(out.prefix, out.views)
-                else:
-                    for out in _frames(parts):
-                        if put is None or not self._put_c(out):
-                            self._write_frame(out.prefix, out.views)
                 self._publish()
             except (OSError, ValueError, BufferError) as exc:
                 raise self._lost(exc, "sending") from None
@@ -221,27 +215,19 @@ class ShmTransport(Receiving, Transport):
         n = len(buffers)
         if n > shm_fast.FAST_BUFS or (into is not None and len(into) != 1):
             return -1, None
-        from_buffer = self._c_from_buffer
-        try:
-            keep = [from_buffer(b) for b in buffers]      # alive until the call returns
-            dest = from_buffer(into[0], require_writable=True) if into is not None else None
-        except (TypeError, ValueError, BufferError):
-            return -1, None
-        bufs, lens = self._c_bufs, self._c_lens
-        nbytes = 0
-        for i, b in enumerate(keep):
-            bufs[i] = b
-            lens[i] = size = len(b)
-            nbytes += size
         frame = self._c_frame
-        with self._send_lock, self._recv_lock:
+        with self._send_lock, self._recv_lock:   # the scratch arrays are the transport's: filled under its locks
             if self._closed:
                 raise ConnectionLost("connection closed")
-            busy = self.busy_s if time.perf_counter() >= self._shared_until else 0.0
-            got = self._c_call(self._c_ring, self._tail, self._head, _REQUEST, seq, meta, len(meta), n, bufs, lens,
-                               busy, self.spin_s, self.spin_yield, limits.max_meta_bytes, limits.max_buffers,
-                               limits.max_frame_bytes, self._c_null if dest is None else dest,
-                               0 if dest is None else len(dest), frame)
+            try:
+                keep, nbytes = self._c_buffers(buffers)      # alive until the call returns
+                dest = self._c_from_buffer(into[0], require_writable=True) if into is not None else None
+            except (TypeError, ValueError, BufferError):
+                return -1, None
+            got = self._c_call(self._c_ring, self._tail, self._head, _REQUEST, seq, meta, len(meta), n, self._c_bufs,
+                               self._c_lens, self._busy_s(time.perf_counter()), self.spin_s, self.spin_yield,
+                               limits.max_meta_bytes, limits.max_buffers, limits.max_frame_bytes,
+                               self._c_null if dest is None else dest, 0 if dest is None else len(dest), frame)
             if got < 0:
                 return -1, None
             self._tail = frame.tail
@@ -255,23 +241,28 @@ class ShmTransport(Receiving, Transport):
 
     def _put_c(self, out: _Out) -> bool:
         """``out`` written and published by the C path, if it is a frame for the ring alone and the ring has room."""
-        views = out.views
-        n = len(views)
+        n = len(out.views)
         if n > shm_fast.FAST_BUFS:
             return False
-        if n:
-            keep = [self._c_from_buffer(v) for v in views]    # alive until the call returns
-            bufs, lens = self._c_bufs, self._c_lens
-            for i, (b, v) in enumerate(zip(keep, views)):
-                bufs[i], lens[i] = b, v.nbytes
-        else:
-            bufs = lens = self._c_null
+        keep, _ = self._c_buffers(out.views)      # alive until the call returns
         tail = self._c_put(self._c_ring, self._tail, out.kind, out.flags, out.seq, out.ack, out.meta, len(out.meta),
-                           n, bufs, lens)
+                           n, self._c_bufs, self._c_lens)
         if tail < 0:
             return False     # too big for the ring alone, or no room now: the Python path places or waits
         self._tail = tail
         return True
+
+    def _c_buffers(self, buffers) -> tuple[list, int]:
+        """``buffers`` (at most FAST_BUFS) into the C call's pointer and length arrays: (their cdata, which
+        must stay alive until the call returns, and their bytes). Raises what cffi's from_buffer raises."""
+        keep = [self._c_from_buffer(b) for b in buffers]
+        bufs, lens = self._c_bufs, self._c_lens
+        nbytes = 0
+        for i, b in enumerate(keep):
+            bufs[i] = b
+            lens[i] = size = len(b)
+            nbytes += size
+        return keep, nbytes
 
     def _write_frame(self, prefix: bytes, views: list) -> None:
         lengths = [v.nbytes for v in views]

@@ -227,11 +227,3 @@ int rgpu_shm_call(const rgpu_ring *r, uint64_t tail, uint64_t head, uint32_t kin
     }
     return got;
 }
-
-/* ``rgpu_shm_wait`` then ``rgpu_shm_take``: the next frame within spin_s (0: none came; else as take). */
-int rgpu_shm_next(const rgpu_ring *r, uint64_t head, double busy_s, double spin_s, int yield_core,
-                  uint32_t max_meta, uint32_t max_bufs, uint64_t max_frame, rgpu_frame *f) {
-    if (!rgpu_shm_wait(r, head, busy_s, spin_s, yield_core))
-        return 0;
-    return rgpu_shm_take(r, head, max_meta, max_bufs, max_frame, f);
-}

@@ -50,8 +50,6 @@ int rgpu_shm_wait(const rgpu_ring *r, uint64_t head, double busy_s, double spin_
 int rgpu_shm_take(const rgpu_ring *r, uint64_t head, uint32_t max_meta, uint32_t max_bufs, uint64_t max_frame,
                   rgpu_frame *f);
 void rgpu_shm_consume(const rgpu_ring *r, uint64_t head);
-int rgpu_shm_next(const rgpu_ring *r, uint64_t head, double busy_s, double spin_s, int yield_core,
-                  uint32_t max_meta, uint32_t max_bufs, uint64_t max_frame, rgpu_frame *f);
 int rgpu_shm_call(const rgpu_ring *r, uint64_t tail, uint64_t head, uint32_t kind, uint64_t seq,
                   const char *meta, uint32_t meta_len, uint32_t nbufs, const char *const *bufs, const uint64_t *lens,
                   double busy_s, double spin_s, int yield_core, uint32_t max_meta, uint32_t max_bufs,

@@ -45,6 +45,26 @@ def _spin(q, tail: int, head: int, busy: float, end: float, yield_core: bool) ->
     return 1 if q[tail] != head else 0
 
 
+def _ring_buffers(ring, p: int, lengths: list, into: Into | None, kind, seq: int) -> list:
+    """A frame's small buffers, back to back from ``p`` in the ring, copied out: into the caller's targets
+    when ``into`` gives ones of these sizes, else each into a fresh bytearray (cheaper than a lease)."""
+    targets = into(kind, seq, lengths) if into is not None else None
+    if targets is not None:
+        targets = [as_bytes_view(v) for v in targets]
+        if [v.nbytes for v in targets] != lengths:
+            targets = None  # not the reply the caller prepared for (an error, say)
+    bufs = []
+    for i, n in enumerate(lengths):
+        if targets is not None:
+            dest = targets[i]
+            dest[:] = ring[p:p + n]
+        else:
+            dest = memoryview(bytearray(ring[p:p + n]))
+        bufs.append(dest)
+        p += n
+    return bufs
+
+
 def _cpu_of(path: str) -> int:
     with open(path, "rb") as f:
         return int(f.read().rsplit(b")", 1)[1].split()[36])   # field 39 of stat: the CPU it last ran on
@@ -102,6 +122,10 @@ class Receiving:
             except (OSError, ValueError, BufferError) as exc:
                 raise self._lost(exc, "receiving") from None
 
+    def _busy_s(self, now: float) -> float:
+        """How long a wait keeps its core before yielding it: none while the peer shares our core."""
+        return self.busy_s if now >= self._shared_until else 0.0
+
     def _wait_data(self, deadline: float | None = None) -> bool:
         q, tail, head = self._q, self._tail_in, self._head
         if q[tail] != head:
@@ -110,7 +134,7 @@ class Receiving:
         end = now + self.spin_s
         if deadline is not None:
             end = min(end, now + deadline - time.monotonic())
-        busy_s = self.busy_s if now >= self._shared_until else 0.0
+        busy_s = self._busy_s(now)
         if self._c_wait is not None:   # the same spin in C, without the GIL
             got = self._c_wait(self._c_ring, head, busy_s, end - now, self.spin_yield)
         else:
@@ -205,14 +229,10 @@ class Receiving:
             return (pos, *REC.unpack_from(ring, pos))
 
     def _recv(self, limits: Limits, pool: BufferPool, into: Into | None) -> Frame:
-        if self._c_next is not None:
-            busy = self.busy_s if time.perf_counter() >= self._shared_until else 0.0
-            got = self._c_next(self._c_ring, self._head, busy, self.spin_s, self.spin_yield, limits.max_meta_bytes,
-                               limits.max_buffers, limits.max_frame_bytes, self._c_frame)
-            if got == 0:     # nothing within the spin: sleep on the eventfd, then look again
-                self._wait_data()
-                got = self._c_take(self._c_ring, self._head, limits.max_meta_bytes, limits.max_buffers,
-                                   limits.max_frame_bytes, self._c_frame)
+        if self._c_take is not None:
+            self._wait_data()    # the spin (in C), the same-core check, the eventfd: as on the Python path
+            got = self._c_take(self._c_ring, self._head, limits.max_meta_bytes, limits.max_buffers,
+                               limits.max_frame_bytes, self._c_frame)
             if got == 1:
                 frame = self._recv_c(limits, into)
                 if frame is not None:
@@ -247,20 +267,7 @@ class Receiving:
             decode_lengths(ring[start + HEADER.size:p], nbufs, meta_len, limits)  # raises
         meta = unpack_meta(ring[p:p + meta_len], limits) if meta_len else None
         p += meta_len
-        targets = into(msg_kind, seq, list(lengths)) if (into is not None and lengths) else None
-        if targets is not None:
-            targets = [as_bytes_view(v) for v in targets]
-            if [v.nbytes for v in targets] != list(lengths):
-                targets = None  # not the reply the caller prepared for (an error, say)
-        bufs = []
-        for i, n in enumerate(lengths):
-            if targets is not None:
-                dest = targets[i]
-                dest[:] = ring[p:p + n]
-            else:
-                dest = memoryview(bytearray(ring[p:p + n]))   # small: a fresh copy is cheaper than a lease
-            bufs.append(dest)
-            p += n
+        bufs = _ring_buffers(ring, p, list(lengths), into, msg_kind, seq) if lengths else []
         self._consume(rec_len)
         return Frame(msg_kind, seq, ack, meta, bufs)
 
@@ -279,21 +286,9 @@ class Receiving:
         bufs = []
         if copied is not None:
             bufs = copied
-        elif nbufs:
+        elif nbufs:   # back to back from the first one's offset, as rgpu_shm_take checked
             places = FRAME_BUFS.unpack_from(words, FRAME_HEAD.size)
-            offs, lengths = places[:nbufs], list(places[FAST_BUFS:FAST_BUFS + nbufs])
-            targets = into(msg_kind, seq, lengths) if into is not None else None
-            if targets is not None:
-                targets = [as_bytes_view(v) for v in targets]
-                if [v.nbytes for v in targets] != lengths:
-                    targets = None  # not the reply the caller prepared for (an error, say)
-            for i, (off, n) in enumerate(zip(offs, lengths)):
-                if targets is not None:
-                    dest = targets[i]
-                    dest[:] = ring[off:off + n]
-                else:
-                    dest = memoryview(bytearray(ring[off:off + n]))
-                bufs.append(dest)
+            bufs = _ring_buffers(ring, places[0], list(places[FAST_BUFS:FAST_BUFS + nbufs]), into, msg_kind, seq)
         self._head = nxt
         self._c_consume(self._c_ring, nxt)
         return Frame(msg_kind, seq, ack, meta, bufs)

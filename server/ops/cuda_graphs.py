@@ -249,8 +249,8 @@ class Replayer:
         owned -= in_place | {0}  # a stable input written by the graph is the client's own business
         self.captured = c = Captured(graph, len(inputs), stable, varying, values, outputs, owned)
         if wire is not None and len(wire) == len(inputs):
-            entries = self.table.entries
-            c.known = [(i, wire[i], entries.get(wire[i][0]), inputs[i])
+            table_entries = self.table.entries
+            c.known = [(i, wire[i], table_entries.get(wire[i][0]), inputs[i])
                        for i, _, _ in stable if type(wire[i]) is list]
             named = {k[0] for k in c.known}
             c.unknown = [i for i in range(len(inputs)) if i not in named]
