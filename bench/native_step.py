@@ -11,7 +11,8 @@ and the same batches (``make_batches``) as the rgpu side.
     python bench/native_step.py        # driven by ``Native`` below over stdin/stdout, one JSON object a line
 
 Requests: ``{"setup": {preset, vocab, device, tf32[, compile: true or a mode]}}``, ``{"warm": n}`` (losses of
-the first n batches), ``{"block": steps}`` (ms per step), ``{"quit": true}``.
+the first n batches), ``{"block": steps}`` (ms per step), ``{"trace": steps}`` (ms per step of wall and of GPU
+work, under torch.profiler), ``{"quit": true}``.
 This file imports torch and the model only; a test asserts rgpu stays out.
 """
 from __future__ import annotations
@@ -78,10 +79,32 @@ def _serve() -> int:
             for i in range(n):
                 step(*batches[i % len(batches)])
             reply = {"ms": (time.perf_counter() - t0) / n * 1e3}
+        elif "trace" in req:  # the GPU's busy time per step under torch.profiler (``--trace``'s reference)
+            reply = _gpu_busy(torch, step, state["batches"], req["trace"])
         else:
             return 0
         print(json.dumps(reply), flush=True)
     return 0
+
+
+def _gpu_busy(torch, step, batches: list, n: int) -> dict:
+    """ms per step: wall, and the union of the GPU's kernels, copies and memsets (``timeline``'s measure)."""
+    import importlib.util
+    import tempfile
+
+    spec = importlib.util.spec_from_file_location("timeline", HERE / "timeline.py")  # not through rgpu's package
+    timeline = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(timeline)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for i in range(n):
+            step(*batches[i % len(batches)])
+        wall = (time.perf_counter() - t0) / n * 1e3
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        events = json.load(open(f.name))["traceEvents"]
+    return {"wall": wall, "gpu_busy": timeline.gpu_busy(events) / n}
 
 
 class Native:
@@ -110,6 +133,9 @@ class Native:
 
     def block(self, steps: int) -> float:
         return self._ask(block=steps)["ms"]
+
+    def trace(self, steps: int) -> dict:
+        return self._ask(trace=steps)
 
     def close(self) -> None:
         if self.proc.poll() is None:

@@ -65,6 +65,8 @@ def rows(args=None, profile: str | None = None) -> list[dict]:
 
     quick = getattr(args, "quick", False)
     p = PRESETS["small" if quick else "bench"]
+    if getattr(args, "pin", False):
+        _pin_apart()
     blocks = 3 if quick else max(3, getattr(args, "repeats", 5) or 5)
     steps = 5 if quick else 10
     native = "cuda" if torch.cuda.is_available() else "cpu"
@@ -100,6 +102,8 @@ def rows(args=None, profile: str | None = None) -> list[dict]:
             per_step[dev].append((time.perf_counter() - t0) / steps * 1e3)
         for key, run in natives.items():
             per_step[key].append(run.block(steps))
+    native_traces = {key: run.trace(steps) for key, run in natives.items()} if getattr(args, "trace", None) \
+        and native == "cuda" else {}
     for run in natives.values():
         run.close()
     model, opt = runs["rgpu"]
@@ -139,6 +143,14 @@ def rows(args=None, profile: str | None = None) -> list[dict]:
                            statistics.median(ms), base, med[native], [min(ms), max(ms)]))
         out.append(row("max |loss - native loss| over 3 warm-up steps, compiled", "abs",
                        _max_diff(warm[COMPILED], warm[native])))
+    trace = getattr(args, "trace", None)
+    if trace:
+        for key, (model, opt) in runs.items():
+            out += _trace_rows(trace + (".compiled" if key == COMPILED else ""), key,
+                               lambda: [_step(model, opt, *batches[i % 4], "rgpu") for i in range(steps)], row)
+        for key, figures in native_traces.items():
+            out += [row(f"{key} step under torch.profiler, for reference: {name}", "ms", figures[name])
+                    for name in ("wall", "gpu_busy")]
     for ms in _rtts(getattr(args, "sim_rtt", None)):
         for key in ("rgpu", COMPILED):
             if key in runs:
@@ -227,6 +239,29 @@ def _sim_rtt_row(run, key, ms, batches, steps, blocks, transport, size) -> dict:
                        f"{what} at 0 ms + 1 round trip", unit="ms")
 
 
+def _pin_apart() -> None:
+    """``--pin``: this process (and the native reference it starts) and a local server of its own on
+    different physical cores (``harness.cpu_split``), as two hosts would be; with RGPU_SERVER set, only
+    this process. Before the session starts: it reads RGPU_SERVER and RGPU_TOKEN from the environment."""
+    import atexit
+    import os
+
+    from rgpu.bench import harness
+
+    split = harness.cpu_split()
+    if split is None:
+        return
+    client, server = split
+    if not os.environ.get("RGPU_SERVER"):  # the server's settings (RGPU_TF32, ...) as this process has them
+        env = {k: v for k, v in os.environ.items()
+               if k.startswith("RGPU_") and k not in ("RGPU_TOKEN", "RGPU_TOKEN_FILE")}
+        local = harness.LocalServer(cpus=server, env=env)
+        atexit.register(local.stop)
+        os.environ.update(RGPU_SERVER=local.address, RGPU_TOKEN=local.token)
+        os.environ.pop("RGPU_TOKEN_FILE", None)
+    harness.pin_self(client)
+
+
 def _profile(path: str, run) -> None:
     """cProfile of ``run`` on the client (``path``) and of the same steps in the server's executor (``path.server``)."""
     import cProfile
@@ -245,11 +280,46 @@ def _profile(path: str, run) -> None:
     Path(path + ".server").write_text(server)
 
 
+def _trace(path: str, run) -> dict:
+    """The server's timeline of ``run`` (torch.profiler, its CPU and GPU) gzipped to ``path``, its op table
+    to ``path.txt``; returns ``timeline.steps`` of it (where each step's time went on the server)."""
+    from rgpu.bench import timeline
+    from rgpu.device_backend import session
+    from rgpu.ops_protocol import Msg
+
+    s = session.get()
+    s.post([Msg.PROFILE, "start", "trace"])
+    run()
+    with s.lock:
+        fut = s.conn.request([Msg.PROFILE, "stop", 40])
+    reply = fut.result()
+    try:
+        data = bytes(reply.buffers[0])
+        Path(path + ".txt").write_text(reply.meta)
+    finally:
+        reply.release()
+    Path(path).write_bytes(data)
+    return timeline.steps(timeline.load(data))
+
+
+def _trace_rows(path: str, key: str, run, row) -> list[dict]:
+    """Rows of where a traced step's time went on the server (``--trace``)."""
+    figures = _trace(path, run)
+    what = "compiled step" if key == COMPILED else "step"
+    return [row(f"{what} (server trace, median of {figures['steps']}): {name}", "ms", figures[name])
+            for name in ("wall", "gpu_busy", "gpu_idle", "server_busy", "server_waiting", "client_gap",
+                         "gpu_start") if name in figures]
+
+
 FLAGS = {
     "--profile": {"help": "write a cProfile of rgpu steps (client side) here"},
     "--compile": {"nargs": "?", "const": "default",
                   "help": "also the step under torch.compile(backend='rgpu') [mode, e.g. reduce-overhead]"},
     "--sim-rtt": {"help": "comma list of simulated round trips in ms, e.g. 1,10,30"},
+    "--pin": {"action": "store_true",
+              "help": "client and a local server of its own on different physical cores (harness.cpu_split)"},
+    "--trace": {"help": "write the server's timeline of rgpu steps here (gzipped Chrome trace; with --compile "
+                        "also FILE.compiled) and report where each step's time went"},
 }
 
 

@@ -25,7 +25,8 @@ class Msg(IntEnum):
     SEED = 7      # [device, seed]                                            post
     SYNC = 8      # []                                                        request -> None
     MEMORY = 9    # [device]                                                  request -> [allocated, max allocated]
-    PROFILE = 10  # ["start"] post / ["stop", top N] request -> text: cProfile of this session's executor
+    PROFILE = 10  # ["start"(, "trace")] post / ["stop", top N] request -> text (+ a gzipped Chrome trace):
+    #               a cProfile of this session's executor, or torch.profiler's timeline of its CPU and GPU
     GRAPH = 11    # [graph id, options, graph] (server/ops/graphs.py: the graph's wire form)  post
     RUN = 12      # [events, graph id, inputs, outs]: one call of a shipped graph        post
     GRAPH_FREE = 13  # [graph id]                                                       post

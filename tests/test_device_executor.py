@@ -112,3 +112,24 @@ def test_two_server_devices_behave_like_two_gpus(start_server):
         "print('ok')\n")
     r = run_python(code, env={"RGPU_SERVER": server.address, "RGPU_TOKEN": server.token})
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
+
+
+def test_a_list_of_tensors_reads_cached_views_and_a_mixed_list_is_decoded_item_by_item():
+    from rgpu.server.ops.codec import Decoder
+
+    ex = executor()
+    define(ex, 1, torch.ops.aten._foreach_add.List)
+    upload(ex, 10, [1.0, 2.0])
+    upload(ex, 12, [10.0, 20.0])
+    tensors = [{"t": desc(10, 2)}, {"t": desc(12, 2)}]
+    for outs in ([desc(13, 2), desc(14, 2)], [desc(15, 2), desc(16, 2)]):
+        ex.handle([Msg.OP, [], 1, [tensors, tensors], {}, outs], [], False)
+        assert [download(ex, d).tolist() for d in outs] == [[2.0, 4.0], [20.0, 40.0]]
+    dec = Decoder(ex.table, True)
+    first, again = dec.value(tensors), dec.value(tensors)
+    assert all(a is b for a, b in zip(first, again))  # one view per descriptor, built once
+    assert dec.device == 0 and len(dec.inputs) == 4
+    mixed = [{"t": desc(10, 2)}, None, {"t": desc(12, 2)}]
+    assert ex.table.view_list(mixed, []) is None
+    got = Decoder(ex.table, True).value(mixed)
+    assert got[1] is None and got[0].tolist() == [1.0, 2.0] and got[2].tolist() == [10.0, 20.0]

@@ -20,17 +20,24 @@ class Decoder:
     ``cached``: tensors come from the handle table's view cache (the op path: the executor then
     checks the views an op wrote); without it each tensor is a view of its own."""
 
-    __slots__ = ("table", "inputs", "device", "_tensor")
+    __slots__ = ("table", "inputs", "device", "_tensor", "_cached")
 
     def __init__(self, table: HandleTable, cached: bool = False):
         self.table = table
         self.inputs: list[int] = []  # base addresses of the storages the inputs live in
         self.device = 0  # the rgpu index of the first tensor or device argument: where the op runs
         self._tensor = table.view if cached else table.tensor
+        self._cached = cached
 
     def value(self, v):
         t = type(v)
         if t is list:
+            if self._cached and v and type(v[0]) is dict and "t" in v[0]:  # a list of tensors, in one loop
+                if not self.inputs:
+                    self.device = v[0]["t"][6]
+                got = self.table.view_list(v, self.inputs)
+                if got is not None:
+                    return got
             return [x if type(x) in _PLAIN else self.value(x) for x in v]
         if t is not dict:
             return v

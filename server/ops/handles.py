@@ -128,6 +128,26 @@ class HandleTable:
         ptrs.append(e.ptr)
         return v
 
+    def view_list(self, wire: list, ptrs: list) -> list | None:
+        """``view`` of every item of a list of wire tensors (``{"t": descriptor}``: a _foreach_ op's list of
+        ~100 parameters), the cache looked up in one loop; None if an item is anything else (the caller
+        then decodes the list item by item)."""
+        out = []
+        entries, append, push = self.entries, out.append, ptrs.append
+        for x in wire:
+            desc = x.get("t") if type(x) is dict and len(x) == 1 else None
+            if desc is None:
+                return None
+            e = entries.get(desc[0])
+            if e is not None and e.poison is None:
+                v = e.views.get((desc[2], tuple(desc[3]), tuple(desc[4]), desc[5]))
+                if v is not None:
+                    push(e.ptr)
+                    append(v)
+                    continue
+            append(self.view(desc, ptrs))
+        return out
+
     def _fresh(self, desc, ptrs: list) -> torch.Tensor:
         """A storage first named by an op (its output, mostly): allocated as the tensor the descriptor names
         when that is a contiguous tensor of exactly the storage's bytes, else as bytes and viewed."""

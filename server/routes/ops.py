@@ -106,6 +106,7 @@ class Executor(BaseExecutor):
         return _InferenceMode(True)
 
     def close(self) -> None:
+        self._stop_profiling()
         self.table.close()
         self.ops.clear()
 
@@ -362,19 +363,41 @@ class Executor(BaseExecutor):
         return [self.table.allocated[dev], self.table.peak[dev]], []
 
     def _profile(self, meta, buffers):
-        """Where this session's server time goes (``rgpu bench train --profile``)."""
+        """Where this session's server time goes: ``["start"]`` a cProfile of the executor (``rgpu bench
+        train --profile``), ``["start", "trace"]`` torch.profiler's timeline of its CPU and GPU (``--trace``);
+        ``["stop", top N]`` -> the text, and with a trace its gzipped Chrome trace as the reply's buffer."""
         import cProfile
         import io
         import pstats
 
+        from rgpu.server.ops.trace import Trace
+
         if meta[1] == "start":
-            self.profiler = cProfile.Profile()
-            self.profiler.enable()
+            self._stop_profiling()
+            if len(meta) > 2 and meta[2] == "trace":
+                self.profiler = Trace(self.handlers, self.kind == "cuda")
+            else:
+                self.profiler = cProfile.Profile()
+                self.profiler.enable()
             return None
         if self.profiler is None:
             return "", []
+        top = int(meta[2]) if len(meta) > 2 else 40
+        if isinstance(self.profiler, Trace):
+            text, trace = self.profiler.stop(top)
+            self.profiler = None
+            return text, [trace]
         self.profiler.disable()
         text = io.StringIO()
-        pstats.Stats(self.profiler, stream=text).sort_stats("tottime").print_stats(int(meta[2]))
+        pstats.Stats(self.profiler, stream=text).sort_stats("tottime").print_stats(top)
         self.profiler = None
         return text.getvalue(), []
+
+    def _stop_profiling(self) -> None:
+        """A second start ends the first quietly (its results are dropped)."""
+        if self.profiler is not None:
+            if hasattr(self.profiler, "stop"):
+                self.profiler.stop(1)
+            else:
+                self.profiler.disable()
+            self.profiler = None

@@ -1,0 +1,79 @@
+"""Where a step's time goes on the server, read from its trace (``rgpu bench train --trace FILE``).
+
+The server's trace (``server/ops/trace.py``) has a span per message ("rgpu OP", "rgpu RUN", ...) and, on a
+GPU, every kernel, copy and memset. A step ends where the client waits: the span of each request (the
+bench's ``loss.item()`` is its only one, a CALL of ``_local_scalar_dense``). For each step:
+
+- ``gpu_busy``: time the GPU ran anything (the union of its intervals), ``gpu_idle`` the rest of the step;
+- ``server_busy``: time inside message handlers, ``server_waiting`` the rest (waiting for the client);
+- ``client_gap``: from one item()'s reply to the next step's first message (the client's own time);
+- ``gpu_start``: from that reply to the next step's first GPU work.
+
+All in milliseconds, the median over the traced steps (the first is dropped: it has no start); the GPU
+figures only where the trace has GPU work (a CPU server has none).
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import statistics
+
+GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+SPAN_PREFIX = "rgpu "
+STEP_ENDS = {SPAN_PREFIX + kind for kind in ("CALL", "DOWNLOAD", "SYNC")}  # the requests that wait
+
+
+def load(data: bytes) -> list[dict]:
+    """The trace's events from the gzipped Chrome trace the server sent."""
+    return json.loads(gzip.decompress(data))["traceEvents"]
+
+
+def steps(events: list[dict]) -> dict:
+    """The figures above (ms) and the number of steps they are the median of; {} for fewer than 2 steps."""
+    gpu = sorted(_span(e) for e in events if e.get("cat") in GPU_CATEGORIES and "dur" in e)
+    named = sorted((*_span(e), e["name"]) for e in events  # the CPU's spans ("gpu_user_annotation" mirrors them)
+                   if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith(SPAN_PREFIX)
+                   and "dur" in e)
+    msgs = [(start, end) for start, end, _ in named]
+    ends = [end for _, end, name in named if name in STEP_ENDS]
+    rows = []
+    for a, b in zip(ends, ends[1:]):
+        wall = b - a
+        first_msg = next((s for s, _ in msgs if s >= a), b)
+        first_gpu = next((s for s, _ in gpu if s >= a), b)
+        g, m = _union(gpu, a, b), _union(msgs, a, b)
+        rows.append({"wall": wall, "gpu_busy": g, "gpu_idle": wall - g, "server_busy": m,
+                     "server_waiting": wall - m, "client_gap": first_msg - a, "gpu_start": first_gpu - a})
+    if not rows:
+        return {}
+    out = {k: statistics.median(r[k] for r in rows) / 1e3 for k in rows[0] if gpu or not k.startswith("gpu")}
+    out["steps"] = len(rows)
+    return out
+
+
+def gpu_busy(events: list[dict]) -> float:
+    """ms the GPU ran anything over the whole trace (the native reference's measure)."""
+    gpu = sorted(_span(e) for e in events if e.get("cat") in GPU_CATEGORIES and "dur" in e)
+    return _union(gpu, float("-inf"), float("inf")) / 1e3
+
+
+def _span(e: dict) -> tuple[float, float]:
+    return float(e["ts"]), float(e["ts"]) + float(e["dur"])
+
+
+def _union(spans: list[tuple[float, float]], lo: float, hi: float) -> float:
+    """Total length of the union of ``spans`` (sorted by start) clipped to [lo, hi] (µs)."""
+    total, cur_s, cur_e = 0.0, None, None
+    for s, e in spans:
+        s, e = max(s, lo), min(e, hi)
+        if e <= s:
+            continue
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total

@@ -1,0 +1,56 @@
+"""A session's server timeline: torch.profiler over the executor's CPU and the GPU, each message a named span.
+
+``rgpu bench train --trace FILE`` starts it with ``[Msg.PROFILE, "start", "trace"]`` and stops it with
+``[Msg.PROFILE, "stop", N]``; the reply carries the Chrome trace, gzipped, which ``rgpu.bench.timeline``
+reads (GPU busy and idle per step, where the server's time goes). The spans are added only while a trace
+runs: the handlers are wrapped then and put back after, so the hot path pays nothing otherwise.
+"""
+from __future__ import annotations
+
+import gzip
+import os
+import tempfile
+
+import torch
+
+from rgpu.ops_protocol import Msg
+
+SPAN_PREFIX = "rgpu "  # a span per message: "rgpu OP", "rgpu RUN", "rgpu DOWNLOAD", ...
+
+
+class Trace:
+    def __init__(self, handlers: dict, cuda: bool):
+        self._handlers = handlers
+        self._originals = dict(handlers)
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if cuda:
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self._prof = torch.profiler.profile(activities=activities)
+        for kind, handler in self._originals.items():
+            if kind is not Msg.PROFILE:
+                handlers[kind] = _spanned(SPAN_PREFIX + Msg(kind).name, handler)
+        self._prof.__enter__()
+
+    def stop(self, top: int) -> tuple[str, bytes]:
+        """The profiler's table of the top ``top`` ops by self CPU time, and the gzipped Chrome trace."""
+        self._prof.__exit__(None, None, None)
+        self._handlers.update(self._originals)
+        fd, path = tempfile.mkstemp(suffix=".json")
+        os.close(fd)
+        try:
+            self._prof.export_chrome_trace(path)
+            with open(path, "rb") as f:
+                data = gzip.compress(f.read(), compresslevel=3)
+        finally:
+            os.unlink(path)
+        text = self._prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
+        return text, data
+
+
+def _spanned(name: str, handler):
+    record = torch.profiler.record_function
+
+    def spanned(meta, buffers):
+        with record(name):
+            return handler(meta, buffers)
+    return spanned
