@@ -142,7 +142,7 @@ def _client_shm(t: Transport, settings, forced: bool) -> Transport:
     if not reply.get("ok"):
         raise Declined(f"the server cannot offer shm: {reply.get('reason', 'no reason given')}")
     try:
-        st, nonce = shm_setup.attach(reply, settings.connect_timeout, settings.shm_c)
+        st, nonce = shm_setup.attach(reply, settings.connect_timeout, settings.shm_c, settings.shm_spin_us)
     except ConnectError as exc:
         _send(t, {"transport": "shm", "ok": False, "reason": str(exc)})
         raise Declined(str(exc)) from None
@@ -254,7 +254,7 @@ def _server_shm(t: Transport, msg: dict, settings) -> Transport | None:
         if offer.conn is None or not offer.proven(proof.get("proof")):
             _send(t, {"transport": "shm", "ok": False, "reason": "the nonce read back does not match"})
             return None
-        st = offer.transport(settings.shm_c)
+        st = offer.transport(settings.shm_c, settings.shm_spin_us)
         offer = None
         _send(t, {"transport": "shm", "ok": True})
         t.close()

@@ -91,7 +91,7 @@ class ShmTransport(Receiving, Transport):
     # eventfd. When data arrives just as a yield comes back late and the peer last ran on our CPU
     # (/proc, looked at most every CORE_CHECK_S), it shares our core: for SHARED_CORE_S the receiver
     # yields from the start (keeping the core would only delay the peer). Measured on the shared
-    # 2-core machine, docs/perf/transport.md.
+    # 2-core machine, docs/perf/transport.md. spin_s is RGPU_SHM_SPIN_US where a session sets it.
     busy_s = 20e-6
     spin_s = 100e-6
     spin_yield = True
@@ -105,8 +105,10 @@ class ShmTransport(Receiving, Transport):
     find_shared: Callable[[int, int], "tuple[int, int, int] | None"] | None = None
 
     def __init__(self, side: str, sock: socket.socket, control: Segment, efds: list[int],
-                 max_segment: int = MAX_SEGMENT, use_c: bool = True):
+                 max_segment: int = MAX_SEGMENT, use_c: bool = True, spin_us: float | None = None):
         self.side = side
+        if spin_us is not None:          # RGPU_SHM_SPIN_US: this end's own choice
+            self.spin_s = max(spin_us * 1e-6, self.busy_s)
         self._sock = sock
         self._control = control
         self._efds = efds

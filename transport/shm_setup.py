@@ -68,9 +68,9 @@ class ShmOffer:
     def proven(self, proof) -> bool:
         return isinstance(proof, bytes) and hmac.compare_digest(proof, self.nonce)
 
-    def transport(self, use_c: bool = True) -> ShmTransport:
+    def transport(self, use_c: bool = True, spin_us: float | None = None) -> ShmTransport:
         self.control.close_fd()
-        t = ShmTransport("server", self.conn, self.control, self.efds, use_c=use_c)
+        t = ShmTransport("server", self.conn, self.control, self.efds, use_c=use_c, spin_us=spin_us)
         self.conn = None
         return t
 
@@ -87,7 +87,8 @@ class ShmOffer:
         self.control.close()
 
 
-def attach(details: dict, timeout: float, use_c: bool = True) -> tuple[ShmTransport, bytes]:
+def attach(details: dict, timeout: float, use_c: bool = True,
+           spin_us: float | None = None) -> tuple[ShmTransport, bytes]:
     """The client's half: connect to the server's Unix socket, map what it sends, read the nonce.
 
     Raises ConnectError when the socket is not reachable from here (another host,
@@ -120,7 +121,7 @@ def attach(details: dict, timeout: float, use_c: bool = True) -> tuple[ShmTransp
             raise ConnectError(f"shm: the server's layout ({magic!r} v{version}) is not this client's")
         nonce = bytes(control.mm[NONCE_OFF:NONCE_OFF + NONCE_BYTES])
         sock.settimeout(None)
-        t = ShmTransport("client", sock, control, fds, use_c=use_c)
+        t = ShmTransport("client", sock, control, fds, use_c=use_c, spin_us=spin_us)
         done = True
         return t, nonce
     except (OSError, ProtocolError) as exc:
