@@ -5,11 +5,13 @@
 #   OUT=/some/folder bash gpu/check_compiled.sh
 #
 #   install   rgpu installed (not editable) and its C++ part built, run from /tmp
-#   ro        RGPU_TRANSPORT=tcp rgpu bench train --compile reduce-overhead: rgpu's compiled step (CUDA graphs on
-#             the server) vs native eager, with native torch.compile in the same mode as its reference
-#   ro_tf32   the same with RGPU_TF32=1 on both sides (torch.set_float32_matmul_precision("high"))
+#   ro_tf32   RGPU_TF32=1 RGPU_TRANSPORT=tcp rgpu bench train --compile reduce-overhead: rgpu's compiled step
+#             (CUDA graphs on the server) vs native eager, TF32 on both sides, with native torch.compile in the
+#             same mode as its reference
 #   tests     the GPU tests of tests/test_cuda_graphs.py and tests/test_compile.py
 #   rtt       rgpu bench transport --transport shm --sizes 64 (shm's round trip vs rgpu tcp)
+#   ro_tf32_shm  ro_tf32 over shm
+#   ro        ro_tf32 with TF32 off (the issue's fp32 setting)
 # Every step's output goes into $OUT/compiled.tar.gz, beside summary.txt (the device tool returns at most
 # 8 files a call: run7 lost the rest).
 set -u
@@ -34,16 +36,17 @@ step() {  # step NAME LIMIT_S COMMAND...: stdout to $OUT/NAME.json, stderr to $O
 stamp install
 python3 -m pip install --no-deps --no-build-isolation -q . >"$OUT/install.log" 2>&1
 step build 150 python3 -c 'import torch, rgpu; from rgpu.device_backend import build; build.load(); print("{}")'
-step ro 210 env RGPU_TRANSPORT=tcp python3 -m rgpu.bench.train --json --compile reduce-overhead --repeats 3
-step ro_tf32 170 env RGPU_TF32=1 RGPU_TRANSPORT=tcp python3 -m rgpu.bench.train --json --compile reduce-overhead --repeats 3
-step tests 100 python3 -m pytest -q -p no:cacheprovider -x --tb=short -rs "$REPO/tests/test_cuda_graphs.py" \
+step ro_tf32 170 env RGPU_TF32=1 RGPU_TRANSPORT=tcp python3 -m rgpu.bench.train --json --compile reduce-overhead --repeats 5
+step tests 150 python3 -m pytest -q -p no:cacheprovider --tb=short -rs "$REPO/tests/test_cuda_graphs.py" \
   "$REPO/tests/test_compile.py" -k "gpu"
 step rtt 40 python3 -m rgpu bench transport --transport shm --sizes 64 --repeats 5 --json
+step ro_tf32_shm 140 env RGPU_TF32=1 RGPU_TRANSPORT=shm python3 -m rgpu.bench.train --json --compile reduce-overhead --repeats 5
+step ro 170 env RGPU_TRANSPORT=tcp python3 -m rgpu.bench.train --json --compile reduce-overhead --repeats 5
 stamp summary
 python3 - "$OUT" <<'PY' | tee "$OUT/summary.txt"
 import json, os, sys
 out = sys.argv[1]
-for name in ("ro", "ro_tf32", "rtt"):
+for name in ("ro_tf32", "rtt", "ro_tf32_shm", "ro"):
     try:
         rows = json.load(open(os.path.join(out, name + ".json")))
     except Exception as exc:
