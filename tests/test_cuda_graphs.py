@@ -326,3 +326,33 @@ def test_a_stable_input_whose_id_names_new_memory_is_noticed_and_its_values_used
             graphs.run([12, [], 1, [x_desc, w_desc], [out]], [])
             torch.testing.assert_close(graphs.table.tensor(out), x @ w2)
     assert graphs.graphs[1].replayer.recaptures == 1
+
+
+def test_a_stable_input_named_by_a_new_id_at_the_captured_address_is_taken_as_captured(monkeypatch):
+    # the forward's saved activations: CUDA graph outputs that the client names anew at every call
+    graphs = _mm_graphs(monkeypatch)
+    f32 = CODE_BY_DTYPE[torch.float32]
+    w_desc = [1, 48, f32, [4, 3], [3, 1], 0, 0]
+    built = []
+    real = graphs.table.tensor
+    monkeypatch.setattr(graphs.table, "tensor", lambda desc, ptrs=None: built.append(desc[0]) or real(desc, ptrs))
+    with torch.inference_mode():
+        w = real(w_desc).copy_(torch.randn(4, 3))
+        x_storage = torch.randn(2, 4).untyped_storage()
+        for step in range(8):
+            x_sid = 100 + step
+            graphs.table.bind(x_sid, x_storage, 0)   # a new id, the same memory
+            x_desc = [x_sid, 32, f32, [2, 4], [4, 1], 0, 0]
+            built.clear()
+            out = [200 + step, 24, f32, [2, 3], [3, 1], 0, 0]
+            graphs.run([12, [], 1, [x_desc, w_desc], [out]], [])
+            torch.testing.assert_close(real(out), real(x_desc) @ w)
+            if step > WARM_CALLS:
+                assert built == [], built   # neither input looked up
+        # the same memory in another layout is not the captured input: looked up, and its values used
+        built.clear()
+        x_t = [300, 32, f32, [2, 4], [1, 2], 0, 0]
+        graphs.table.bind(300, x_storage, 0)
+        graphs.run([12, [], 1, [x_t, w_desc], [[301, 24, f32, [2, 3], [3, 1], 0, 0]]], [])
+        assert 300 in built
+        torch.testing.assert_close(real([301, 24, f32, [2, 3], [3, 1], 0, 0]), real(x_t) @ w)

@@ -46,8 +46,8 @@ def test_a_server_that_does_not_offer_shm_is_a_clear_error_when_forced_and_tcp_u
 def test_a_wrong_nonce_is_refused_and_auto_stays_on_tcp(rgpu_server, monkeypatch):
     real = shm_setup.attach
 
-    def forged(details, timeout, use_c=True):
-        t, nonce = real(details, timeout, use_c)
+    def forged(details, timeout, *args):
+        t, nonce = real(details, timeout, *args)
         return t, bytes(32)                   # mapped the memory but claims another nonce
     monkeypatch.setattr(shm_setup, "attach", forged)
     with pytest.raises(ConnectError, match="proof"):
@@ -56,7 +56,7 @@ def test_a_wrong_nonce_is_refused_and_auto_stays_on_tcp(rgpu_server, monkeypatch
 
 
 def test_an_unreachable_shm_socket_is_another_host_never_a_guess_from_the_address(rgpu_server, monkeypatch):
-    def elsewhere(details, timeout, use_c=True):
+    def elsewhere(details, timeout, *args):
         raise ConnectError("the server's shm socket is not reachable from here (another host)")
     monkeypatch.setattr(shm_setup, "attach", elsewhere)   # what a client at the far end of an SSH tunnel sees
     with pytest.raises(ConnectError, match="not reachable"):
@@ -67,7 +67,7 @@ def test_an_unreachable_shm_socket_is_another_host_never_a_guess_from_the_addres
 def test_a_stranger_on_the_unix_socket_gets_nothing_and_the_session_goes_on(rgpu_server, monkeypatch):
     real = shm_setup.attach
 
-    def raced(details, timeout, use_c=True):
+    def raced(details, timeout, *args):
         stranger = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         stranger.connect(details["socket"].decode())      # first in, without the ticket
         stranger.sendall(b"not the ticket")

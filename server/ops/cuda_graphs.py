@@ -112,9 +112,10 @@ class Captured:
         self.stable = stable    # [(position, address, layout)]: captured in place
         self.varying = varying  # [(position, static buffer, layout)]: copied in at each replay
         self.values = values    # [(position, entry)]: must equal the captured value
-        # [(position, its descriptor, its table entry, the tensor)] of the stable inputs, as captured: a
-        # call naming the same descriptor and entry passes that very tensor (Replayer.inputs_from)
-        self.known: list[tuple[int, list, object, torch.Tensor]] = []
+        # [(position, its descriptor, its table entry, the tensor, its storage's address)] of the stable
+        # inputs, as captured: a call naming the same memory and layout passes that very tensor
+        # (Replayer.inputs_from)
+        self.known: list[tuple[int, list, object, torch.Tensor, int]] = []
         self.unknown: list[int] = []   # the other positions: decoded at every call
 
     def misfit(self, inputs: list, stable_known: bool = False) -> tuple[str, set] | None:
@@ -156,7 +157,10 @@ class Replayer:
 
         A stable input named by the descriptor it was captured with, whose table entry is the one it
         was captured from (same storage), is the captured tensor: no view to build, no address to
-        check, about 300 of them a call for the benchmark's backward graph. The rest go through
+        check, about 300 of them a call for the benchmark's backward graph. So is one named by a new
+        id whose storage starts at the captured address, with the same layout: the forward's saved
+        activations, CUDA graph outputs the client names anew at every call (the captured tensor
+        keeps that memory alive, so the address cannot belong to anything else). The rest go through
         ``decode`` (the handle table's tensor, or a value).
         """
         c = self.captured
@@ -164,9 +168,13 @@ class Replayer:
             return [decode(x) for x in wire], False
         inputs = [None] * c.n
         entries, known = self.table.entries, True
-        for i, desc, entry, tensor in c.known:
+        for i, desc, entry, tensor, ptr in c.known:
             x = wire[i]
             if x == desc and entries.get(desc[0]) is entry:
+                inputs[i] = tensor
+                continue
+            e = entries.get(x[0]) if type(x) is list and len(x) == 7 else None
+            if e is not None and e.ptr == ptr and e.poison is None and x[1:] == desc[1:]:
                 inputs[i] = tensor
             else:
                 inputs[i], known = decode(x), False
@@ -250,7 +258,7 @@ class Replayer:
         self.captured = c = Captured(graph, len(inputs), stable, varying, values, outputs, owned)
         if wire is not None and len(wire) == len(inputs):
             table_entries = self.table.entries
-            c.known = [(i, wire[i], table_entries.get(wire[i][0]), inputs[i])
+            c.known = [(i, wire[i], table_entries.get(wire[i][0]), inputs[i], inputs[i].untyped_storage().data_ptr())
                        for i, _, _ in stable if type(wire[i]) is list]
             named = {k[0] for k in c.known}
             c.unknown = [i for i in range(len(inputs)) if i not in named]
