@@ -102,8 +102,8 @@ def rows(args=None, profile: str | None = None) -> list[dict]:
             per_step[dev].append((time.perf_counter() - t0) / steps * 1e3)
         for key, run in natives.items():
             per_step[key].append(run.block(steps))
-    native_traces = {key: run.trace(steps) for key, run in natives.items()} if getattr(args, "trace", None) \
-        and native == "cuda" else {}
+    traced = getattr(args, "trace", None) and native == "cuda"  # native's GPU time beside the server's trace
+    native_traces = {key: run.trace(steps) for key, run in natives.items()} if traced else {}
     for run in natives.values():
         run.close()
     model, opt = runs["rgpu"]

@@ -181,9 +181,11 @@ def test_rgpu_shm_c_0_keeps_a_session_on_the_python_path(rgpu_server):
 def test_rgpu_shm_spin_us_sets_how_long_a_waiting_end_polls_before_it_sleeps(rgpu_server):
     long = rgpu_server.connect("echo", transport="shm", shm_spin_us=2500)
     short = rgpu_server.connect("echo", transport="shm", shm_spin_us=0)
+    endless = rgpu_server.connect("echo", transport="shm", shm_spin_us=1e9)
     assert long.transport.spin_s == 2500e-6
     assert short.transport.spin_s == short.transport.busy_s  # never less than the busy poll
-    for conn in (long, short):
+    assert endless.transport.spin_s == endless.transport.MAX_SPIN_S  # a dead peer is still noticed soon
+    for conn in (long, short, endless):
         back = [bytearray(64)]
         conn.call({"op": "echo"}, [pattern(64, 6)], reply_into=back)
         assert bytes(back[0]) == pattern(64, 6).tobytes()

@@ -95,6 +95,7 @@ class ShmTransport(Receiving, Transport):
     busy_s = 20e-6
     spin_s = 100e-6
     spin_yield = True
+    MAX_SPIN_S = 0.05   # a spinning end notices a dead peer only once it sleeps: never spin longer than this
     # A write is a copy into the ring: on the caller's thread it costs less than the hand-off to the
     # connection's I/O thread (GPU host, 5000 streamed adds: 25 us per op inline, 67 us through the
     # thread, whose GIL hand-offs also slowed the caller; `gpu/diag_client.sh`).
@@ -108,7 +109,7 @@ class ShmTransport(Receiving, Transport):
                  max_segment: int = MAX_SEGMENT, use_c: bool = True, spin_us: float | None = None):
         self.side = side
         if spin_us is not None:          # RGPU_SHM_SPIN_US: this end's own choice
-            self.spin_s = max(spin_us * 1e-6, self.busy_s)
+            self.spin_s = min(max(spin_us * 1e-6, self.busy_s), self.MAX_SPIN_S)
         self._sock = sock
         self._control = control
         self._efds = efds

@@ -31,10 +31,14 @@ class Trace:
                 handlers[kind] = _spanned(SPAN_PREFIX + Msg(kind).name, handler)
         self._prof.__enter__()
 
-    def stop(self, top: int) -> tuple[str, bytes]:
-        """The profiler's table of the top ``top`` ops by self CPU time, and the gzipped Chrome trace."""
+    def cancel(self) -> None:
+        """End the trace and drop what it recorded; the handlers are put back."""
         self._prof.__exit__(None, None, None)
         self._handlers.update(self._originals)
+
+    def stop(self, top: int) -> tuple[str, bytes]:
+        """The profiler's table of the top ``top`` ops by self CPU time, and the gzipped Chrome trace."""
+        self.cancel()
         fd, path = tempfile.mkstemp(suffix=".json")
         os.close(fd)
         try:

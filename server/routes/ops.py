@@ -18,6 +18,7 @@ from rgpu.server.ops.handles import DTYPE_BY_CODE, HandleTable, Poisoned, dtype_
 from rgpu.ops_protocol import Msg
 from rgpu.server.ops.as_on_cuda import CPU_ADAPT, CPU_RESULTS
 from rgpu.server.ops.resolve import OpRefused, Resolved, resolve
+from rgpu.server.ops.trace import Trace
 
 from .base import Executor as BaseExecutor
 from .base import OpFailed
@@ -370,8 +371,6 @@ class Executor(BaseExecutor):
         import io
         import pstats
 
-        from rgpu.server.ops.trace import Trace
-
         if meta[1] == "start":
             self._stop_profiling()
             if len(meta) > 2 and meta[2] == "trace":
@@ -394,10 +393,9 @@ class Executor(BaseExecutor):
         return text.getvalue(), []
 
     def _stop_profiling(self) -> None:
-        """A second start ends the first quietly (its results are dropped)."""
-        if self.profiler is not None:
-            if hasattr(self.profiler, "stop"):
-                self.profiler.stop(1)
-            else:
-                self.profiler.disable()
-            self.profiler = None
+        """A second start, or the session's end, ends a running one quietly (its results are dropped)."""
+        if isinstance(self.profiler, Trace):
+            self.profiler.cancel()
+        elif self.profiler is not None:
+            self.profiler.disable()
+        self.profiler = None
