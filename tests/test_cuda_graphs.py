@@ -291,13 +291,22 @@ def _mm_graphs(monkeypatch):
     return graphs
 
 
-def test_a_replay_builds_no_view_for_a_stable_input_named_as_it_was_captured(monkeypatch):
+F32 = CODE_BY_DTYPE[torch.float32]
+W_DESC = [1, 48, F32, [4, 3], [3, 1], 0, 0]   # the weight of _mm_graphs' tests, stable from call to call
+
+
+def _mm_graphs_counting_lookups(monkeypatch):
+    """_mm_graphs, the ids whose tensor the handle table builds (listed in ``built``), its own tensor()."""
     graphs = _mm_graphs(monkeypatch)
-    f32 = CODE_BY_DTYPE[torch.float32]
-    w_desc = [1, 48, f32, [4, 3], [3, 1], 0, 0]
     built = []
     real = graphs.table.tensor
     monkeypatch.setattr(graphs.table, "tensor", lambda desc, ptrs=None: built.append(desc[0]) or real(desc, ptrs))
+    return graphs, built, real
+
+
+def test_a_replay_builds_no_view_for_a_stable_input_named_as_it_was_captured(monkeypatch):
+    graphs, built, real = _mm_graphs_counting_lookups(monkeypatch)
+    f32, w_desc = F32, W_DESC
     with torch.inference_mode():
         w = real(w_desc).copy_(torch.randn(4, 3))
         for step in range(8):
@@ -330,14 +339,10 @@ def test_a_stable_input_whose_id_names_new_memory_is_noticed_and_its_values_used
 
 def test_a_stable_input_named_by_a_new_id_at_the_captured_address_is_taken_as_captured(monkeypatch):
     # the forward's saved activations: CUDA graph outputs that the client names anew at every call
-    graphs = _mm_graphs(monkeypatch)
-    f32 = CODE_BY_DTYPE[torch.float32]
-    w_desc = [1, 48, f32, [4, 3], [3, 1], 0, 0]
-    built = []
-    real = graphs.table.tensor
-    monkeypatch.setattr(graphs.table, "tensor", lambda desc, ptrs=None: built.append(desc[0]) or real(desc, ptrs))
+    graphs, built, real = _mm_graphs_counting_lookups(monkeypatch)
+    f32 = F32
     with torch.inference_mode():
-        w = real(w_desc).copy_(torch.randn(4, 3))
+        w = real(W_DESC).copy_(torch.randn(4, 3))
         x_storage = torch.randn(2, 4).untyped_storage()
         for step in range(8):
             x_sid = 100 + step
@@ -345,7 +350,7 @@ def test_a_stable_input_named_by_a_new_id_at_the_captured_address_is_taken_as_ca
             x_desc = [x_sid, 32, f32, [2, 4], [4, 1], 0, 0]
             built.clear()
             out = [200 + step, 24, f32, [2, 3], [3, 1], 0, 0]
-            graphs.run([12, [], 1, [x_desc, w_desc], [out]], [])
+            graphs.run([12, [], 1, [x_desc, W_DESC], [out]], [])
             torch.testing.assert_close(real(out), real(x_desc) @ w)
             if step > WARM_CALLS:
                 assert built == [], built   # neither input looked up
@@ -353,6 +358,6 @@ def test_a_stable_input_named_by_a_new_id_at_the_captured_address_is_taken_as_ca
         built.clear()
         x_t = [300, 32, f32, [2, 4], [1, 2], 0, 0]
         graphs.table.bind(300, x_storage, 0)
-        graphs.run([12, [], 1, [x_t, w_desc], [[301, 24, f32, [2, 3], [3, 1], 0, 0]]], [])
+        graphs.run([12, [], 1, [x_t, W_DESC], [[301, 24, f32, [2, 3], [3, 1], 0, 0]]], [])
         assert 300 in built
         torch.testing.assert_close(real([301, 24, f32, [2, 3], [3, 1], 0, 0]), real(x_t) @ w)

@@ -1,0 +1,59 @@
+# Sourced by the gpu/ scripts that run benches in timed steps and bring back one tarball.
+#
+#   BUDGET=540; . gpu/steps.sh       then: install_rgpu; step NAME LIMIT_S COMMAND...; summarize NAME...; pack FILE
+#
+# $OUT (the caller's, where the device tool collects) becomes $FINAL; $OUT is then a scratch folder that
+# pack() tars into $FINAL/FILE beside summary.txt (the device tool returns at most 8 files a call).
+# Every step has its own time limit within BUDGET seconds for the whole script, so one that hangs costs
+# only itself; rgpu is installed (not editable) and the steps run from /tmp, so ./rgpu never shadows it.
+set -u
+FINAL=${OUT:-/tmp/out}; mkdir -p "$FINAL"
+OUT=$(mktemp -d)
+BUDGET=${BUDGET:-540}   # the caller's, if it set one first
+T0=$(date +%s)
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
+unset RGPU_SERVER RGPU_TRANSPORT RGPU_SIM_RTT_MS RGPU_TF32
+REPO=$PWD
+export PYTHONPATH=$REPO/examples/nanogpt   # the benches' model (examples/ is not installed)
+
+stamp() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a "$OUT/log.txt"; }
+
+step() {  # step NAME LIMIT_S COMMAND...: stdout to $OUT/NAME.json, stderr to $OUT/NAME.err, exit status to NAME.rc
+  local name=$1 limit=$2; shift 2
+  local left=$(( BUDGET - ($(date +%s) - T0) ))
+  if [ "$left" -lt 20 ]; then stamp "skip $name (no time left)"; echo skipped >"$OUT/$name.rc"; return; fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  stamp "$name (limit $limit s)"
+  ( cd /tmp && timeout "$limit" "$@" >"$OUT/$name.json" 2>"$OUT/$name.err" )
+  echo $? >"$OUT/$name.rc"
+}
+
+install_rgpu() {  # rgpu from this tree, and its C++ part built against the host's torch (timed as a step)
+  stamp install
+  python3 -m pip install --no-deps --no-build-isolation -q "$REPO" >"$OUT/install.log" 2>&1
+  step build 150 python3 -c 'import torch, rgpu; from rgpu.device_backend import build; build.load(); print("{}")'
+}
+
+summarize() {  # summarize NAME...: each step's bench rows, one line each, into $OUT/summary.txt
+  stamp summary
+  python3 - "$OUT" "$@" <<'PY' | tee "$OUT/summary.txt"
+import json, os, sys
+out = sys.argv[1]
+for name in sys.argv[2:]:
+    try:
+        rows = json.load(open(os.path.join(out, name + ".json")))
+    except Exception as exc:
+        print(f"{name}: no rows ({type(exc).__name__}: {exc})")
+        continue
+    for r in rows:
+        v, ratio, spread = r.get("value"), r.get("ratio"), r.get("spread")
+        print(f"{name:10s} {str(r.get('metric'))[:84]:84s} {'-' if v is None else format(v, '.4g'):>10} "
+              f"{r.get('unit') or '':5s} ratio {'-' if ratio is None else format(ratio, '.3f')}"
+              + (f" spread {spread[0]:.2f}-{spread[1]:.2f}" if spread else ""))
+PY
+}
+
+pack() {  # pack FILE: summary.txt and everything else of the run, as $FINAL/FILE
+  stamp done
+  cp "$OUT/summary.txt" "$FINAL/" && tar czf "$FINAL/$1" -C "$OUT" .
+}
