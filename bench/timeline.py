@@ -11,6 +11,15 @@ bench's ``loss.item()`` is its only one, a CALL of ``_local_scalar_dense``). For
 
 All in milliseconds, the median over the traced steps (the first is dropped: it has no start); the GPU
 figures only where the trace has GPU work (a CPU server has none).
+
+The client's trace of the same steps (``bench train`` marks each phase: "step: upload", "step: forward",
+"step: backward", "step: optimizer", "step: item"; one host, one clock) splits the gap at each step's
+start (``boundary``):
+
+- ``reply_to_client``: from the server's end of the request to the end of the client's ``item()``;
+- ``client_between_steps``: from there to the client's next upload (its own Python: the loop, frees);
+- ``upload_to_server``: from that upload's start to the server's first message of the step;
+- and each phase's length on the client: ``upload``, ``forward``, ``backward``, ``optimizer``, ``item``.
 """
 from __future__ import annotations
 
@@ -21,6 +30,9 @@ import statistics
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 SPAN_PREFIX = "rgpu "
 STEP_ENDS = {SPAN_PREFIX + kind for kind in ("CALL", "DOWNLOAD", "SYNC")}  # the requests that wait
+STEP_FIGURES = ("wall", "gpu_busy", "gpu_idle", "server_busy", "server_waiting", "client_gap", "gpu_start")
+PHASES = ("upload", "forward", "backward", "optimizer", "item")  # the client's marks, "step: <phase>"
+BOUNDARY_FIGURES = ("reply_to_client", "client_between_steps", "upload_to_server", *PHASES)
 
 
 def load(data: bytes) -> list[dict]:
@@ -49,6 +61,30 @@ def steps(events: list[dict]) -> dict:
     out = {k: statistics.median(r[k] for r in rows) / 1e3 for k in rows[0] if gpu or not k.startswith("gpu")}
     out["steps"] = len(rows)
     return out
+
+
+def boundary(server: list[dict], client: list[dict]) -> dict:
+    """The client's side of each step's start, and its phases (ms, medians; see above); {} without marks."""
+    named = sorted((*_span(e), e["name"]) for e in server
+                   if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith(SPAN_PREFIX)
+                   and "dur" in e)
+    marks = {phase: sorted(_span(e) for e in client if e.get("name") == "step: " + phase and "dur" in e)
+             for phase in PHASES}
+    got: dict[str, list[float]] = {name: [] for name in BOUNDARY_FIGURES}
+    for phase, spans in marks.items():
+        got[phase] = [end - start for start, end in spans]
+    ends = [end for _, end, name in named if name in STEP_ENDS]
+    for a in ends:
+        item_end = next((e for s, e in marks["item"] if e >= a), None)
+        upload = next((s for s, _ in marks["upload"] if item_end is not None and s >= item_end), None)
+        if upload is None:
+            continue
+        first_msg = next((s for s, _, _ in named if s >= upload), None)
+        got["reply_to_client"].append(item_end - a)
+        got["client_between_steps"].append(upload - item_end)
+        if first_msg is not None:
+            got["upload_to_server"].append(first_msg - upload)
+    return {k: statistics.median(v) / 1e3 for k, v in got.items() if v}
 
 
 def gpu_busy(events: list[dict]) -> float:

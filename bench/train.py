@@ -21,6 +21,7 @@ and bytes per step, and where an rgpu step's time goes (enqueue vs wait).
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
 import sys
 import time
@@ -44,14 +45,21 @@ def _setup(device: str, p: dict, vocab: int):
     return model, model.configure_optimizer(3e-4)
 
 
-def _step(model, opt, x, y, device, timings=None):
+def _step(model, opt, x, y, device, timings=None, mark=contextlib.nullcontext):
+    """One training step; ``mark(name)``: a span around each phase (``--trace``: record_function)."""
     t0 = time.perf_counter()
-    _, loss = model(x.to(device), y.to(device))
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    opt.step()
+    with mark("step: upload"):
+        x, y = x.to(device), y.to(device)
+    with mark("step: forward"):
+        _, loss = model(x, y)
+    with mark("step: backward"):
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+    with mark("step: optimizer"):
+        opt.step()
     t1 = time.perf_counter()
-    value = loss.item()
+    with mark("step: item"):
+        value = loss.item()
     if timings is not None:
         timings.append((t1 - t0, time.perf_counter() - t1))
     return value
@@ -147,7 +155,8 @@ def rows(args=None, profile: str | None = None) -> list[dict]:
     if trace:
         for key, (model, opt) in runs.items():
             out += _trace_rows(trace + (".compiled" if key == COMPILED else ""), key,
-                               lambda: [_step(model, opt, *batches[i % 4], "rgpu") for i in range(steps)], row)
+                               lambda mark: [_step(model, opt, *batches[i % 4], "rgpu", mark=mark)
+                                             for i in range(steps)], row)
         for key, figures in native_traces.items():
             out += [row(f"{key} step under torch.profiler, for reference: {name}", "ms", figures[name])
                     for name in ("wall", "gpu_busy")]
@@ -281,15 +290,26 @@ def _profile(path: str, run) -> None:
 
 
 def _trace(path: str, run) -> dict:
-    """The server's timeline of ``run`` (torch.profiler, its CPU and GPU) gzipped to ``path``, its op table
-    to ``path.txt``; returns ``timeline.steps`` of it (where each step's time went on the server)."""
+    """The server's timeline of ``run(mark)`` (torch.profiler, its CPU and GPU) gzipped to ``path``, its op
+    table to ``path.txt``, and this process's (its CPU, each step's phases marked) to ``path.client``;
+    returns ``timeline.steps`` of the first and ``timeline.boundary`` of both (where each step's time went)."""
+    import gzip
+    import tempfile
+
+    import torch
+
     from rgpu.bench import timeline
     from rgpu.device_backend import session
     from rgpu.ops_protocol import Msg
 
     s = session.get()
     s.post([Msg.PROFILE, "start", "trace"])
-    run()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as client:
+        run(torch.profiler.record_function)
+    with tempfile.TemporaryDirectory() as tmp:   # the client's trace, on the server's clock (one host)
+        client.export_chrome_trace(tmp + "/client.json")
+        client_data = gzip.compress(Path(tmp + "/client.json").read_bytes(), compresslevel=3)
+    Path(path + ".client").write_bytes(client_data)
     with s.lock:
         fut = s.conn.request([Msg.PROFILE, "stop", 40])
     reply = fut.result()
@@ -299,16 +319,18 @@ def _trace(path: str, run) -> dict:
     finally:
         reply.release()
     Path(path).write_bytes(data)
-    return timeline.steps(timeline.load(data))
+    server_events = timeline.load(data)
+    return {**timeline.steps(server_events), **timeline.boundary(server_events, timeline.load(client_data))}
 
 
 def _trace_rows(path: str, key: str, run, row) -> list[dict]:
-    """Rows of where a traced step's time went on the server (``--trace``)."""
+    """Rows of where a traced step's time went, on the server and around each step's end (``--trace``)."""
+    from rgpu.bench import timeline
+
     figures = _trace(path, run)
     what = "compiled step" if key == COMPILED else "step"
-    return [row(f"{what} (server trace, median of {figures['steps']}): {name}", "ms", figures[name])
-            for name in ("wall", "gpu_busy", "gpu_idle", "server_busy", "server_waiting", "client_gap",
-                         "gpu_start") if name in figures]
+    return [row(f"{what} (traced, median of {figures['steps']} steps): {name}", "ms", figures[name])
+            for name in (*timeline.STEP_FIGURES, *timeline.BOUNDARY_FIGURES) if name in figures]
 
 
 FLAGS = {
@@ -318,8 +340,9 @@ FLAGS = {
     "--sim-rtt": {"help": "comma list of simulated round trips in ms, e.g. 1,10,30"},
     "--pin": {"action": "store_true",
               "help": "client and a local server of its own on different physical cores (harness.cpu_split)"},
-    "--trace": {"help": "write the server's timeline of rgpu steps here (gzipped Chrome trace; with --compile "
-                        "also FILE.compiled) and report where each step's time went"},
+    "--trace": {"help": "write the server's timeline of rgpu steps here (gzipped Chrome trace; this process's "
+                        "beside it as FILE.client; with --compile also FILE.compiled[.client]) and report "
+                        "where each step's time went"},
 }
 
 

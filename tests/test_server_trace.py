@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 
+import pytest
 import torch
 from test_device_executor import define, desc, download, executor, upload
 
@@ -69,13 +70,29 @@ def test_the_timeline_splits_steps_at_each_wait_and_measures_the_gpu_and_the_ser
     assert timeline.gpu_busy(events) == (250 + 50 + 500) / 1e3
 
 
+def test_the_boundary_splits_each_steps_start_between_the_reply_the_client_and_the_upload():
+    # server: requests end at 100 and 2100; the next step's first messages start at 700 and 2800
+    server = [_event("rgpu CALL", 0, 100), _event("rgpu UPLOAD", 700, 50), _event("rgpu CALL", 2000, 100),
+              _event("rgpu UPLOAD", 2800, 50)]
+    # client: item() returns at 300 and 2400, the next uploads start at 400 and 2600
+    client = [_event("step: item", -500, 800, "cpu_op"), _event("step: upload", 400, 100, "cpu_op"),
+              _event("step: forward", 500, 200, "cpu_op"), _event("step: item", 1500, 900, "cpu_op"),
+              _event("step: upload", 2600, 100, "cpu_op")]
+    got = timeline.boundary(server, client)
+    assert got["reply_to_client"] == 0.25 and got["client_between_steps"] == 0.15
+    assert got["upload_to_server"] == (0.3 + 0.2) / 2
+    assert got["upload"] == 0.1 and got["forward"] == 0.2 and got["item"] == pytest.approx(0.85)
+    assert "backward" not in got   # a phase never marked has no figure
+    assert timeline.boundary(server, []) == {}
+
+
 def test_the_timeline_reads_the_servers_gzipped_chrome_trace():
     data = gzip.compress(json.dumps({"traceEvents": [_event("rgpu OP", 1, 2)]}).encode())
     assert timeline.load(data) == [_event("rgpu OP", 1, 2)]
     assert timeline.steps(timeline.load(data)) == {}  # no wait, no step
 
 
-def test_bench_train_traces_its_steps_pinned_apart_from_its_own_server(tmp_path):
+def test_bench_train_traces_its_steps_on_both_ends_pinned_apart_from_its_own_server(tmp_path):
     import os
     import subprocess
     import sys
@@ -90,9 +107,13 @@ def test_bench_train_traces_its_steps_pinned_apart_from_its_own_server(tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = {r["metric"]: r for r in json.loads(out.stdout)}
     assert rows["max |loss - native loss| over 3 warm-up steps"]["value"] < 1e-4
-    traced = {m.split(": ")[-1]: r["value"] for m, r in rows.items() if "(server trace" in m}
-    assert set(traced) == {"wall", "server_busy", "server_waiting", "client_gap"}  # a CPU server: no GPU rows
+    traced = {m.split(": ")[-1]: r["value"] for m, r in rows.items() if "(traced, median" in m}
+    assert set(traced) == {"wall", "server_busy", "server_waiting", "client_gap",   # a CPU server: no GPU rows
+                           *timeline.BOUNDARY_FIGURES}
     assert 0 < traced["server_busy"] <= traced["wall"]
+    assert traced["reply_to_client"] + traced["client_between_steps"] <= traced["client_gap"] + 1e-6
     assert timeline.steps(timeline.load(trace.read_bytes()))["steps"] >= 2
     assert "aten::" in Path(str(trace) + ".txt").read_text()
+    client = timeline.load(Path(str(trace) + ".client").read_bytes())
+    assert {e["name"] for e in client if e["name"].startswith("step: ")} == {f"step: {p}" for p in timeline.PHASES}
     assert "RGPU_SERVER is not set" not in out.stderr  # --pin started the bench's own server
