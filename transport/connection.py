@@ -5,14 +5,10 @@
   bytes). Small buffers are copied at the call; big ones are written before
   ``post()`` returns, so the caller may always reuse its memory afterwards.
 - ``request()`` writes on the caller's thread when nothing is queued (a thread
-  hand-off costs a cross-core wake-up each way), and whichever waiting thread
-  gets the receive lock reads frames and hands each reply to its future.
-- A post that fails on the server comes back as an ERROR frame with no request
-  waiting for it; the first is kept and raised once, at the next wait for a request
-  sent after that post.
-- A write never waits on a full socket while replies are due: the writer reads them
-  meanwhile (``_drain_while_blocked``), because the server, blocked writing a reply
-  nobody reads, would never read our write.
+  hand-off costs a cross-core wake-up each way); ``call()`` of a lone request
+  writes and reads on the caller's thread with no future at all.
+- Replies, futures, a failed post's error and the reading while a write is blocked
+  are the receiving half, ``connection_recv.py``.
 """
 from __future__ import annotations
 
@@ -22,57 +18,16 @@ import time
 from collections import deque
 from typing import Any, Sequence
 
-from rgpu.errors import ConnectionLost, ProtocolError, RemoteError, RgpuError, SessionLost, Timeout, VersionMismatch
+from rgpu.errors import ConnectionLost, ProtocolError, RemoteError, RgpuError, Timeout, VersionMismatch
 
 from .base import Transport
 from .buffers import BufferPool, as_bytes_view, writable_view
-from .wire import Frame, Limits, MsgKind, encode_prefix, pack_meta
+from .connection_recv import Future, Receiving, Reply
+from .wire import Limits, MsgKind, encode_prefix, pack_meta
 
+__all__ = ["Connection", "Future", "Reply"]
 
-_POST, _REQUEST, _REPLY, _ERROR = MsgKind.POST, MsgKind.REQUEST, MsgKind.REPLY, MsgKind.ERROR
-
-
-class Reply:
-    """A request's answer: ``meta`` and ``buffers`` (pool memory until ``release()``)."""
-
-    __slots__ = ("meta", "buffers", "_frame")
-
-    def __init__(self, frame: Frame):
-        self.meta = frame.meta
-        self.buffers = frame.buffers
-        self._frame = frame
-
-    def release(self) -> None:
-        self._frame.release()
-
-
-class Future:
-    """The pending answer to one request; ``result()`` waits (and may do the reading)."""
-
-    __slots__ = ("_conn", "seq", "into", "_reply", "_error", "done")
-
-    def __init__(self, conn: "Connection", seq: int, into):
-        self._conn, self.seq, self.into = conn, seq, into
-        self._reply: Reply | None = None
-        self._error: BaseException | None = None
-        self.done = False
-
-    def result(self, timeout: float | None = None) -> Reply:
-        if not self.done:
-            self._conn._wait(self, timeout)
-        if self._conn._async_error is not None:
-            err = self._conn.take_async_error(self.seq)   # a post before this request failed: it wins
-            if err is not None:
-                raise err
-        if self._error is not None:
-            raise self._error
-        return self._reply
-
-
-def _remote_error(meta) -> RemoteError:
-    meta = meta if isinstance(meta, dict) else {}
-    return RemoteError(str(meta.get("message", "remote call failed")), op=meta.get("op"),
-                       remote_type=meta.get("type"))
+_POST, _REQUEST = MsgKind.POST, MsgKind.REQUEST
 
 
 def _packed_parts(seq: int, meta: bytes, views) -> list:
@@ -80,7 +35,7 @@ def _packed_parts(seq: int, meta: bytes, views) -> list:
     return [encode_prefix(_POST, seq, 0, meta, [v.nbytes for v in views]), *views]
 
 
-class Connection:
+class Connection(Receiving):
     def __init__(self, transport: Transport, settings, welcome: dict | None = None,
                  limits: Limits | None = None, pool: BufferPool | None = None):
         self.transport = transport
@@ -208,37 +163,6 @@ class Connection:
         self.transport.send(self.transport.frame_parts(_REQUEST, seq, 0, meta, views))
         return sum([v.nbytes for v in views]), None, into
 
-    def _read_reply(self, seq: int, into, frame: Frame | None = None) -> Reply:
-        """Frames until request ``seq``'s answer (this thread is the reader); earlier posts' errors first."""
-        recv, limits, pool = self.transport.recv_frame, self.limits, self.pool
-        want = (lambda kind, s, lengths: into if kind is _REPLY and s == seq else None) if into is not None else None
-        while True:
-            if frame is None:
-                try:
-                    frame = recv(limits, pool, want)
-                except RgpuError as exc:
-                    self._fail(exc)
-                    raise self._dead from None
-            if frame.seq == seq and (frame.kind is _REPLY or frame.kind is _ERROR):
-                break
-            try:
-                self._dispatch(frame)             # a failed post's error, a BYE
-            except RgpuError as exc:
-                self._fail(exc)
-                raise self._dead from None
-            frame = None
-        if frame.buffers:
-            self.stats["bytes_in"] += sum([b.nbytes for b in frame.buffers])
-        if self._async_error is not None:
-            err = self.take_async_error(seq)      # a post before this request failed: it wins
-            if err is not None:
-                frame.release()
-                raise err
-        if frame.kind is _ERROR:
-            frame.release()
-            raise _remote_error(frame.meta)
-        return Reply(frame)
-
     def _submit(self, kind: MsgKind, meta, buffers: Sequence, fut: Future | None) -> int:
         views = [as_bytes_view(b) for b in buffers]
         nbytes = 0
@@ -351,140 +275,6 @@ class Connection:
         self._send_lock.release()
         if self._dead:
             raise self._dead
-
-    def _drain_while_blocked(self) -> bool | None:
-        """The transport's ``on_block``: our write waits on the server; read the replies it may be blocked on."""
-        try:
-            oldest = next(iter(self._pending), None)
-        except RuntimeError:                      # changed under us by the reader: look again next time
-            return False
-        if oldest is None or oldest >= self._sending_seq:
-            return None                           # no reply can come before this write ends
-        with self._rcv_lock:
-            if self._reading:
-                return False                      # another thread reads for us
-            self._reading = True
-        try:
-            if self.transport_readable(0):
-                self._dispatch(self.transport.recv_frame(self.limits, self.pool, self._into_for))
-        finally:
-            self._end_read()
-        return True
-
-    # ---- receiving -----------------------------------------------------------------
-
-    def _wait(self, fut: Future, timeout: float | None) -> None:
-        if timeout is None and self._request_timeout > 0:
-            timeout = self._request_timeout
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not fut.done:
-            with self._rcv_lock:
-                if fut.done:
-                    break
-                if self._reading:                 # another thread reads: it will hand us our reply
-                    self._waiters += 1
-                    try:
-                        self._rcv.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
-                    finally:
-                        self._waiters -= 1
-                    if deadline is not None and time.monotonic() >= deadline and not fut.done:
-                        raise Timeout(f"no answer to request {fut.seq} within {timeout} s")
-                    continue
-                self._reading = True
-            try:
-                if deadline is not None and not self.transport_readable(deadline - time.monotonic()):
-                    raise Timeout(f"no answer to request {fut.seq} within {timeout} s")
-                self._dispatch(self.transport.recv_frame(self.limits, self.pool, self._into_for))
-            except Timeout:
-                raise
-            except RgpuError as exc:
-                self._fail(exc)
-            finally:
-                self._end_read()
-
-    def _end_read(self) -> None:
-        with self._rcv_lock:
-            self._reading = False
-            if self._waiters:
-                self._rcv.notify_all()
-
-    def transport_readable(self, timeout: float) -> bool:
-        readable = getattr(self.transport, "readable", None)
-        return True if readable is None else readable(max(0.0, timeout))
-
-    def _into_for(self, kind: int, seq: int, lengths: list):
-        fut = self._pending.get(seq) if kind is _REPLY else None
-        return fut.into if fut is not None else None
-
-    def _dispatch(self, frame: Frame) -> None:
-        if frame.buffers:
-            self.stats["bytes_in"] += sum([b.nbytes for b in frame.buffers])
-        if frame.kind is _REPLY:  # the common case first
-            fut = self._pending.pop(frame.seq, None)
-            if fut is not None:
-                fut._reply = Reply(frame)
-                fut.done = True
-                return
-        if frame.kind is _REPLY or frame.kind is _ERROR:  # (a reply to no request: refused below)
-            fut = self._pending.pop(frame.seq, None)
-            if fut is None:
-                frame.release()
-                if frame.kind == MsgKind.ERROR:   # a post failed: raise at the next wait
-                    if self._async_error is None:
-                        self._async_error = (frame.seq, _remote_error(frame.meta))
-                    return
-                raise ProtocolError(f"seq: reply to unknown request {frame.seq}")
-            if frame.kind == MsgKind.ERROR:
-                frame.release()
-                fut._error = _remote_error(frame.meta)
-            else:
-                fut._reply = Reply(frame)
-            fut.done = True
-        elif frame.kind == MsgKind.BYE:
-            meta = frame.meta if isinstance(frame.meta, dict) else {}
-            reason = meta.get("reason") or "no reason given"
-            if meta.get("error") == "ProtocolError":  # the server refused a frame of ours
-                raise ProtocolError(f"the server closed the session: {reason}")
-            raise SessionLost(f"the server ended the session: {reason}")
-        else:
-            frame.release()
-            raise ProtocolError(f"kind: unexpected {frame.kind.name} from the server")
-
-    def _why_lost(self, exc: RgpuError) -> RgpuError:
-        """A write failed: a BYE the server sent before hanging up says why (a frame over its limit, say)."""
-        if not isinstance(exc, ConnectionLost):
-            return exc
-        with self._rcv_lock:
-            if self._reading:
-                return exc
-            self._reading = True
-        try:
-            for _ in range(64):  # replies queued before the BYE are handed out on the way
-                if not self.transport_readable(0):
-                    break
-                self._dispatch(self.transport.recv_frame(self.limits, self.pool, self._into_for))
-        except (ProtocolError, SessionLost) as reason:
-            return reason
-        except RgpuError:
-            pass
-        finally:
-            self._end_read()
-        return exc
-
-    def _raise_async_error(self) -> None:
-        err = self.take_async_error()
-        if err is not None:
-            raise err
-        if self._dead:
-            raise self._dead
-
-    def take_async_error(self, before: int | None = None) -> RemoteError | None:
-        """The kept error of a failed post (only one sent before ``before``), forgotten once taken."""
-        kept = self._async_error
-        if kept is None or (before is not None and kept[0] >= before):
-            return None
-        self._async_error = None
-        return kept[1]
 
     # ---- failure and close -------------------------------------------------------------
 
