@@ -114,6 +114,7 @@ def use(conn, C=None) -> Session:
         else:
             registration.claim_composites(_session.C, fast)
             atexit.register(lambda: _session is not None and _session.close())
+            atexit.register(registration.settle_autograd_at_exit)  # runs first (last in, first out)
         from . import torch_rgpu
 
         torch_rgpu.send_pending_seeds(_session)
