@@ -90,7 +90,6 @@ def _serve() -> int:
 def _gpu_busy(torch, step, batches: list, n: int) -> dict:
     """ms per step: wall, and the union of the GPU's kernels, copies and memsets (``timeline``'s measure)."""
     import importlib.util
-    import tempfile
 
     spec = importlib.util.spec_from_file_location("timeline", HERE / "timeline.py")  # not through rgpu's package
     timeline = importlib.util.module_from_spec(spec)
@@ -101,9 +100,7 @@ def _gpu_busy(torch, step, batches: list, n: int) -> dict:
         for i in range(n):
             step(*batches[i % len(batches)])
         wall = (time.perf_counter() - t0) / n * 1e3
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        prof.export_chrome_trace(f.name)
-        events = json.load(open(f.name))["traceEvents"]
+    events = json.loads(timeline.export(prof))["traceEvents"]
     return {"wall": wall, "gpu_busy": timeline.gpu_busy(events) / n}
 
 

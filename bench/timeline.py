@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import statistics
+import tempfile
 
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 SPAN_PREFIX = "rgpu "
@@ -42,10 +44,7 @@ def load(data: bytes) -> list[dict]:
 
 def steps(events: list[dict]) -> dict:
     """The figures above (ms) and the number of steps they are the median of; {} for fewer than 2 steps."""
-    gpu = sorted(_span(e) for e in events if e.get("cat") in GPU_CATEGORIES and "dur" in e)
-    named = sorted((*_span(e), e["name"]) for e in events  # the CPU's spans ("gpu_user_annotation" mirrors them)
-                   if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith(SPAN_PREFIX)
-                   and "dur" in e)
+    gpu, named = _gpu_spans(events), _message_spans(events)
     msgs = [(start, end) for start, end, _ in named]
     ends = [end for _, end, name in named if name in STEP_ENDS]
     rows = []
@@ -65,9 +64,7 @@ def steps(events: list[dict]) -> dict:
 
 def boundary(server: list[dict], client: list[dict]) -> dict:
     """The client's side of each step's start, and its phases (ms, medians; see above); {} without marks."""
-    named = sorted((*_span(e), e["name"]) for e in server
-                   if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith(SPAN_PREFIX)
-                   and "dur" in e)
+    named = _message_spans(server)
     marks = {phase: sorted(_span(e) for e in client if e.get("name") == "step: " + phase and "dur" in e)
              for phase in PHASES}
     got: dict[str, list[float]] = {name: [] for name in BOUNDARY_FIGURES}
@@ -89,8 +86,28 @@ def boundary(server: list[dict], client: list[dict]) -> dict:
 
 def gpu_busy(events: list[dict]) -> float:
     """ms the GPU ran anything over the whole trace (the native reference's measure)."""
-    gpu = sorted(_span(e) for e in events if e.get("cat") in GPU_CATEGORIES and "dur" in e)
-    return _union(gpu, float("-inf"), float("inf")) / 1e3
+    return _union(_gpu_spans(events), float("-inf"), float("inf")) / 1e3
+
+
+def export(prof) -> bytes:
+    """A finished torch.profiler's Chrome trace, as the JSON bytes ``export_chrome_trace`` writes."""
+    with tempfile.TemporaryDirectory(prefix="rgpu-trace-") as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path, "rb") as f:
+            return f.read()
+
+
+def _gpu_spans(events: list[dict]) -> list[tuple[float, float]]:
+    """(start, end) of every kernel, copy and memset, sorted."""
+    return sorted(_span(e) for e in events if e.get("cat") in GPU_CATEGORIES and "dur" in e)
+
+
+def _message_spans(events: list[dict]) -> list[tuple[float, float, str]]:
+    """(start, end, name) of the server's message spans, sorted (the CPU's: "gpu_user_annotation" mirrors them)."""
+    return sorted((*_span(e), e["name"]) for e in events
+                  if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith(SPAN_PREFIX)
+                  and "dur" in e)
 
 
 def _span(e: dict) -> tuple[float, float]:

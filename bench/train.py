@@ -110,8 +110,8 @@ def rows(args=None, profile: str | None = None) -> list[dict]:
             per_step[dev].append((time.perf_counter() - t0) / steps * 1e3)
         for key, run in natives.items():
             per_step[key].append(run.block(steps))
-    traced = getattr(args, "trace", None) and native == "cuda"  # native's GPU time beside the server's trace
-    native_traces = {key: run.trace(steps) for key, run in natives.items()} if traced else {}
+    trace = getattr(args, "trace", None)  # native's GPU time beside the server's trace
+    native_traces = {key: run.trace(steps) for key, run in natives.items()} if trace and native == "cuda" else {}
     for run in natives.values():
         run.close()
     model, opt = runs["rgpu"]
@@ -151,7 +151,6 @@ def rows(args=None, profile: str | None = None) -> list[dict]:
                            statistics.median(ms), base, med[native], [min(ms), max(ms)]))
         out.append(row("max |loss - native loss| over 3 warm-up steps, compiled", "abs",
                        _max_diff(warm[COMPILED], warm[native])))
-    trace = getattr(args, "trace", None)
     if trace:
         for key, (model, opt) in runs.items():
             out += _trace_rows(trace + (".compiled" if key == COMPILED else ""), key,
@@ -294,7 +293,6 @@ def _trace(path: str, run) -> dict:
     table to ``path.txt``, and this process's (its CPU, each step's phases marked) to ``path.client``;
     returns ``timeline.steps`` of the first and ``timeline.boundary`` of both (where each step's time went)."""
     import gzip
-    import tempfile
 
     import torch
 
@@ -306,9 +304,7 @@ def _trace(path: str, run) -> dict:
     s.post([Msg.PROFILE, "start", "trace"])
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as client:
         run(torch.profiler.record_function)
-    with tempfile.TemporaryDirectory() as tmp:   # the client's trace, on the server's clock (one host)
-        client.export_chrome_trace(tmp + "/client.json")
-        client_data = gzip.compress(Path(tmp + "/client.json").read_bytes(), compresslevel=3)
+    client_data = gzip.compress(timeline.export(client), compresslevel=3)   # on the server's clock (one host)
     Path(path + ".client").write_bytes(client_data)
     with s.lock:
         fut = s.conn.request([Msg.PROFILE, "stop", 40])
@@ -329,7 +325,7 @@ def _trace_rows(path: str, key: str, run, row) -> list[dict]:
 
     figures = _trace(path, run)
     what = "compiled step" if key == COMPILED else "step"
-    return [row(f"{what} (traced, median of {figures['steps']} steps): {name}", "ms", figures[name])
+    return [row(f"{what} (traced, median of {figures.get('steps', 0)} steps): {name}", "ms", figures[name])
             for name in (*timeline.STEP_FIGURES, *timeline.BOUNDARY_FIGURES) if name in figures]
 
 

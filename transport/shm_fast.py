@@ -6,7 +6,7 @@ target of a fifth of tcp's). In C the ring's writes, waits and reads cost well
 under a microsecond each, and a waiting thread spins without the GIL.
 
 ``load()`` returns the compiled module or None (no cffi, no C compiler,
-``RGPU_SHM_FAST=0``, not x86-64); ``why_not()`` says which. Either end may have
+``RGPU_SHM_C=0``, not x86-64); ``why_not()`` says which. Either end may have
 it or not: the records are the same, so the Python path stays the reference.
 Built into ``$XDG_CACHE_HOME/rgpu/shm/<key>/`` (``~/.cache``), key: the C
 source, Python and cffi versions.

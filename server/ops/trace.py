@@ -1,14 +1,19 @@
-"""A session's server timeline: torch.profiler over the executor's CPU and the GPU, each message a named span.
+"""A session's profilers (``Msg.PROFILE``): ``Calls``, a cProfile of the executor's Python, and ``Trace``,
+torch.profiler over the executor's CPU and the GPU with each message a named span.
 
-``rgpu bench train --trace FILE`` starts it with ``[Msg.PROFILE, "start", "trace"]`` and stops it with
-``[Msg.PROFILE, "stop", N]``; the reply carries the Chrome trace, gzipped, which ``rgpu.bench.timeline``
-reads (GPU busy and idle per step, where the server's time goes). The spans are added only while a trace
-runs: the handlers are wrapped then and put back after, so the hot path pays nothing otherwise.
+``rgpu bench train --profile`` starts the first with ``[Msg.PROFILE, "start"]``, ``--trace FILE`` the
+second with ``[Msg.PROFILE, "start", "trace"]``; ``[Msg.PROFILE, "stop", N]`` ends either (``stop``:
+the text, and the trace's gzipped Chrome trace as the reply's one buffer, which ``rgpu.bench.timeline``
+reads); ``cancel`` ends one and drops what it recorded. A trace's spans are added only while it runs:
+the handlers are wrapped then and put back after, so the hot path pays nothing otherwise.
 """
 from __future__ import annotations
 
+import cProfile
 import gzip
+import io
 import os
+import pstats
 import tempfile
 
 import torch
@@ -16,6 +21,22 @@ import torch
 from rgpu.ops_protocol import Msg
 
 SPAN_PREFIX = "rgpu "  # a span per message: "rgpu OP", "rgpu RUN", "rgpu DOWNLOAD", ...
+
+
+class Calls:
+    def __init__(self):
+        self._prof = cProfile.Profile()
+        self._prof.enable()
+
+    def cancel(self) -> None:
+        self._prof.disable()
+
+    def stop(self, top: int) -> tuple[str, list]:
+        """The top ``top`` functions by their own time, as text; no buffers."""
+        self.cancel()
+        text = io.StringIO()
+        pstats.Stats(self._prof, stream=text).sort_stats("tottime").print_stats(top)
+        return text.getvalue(), []
 
 
 class Trace:
@@ -36,8 +57,8 @@ class Trace:
         self._prof.__exit__(None, None, None)
         self._handlers.update(self._originals)
 
-    def stop(self, top: int) -> tuple[str, bytes]:
-        """The profiler's table of the top ``top`` ops by self CPU time, and the gzipped Chrome trace."""
+    def stop(self, top: int) -> tuple[str, list]:
+        """The profiler's table of the top ``top`` ops by self CPU time, and [the gzipped Chrome trace]."""
         self.cancel()
         fd, path = tempfile.mkstemp(suffix=".json")
         os.close(fd)
@@ -48,7 +69,7 @@ class Trace:
         finally:
             os.unlink(path)
         text = self._prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
-        return text, data
+        return text, [data]
 
 
 def _spanned(name: str, handler):

@@ -18,7 +18,7 @@ from rgpu.server.ops.handles import DTYPE_BY_CODE, HandleTable, Poisoned, dtype_
 from rgpu.ops_protocol import Msg
 from rgpu.server.ops.as_on_cuda import CPU_ADAPT, CPU_RESULTS
 from rgpu.server.ops.resolve import OpRefused, Resolved, resolve
-from rgpu.server.ops.trace import Trace
+from rgpu.server.ops.trace import Calls, Trace
 
 from .base import Executor as BaseExecutor
 from .base import OpFailed
@@ -367,35 +367,17 @@ class Executor(BaseExecutor):
         """Where this session's server time goes: ``["start"]`` a cProfile of the executor (``rgpu bench
         train --profile``), ``["start", "trace"]`` torch.profiler's timeline of its CPU and GPU (``--trace``);
         ``["stop", top N]`` -> the text, and with a trace its gzipped Chrome trace as the reply's buffer."""
-        import cProfile
-        import io
-        import pstats
-
         if meta[1] == "start":
             self._stop_profiling()
-            if len(meta) > 2 and meta[2] == "trace":
-                self.profiler = Trace(self.handlers, self.kind == "cuda")
-            else:
-                self.profiler = cProfile.Profile()
-                self.profiler.enable()
+            self.profiler = Trace(self.handlers, self.kind == "cuda") if meta[2:3] == ["trace"] else Calls()
             return None
-        if self.profiler is None:
+        profiler, self.profiler = self.profiler, None
+        if profiler is None:
             return "", []
-        top = int(meta[2]) if len(meta) > 2 else 40
-        if isinstance(self.profiler, Trace):
-            text, trace = self.profiler.stop(top)
-            self.profiler = None
-            return text, [trace]
-        self.profiler.disable()
-        text = io.StringIO()
-        pstats.Stats(self.profiler, stream=text).sort_stats("tottime").print_stats(top)
-        self.profiler = None
-        return text.getvalue(), []
+        return profiler.stop(int(meta[2]) if len(meta) > 2 else 40)
 
     def _stop_profiling(self) -> None:
         """A second start, or the session's end, ends a running one quietly (its results are dropped)."""
-        if isinstance(self.profiler, Trace):
+        if self.profiler is not None:
             self.profiler.cancel()
-        elif self.profiler is not None:
-            self.profiler.disable()
         self.profiler = None
