@@ -72,6 +72,7 @@ TABLE: tuple[Setting, ...] = (
     Setting("tls_key", "RGPU_TLS_KEY", None, _optional(str), "rgpu serve --tls-key", "server private key (PEM)"),
     Setting("tls_ca", "RGPU_TLS_CA", None, _optional(str), "", "client: CA bundle to trust for the server certificate"),
     Setting("tls_fingerprint", "RGPU_TLS_FINGERPRINT", None, _optional(str), "", "client: SHA-256 fingerprint of the server certificate to pin"),
+    Setting("server_c", "RGPU_SERVER_C", True, _bool, "", "server: the ops route's common op in C++ (built with torch on first use, cached); 0: all in Python"),
     Setting("device", "RGPU_DEVICE", "auto", _choice("auto", "cuda", "cpu"), "rgpu serve --device", "where the server runs ops: cuda when there is a GPU, else cpu"),
     Setting("devices", "RGPU_DEVICES", 1, int, "rgpu serve --devices", "number of CPU devices the cpu executor exposes (rgpu:0..N-1)"),
     Setting("cuda_driver", "RGPU_CUDA_DRIVER", "auto", _choice("auto", "real", "fake"), "rgpu serve --cuda-driver", "driver behind the cuda route: real on a GPU host, else fake"),
@@ -112,6 +113,7 @@ class Settings:
     tf32: bool
     shm_c: bool
     shm_spin_us: float
+    server_c: bool
     sim_rtt_ms: float
     post_batch_count: int
     post_batch_bytes: int

@@ -6,6 +6,8 @@
     server.connect(route, **settings)  a Connection to it, closed when the server fixture ends
     echo_conn              a fresh echo-route tcp connection to ``rgpu_server``, closed after the test
 
+The server's C++ op path (``server/ops/fast_op.py``) is built once, before the first test.
+
 The hypothesis profile ``rgpu-fuzz`` (10^4 cases) is what the wire fuzz tests run;
 ``RGPU_FUZZ_EXAMPLES`` changes the count without touching other tests' settings.
 """
@@ -147,6 +149,15 @@ def _watchdog(request):
     timer.start()
     yield
     timer.cancel()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _server_op_path():
+    """The server's C++ op path built before any server starts: its workers load it, never build it, so
+    without this the tests' servers would run ops through Python until a background build lands."""
+    from rgpu.server.ops import fast_op
+
+    fast_op.load()
 
 
 @pytest.fixture(scope="session")

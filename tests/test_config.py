@@ -21,6 +21,7 @@ SAMPLES = {
     "RGPU_TOKEN_FILE": ("/tmp/t", "/tmp/t"),
     "RGPU_TRANSPORT": ("shm", "shm"),
     "RGPU_SHM_C": ("0", False),
+    "RGPU_SERVER_C": ("0", False),
     "RGPU_SHM_SPIN_US": ("2000", 2000.0),
     "RGPU_TLS": ("yes", True),
     "RGPU_TLS_CERT": ("/c.pem", "/c.pem"),

@@ -14,8 +14,19 @@ from rgpu.server.routes.ops import Executor
 F32 = CODE_BY_DTYPE[torch.float32]
 
 
+SERVER_C = [True]  # which op path executor() makes: the C++ one, or all of it in Python
+
+
+@pytest.fixture(autouse=True, params=[True, False], ids=["cpp", "python"])
+def op_path(request):
+    """Every test here runs on the C++ op path and on the Python one (the reference)."""
+    SERVER_C[0] = request.param
+    yield request.param
+    SERVER_C[0] = True
+
+
 def executor(**settings) -> Executor:
-    s = config.settings(environ={}, device="cpu", **settings)
+    s = config.settings(environ={}, device="cpu", **{"server_c": SERVER_C[0], **settings})
     return Executor(Session(id="t", route="ops", settings=s))
 
 

@@ -17,7 +17,7 @@ def test_import_rgpu_server_neither_builds_nor_loads_the_cpp_part():
         # torch already there loads a built C++ part at once: generators need its hooks)
         "import sys, rgpu.server, torch, rgpu.server.routes.ops\n"
         "from rgpu.device_backend import build\n"
-        "assert build._module is None, 'loaded'\n"
+        "assert build._EXTENSION.module is None, 'loaded'\n"
         "assert not [m for m in sys.modules if m.startswith('rgpu_device_')], 'extension in sys.modules'\n"
         "assert torch._C._get_privateuse1_backend_name() == 'rgpu'\n"
         "print('ok')\n")

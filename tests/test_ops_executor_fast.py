@@ -19,6 +19,17 @@ aten = torch.ops.aten
 U8 = CODE_BY_DTYPE[torch.uint8]
 
 
+SERVER_C = [True]  # which op path Mirror's executor takes: the C++ one, or all of it in Python
+
+
+@pytest.fixture(autouse=True, params=[True, False], ids=["cpp", "python"])
+def op_path(request):
+    """Every test here runs on the C++ op path and on the Python one (the reference)."""
+    SERVER_C[0] = request.param
+    yield request.param
+    SERVER_C[0] = True
+
+
 class V:
     """A tensor argument: ``size``/``stride``/``offset`` (elements) of storage ``sid``."""
 
@@ -34,7 +45,7 @@ class Mirror:
     """An executor and a CPU copy of every storage, driven op for op."""
 
     def __init__(self):
-        s = config.settings(environ={}, device="cpu")
+        s = config.settings(environ={}, device="cpu", server_c=SERVER_C[0])
         self.ex = Executor(Session(id="t", route="ops", settings=s))
         self.cpu: dict[int, torch.Tensor] = {}  # sid -> uint8 bytes
         self.index: dict = {}

@@ -38,11 +38,13 @@ class OpRefused(Exception):
 class Resolved:
     """A runnable op (the op, or its substitute here) and what the executor needs to know of its schema."""
 
-    __slots__ = ("name", "op", "call", "mutable", "checked", "outs", "generator", "tensor_args", "wrap_numbers", "adapt", "fix")
+    __slots__ = ("name", "op", "call", "substituted", "fast", "mutable", "checked", "outs", "generator", "tensor_args", "wrap_numbers", "adapt", "fix")
 
     def __init__(self, name: str, op, run=None):
         self.name, self.op = name, run or op
         self.call = run or op._op  # what runs it: the overload's C++ callable, one Python frame fewer
+        self.substituted = run is not None
+        self.fast = False  # whether the executor's C++ op path runs it (FastOps.define)
         args = op._schema.arguments
         # positions and keyword names of arguments the op writes: they share the fate of a failure
         self.mutable = [(i, a.name, a.kwarg_only) for i, a in enumerate(args)

@@ -1,4 +1,4 @@
-"""Big uploads in pieces (``Msg.UPLOAD_PART``): each piece lands at its byte offset as it arrives.
+"""Uploads: big ones in pieces (``Msg.UPLOAD_PART``) landing at their offsets, whole ones through a pinned ring.
 
 Why pieces: a gigabyte sent as one frame holds every small op behind it until the
 last byte is in, and the copy to the GPU could only start then. In pieces of at
@@ -13,12 +13,23 @@ frame's memory goes back to the client when ``handle`` returns, so that copy
 finishes first; the pipeline is the client writing piece k+1 into its segment
 while this side's DMA moves piece k. A registration ends (``cudaHostUnregister``)
 once the transport has let its segment go, before the mapping can be unmapped.
+
+A whole upload (``Msg.UPLOAD``: a training step's batch) copied to the GPU from the
+frame's pageable memory would hold this thread until the GPU had finished all it
+was given before. On a GPU it goes through a ``Ring`` instead: copied into pinned
+memory here, then to the device asynchronously on the current stream, where later
+ops run after it. Each copy records an event; a span of the ring is reused once the
+event of the copy that last read it is done, so an upload waits for the GPU only
+when the ring is full of pending copies. An upload bigger than the ring goes
+through the slots; a strided destination, or a ring that would not pin, is copied
+plainly.
 """
 from __future__ import annotations
 
 import logging
 import mmap
 import sys
+from collections import deque
 
 import numpy as np
 import torch
@@ -29,6 +40,8 @@ log = logging.getLogger("rgpu.server.uploads")
 
 SLOTS = 3                 # staging slots: one being filled, one crossing PCIe, one spare
 SLOT_BYTES = 8 << 20      # the client's largest piece
+RING_BYTES = 4 << 20      # whole uploads' staging, per GPU: a step's batch (2 x 128 KiB) many times over
+RING_ALIGN = 256          # each upload's span starts at a multiple of this
 
 
 class UploadError(Exception):
@@ -94,29 +107,129 @@ class _Slot:
         self.done: torch.cuda.Event | None = None
 
 
+def _send(dst: torch.Tensor, host: torch.Tensor, done) -> None:
+    dst.copy_(host, non_blocking=True)  # on dst's device's current stream, where later ops run after it
+    done.record(torch.cuda.current_stream(dst.device))  # that device's stream, not the current device's
+
+
+class Ring:
+    """Pinned staging for whole uploads, handed out front to back; a span is reused only once the copy that
+    last read it is done.
+
+    ``event()`` makes the marks recorded after each copy (``torch.cuda.Event``: ``query``, ``synchronize``);
+    ``send(dst, host, done)`` queues the copy of ``host`` into ``dst`` and records ``done`` after it. Both
+    can be swapped, so the bookkeeping runs without a GPU. The caller pins ``host`` (``cudaHostRegister``).
+    """
+
+    def __init__(self, nbytes: int = RING_BYTES, event=torch.cuda.Event, send=_send):
+        # a mapping of its own: page-aligned, so its registration shares no page with another one
+        self.mapping = mmap.mmap(-1, nbytes)
+        self.host = torch.frombuffer(self.mapping, dtype=torch.uint8)
+        self.bytes = self.host.numpy()
+        self.event, self.send = event, send
+        self.head = 0                   # where the next span may start, in bytes handed out since the start
+        self.pending: deque = deque()   # (start, event) of copies that may still read their span, oldest first
+        self.spare: list = []           # events of finished copies, recorded again rather than made anew
+        self.waits = 0                  # times the ring was full of pending copies and waited for the oldest
+
+    def put(self, dst: torch.Tensor, data: memoryview) -> bool:
+        """``data`` copied into the ring now, then to ``dst`` (its bytes) asynchronously; False when too big."""
+        n, size = data.nbytes, self.bytes.nbytes
+        if n > size:
+            return False
+        start = -(-self.head // RING_ALIGN) * RING_ALIGN
+        if start % size + n > size:  # a span never wraps: the ring's end is skipped
+            start += size - start % size
+        # positions only grow, so the span overlaps a pending copy's exactly when it reaches a ring's
+        # length past the oldest one's start; finished copies are retired only when the space is needed
+        while self.pending and start + n - self.pending[0][0] > size:
+            done = self.pending.popleft()[1]
+            if not done.query():
+                done.synchronize()  # full of pending copies: wait for the oldest (rare)
+                self.waits += 1
+            self.spare.append(done)
+        at = start % size
+        np.copyto(self.bytes[at:at + n], np.frombuffer(data, dtype=np.uint8))  # out of the frame before it goes back
+        done = self.spare.pop() if self.spare else self.event()
+        self.send(dst, self.host[at:at + n], done)
+        self.pending.append((start, done))
+        self.head = start + n
+        return True
+
+    def drain(self) -> None:
+        """Waits for every pending copy: nothing reads the ring after this."""
+        while self.pending:
+            self.pending.popleft()[1].synchronize()
+
+
 class Uploads:
-    """The session's piecewise uploads (pinned staging slots made on the first piece, on a GPU)."""
+    """The session's uploads (pinned staging slots made on the first piece, a ring on a GPU's first whole one)."""
 
     def __init__(self, table: HandleTable, on_gpu: bool):
         self.table, self.on_gpu = table, on_gpu
         self.slots: list[_Slot] = []
         self.next = 0
         self.pinned = Pinned()
-        # how pieces went (UPLOAD_INFO): each way, by DMA from or to shm segments, staged, or on the CPU
-        self.pieces = {"cpu": 0, "dma from shm": 0, "staged": 0, "dma to shm": 0, "to host memory": 0}
+        self.rings: dict[int, Ring | None] = {}  # by GPU; None where it would not pin
+        self.ring_failed = False
+        # how pieces went (UPLOAD_INFO): each way, by DMA from or to shm segments, staged, or on the CPU;
+        # and whole uploads to a GPU: through the ring, through the slots (bigger than it), or plainly
+        self.pieces = {"cpu": 0, "dma from shm": 0, "staged": 0, "dma to shm": 0, "to host memory": 0,
+                       "whole by ring": 0, "whole staged": 0, "whole plain": 0}
 
     def info(self, meta, buffers):
-        return {"pieces": dict(self.pieces), "registered_bytes": sum(r.nbytes for r in self.pinned.entries.values()),
-                "slots_pinned": sum(s.registered for s in self.slots), "register_failed": self.pinned.failed}, []
+        rings = [r for r in self.rings.values() if r is not None]
+        return {"pieces": dict(self.pieces, **{"ring full": sum(r.waits for r in rings)}),
+                "registered_bytes": sum(r.nbytes for r in self.pinned.entries.values()),
+                "slots_pinned": sum(s.registered for s in self.slots), "register_failed": self.pinned.failed,
+                "ring_bytes": sum(r.bytes.nbytes for r in rings)}, []
 
     def close(self) -> None:
-        if self.pinned.entries or self.slots:
-            torch.cuda.synchronize()
+        if self.pinned.entries or self.slots or self.rings:
+            torch.cuda.synchronize()  # no copy reads what is unregistered next
             self.pinned.close()
             for slot in self.slots:
                 if slot.registered:
                     torch.cuda.cudart().cudaHostUnregister(slot.host.data_ptr())
             self.slots = []
+            for index, ring in self.rings.items():
+                if ring is not None:
+                    ring.drain()  # its GPU may not be the current one, which is all synchronize() waits for
+                    with torch.cuda.device(index):
+                        torch.cuda.cudart().cudaHostUnregister(ring.host.data_ptr())
+            self.rings = {}
+
+    def whole(self, dst: torch.Tensor, buf: memoryview) -> None:
+        """A whole upload into ``dst`` on a GPU: ``buf`` (the frame's) is copied out before this returns,
+        the copy to the device is queued on its current stream and runs after what came before."""
+        if dst.is_contiguous() and buf.nbytes == dst.numel() * dst.element_size():
+            into = dst.view(-1).view(torch.uint8)
+            ring = self._ring(dst.device)
+            if ring is not None and ring.put(into, buf):
+                self.pieces["whole by ring"] += 1
+                return
+            if ring is not None:  # bigger than the ring
+                self._staged(into, torch.frombuffer(buf, dtype=torch.uint8))
+                self.pieces["whole staged"] += 1
+                return
+        # strided, or no pinned memory: a copy that returns once the GPU has the bytes
+        dst.copy_(torch.frombuffer(buf, dtype=torch.uint8).view(dst.dtype).view(dst.shape))
+        self.pieces["whole plain"] += 1
+
+    def _ring(self, device: torch.device) -> Ring | None:
+        if device.index in self.rings:
+            return self.rings[device.index]
+        ring = None
+        if not self.ring_failed:
+            ring = Ring()
+            with torch.cuda.device(device):  # registered in the context of the GPU that reads it
+                rc = int(torch.cuda.cudart().cudaHostRegister(ring.host.data_ptr(), ring.bytes.nbytes, 0))
+            if rc != 0:
+                # not pinned, a non_blocking copy from it would be no faster, and no GPU is tried again
+                log.warning("cudaHostRegister of the upload ring failed (%d); whole uploads copied plainly", rc)
+                self.ring_failed, ring = True, None
+        self.rings[device.index] = ring
+        return ring
 
     def part(self, meta, buffers):
         _, events, desc, offset = meta
@@ -183,4 +296,4 @@ class Uploads:
             host.copy_(piece)
             into[start:start + piece.numel()].copy_(host, non_blocking=True)
             slot.done = torch.cuda.Event()
-            slot.done.record()
+            slot.done.record(torch.cuda.current_stream(into.device))  # the stream the copy went to

@@ -11,10 +11,11 @@ import warnings
 
 import torch
 
+from rgpu.server.ops import fast_op
 from rgpu.server.ops.codec import CODE_BY_DTYPE, Decoder, GeneratorArg, descriptor, encode_result, flatten
 from rgpu.server.ops.graphs import Graphs
 from rgpu.server.ops.uploads import Uploads
-from rgpu.server.ops.handles import DTYPE_BY_CODE, HandleTable, Poisoned, dtype_of
+from rgpu.server.ops.handles import DTYPE_BY_CODE, MAX_VIEWS, Entry, HandleTable, Poisoned, dtype_of
 from rgpu.ops_protocol import Msg
 from rgpu.server.ops.as_on_cuda import CPU_ADAPT, CPU_RESULTS
 from rgpu.server.ops.resolve import OpRefused, Resolved, resolve
@@ -88,6 +89,10 @@ class Executor(BaseExecutor):
                          Msg.GET_RNG_STATE: self._get_rng_state, Msg.SET_RNG_STATE: self._set_rng_state,
                          Msg.PROFILE: self._profile}
         self.profiler = None
+        fast = fast_op.for_session(session.settings.server_c)
+        # the common op in C++; what it does not take, and whatever is unusual after an op, is done here
+        self.fast = fast.FastOps(self.table, Entry, MAX_VIEWS, DTYPE_BY_CODE, self.kind == "cuda",
+                                 self._check_written, self._bind) if fast is not None else None
 
     def welcome(self) -> dict:
         return {"device": self.kind, "device_count": len(self.names), "names": self.names,
@@ -108,6 +113,7 @@ class Executor(BaseExecutor):
 
     def close(self) -> None:
         self._stop_profiling()
+        self.uploads.close()  # pending staged copies finish before their pinned memory is unregistered
         self.table.close()
         self.ops.clear()
 
@@ -123,6 +129,8 @@ class Executor(BaseExecutor):
         if self.kind == "cpu":  # looked up once here, not per op
             r.adapt, r.fix = CPU_ADAPT.get(r.name), CPU_RESULTS.get(r.name)
         self.ops[index] = r
+        if self.fast is not None and not r.substituted and r.adapt is None and r.fix is None:
+            r.fast = self.fast.define(index, *name.split("."), r.checked)
 
     def _resolved(self, index):
         r = self.ops.get(index)
@@ -155,33 +163,32 @@ class Executor(BaseExecutor):
             result = r.call(*a, **k)
         if r.fix is not None:
             result = r.fix(a, result)
-        if r.checked:
-            self._written(r, a, k, args, kwargs)
-        return result
-
-    def _written(self, r, a: list, k: dict, args: list, kwargs: dict) -> None:
-        """After an op that writes arguments: out= tensors as the client sized them, cached views still as built."""
-        keep = self.table.keep
         for pos, name, kwarg_only in r.checked:
             if kwarg_only or pos >= len(args):
-                t, wire = k.get(name), kwargs.get(name)
+                self._check_written(name, kwarg_only, k.get(name), kwargs.get(name))
             else:
-                t, wire = a[pos], args[pos]
-            if type(wire) is list and type(t) is list:  # a list of written tensors (the _foreach_ ops)
-                for w, x in zip(wire, t):
-                    if type(w) is dict and "t" in w and isinstance(x, _Tensor):
-                        keep(w["t"], x)
-                continue
-            if not isinstance(t, _Tensor) or type(wire) is not dict:
-                continue
-            if "t" in wire and keep(wire["t"], t):
-                continue  # as the client laid it out
-            if kwarg_only:  # the client sized out= tensors: one the kernel resized would leave it behind
-                _bits_into_memory(t, wire)
-                size = descriptor(wire)[3]
-                if list(t.shape) != size:
-                    raise RuntimeError(f"out= tensor {name!r} has shape {size}, the result needs "
-                                       f"{list(t.shape)}; resize it first (the client and server would disagree)")
+                self._check_written(name, kwarg_only, a[pos], args[pos])
+        return result
+
+    def _check_written(self, name: str, kwarg_only: bool, t, wire) -> None:
+        """After an op that wrote argument ``name`` (``t``, from ``wire``): out= tensors as the client sized
+        them, cached views still as built."""
+        keep = self.table.keep
+        if type(wire) is list and type(t) is list:  # a list of written tensors (the _foreach_ ops)
+            for w, x in zip(wire, t):
+                if type(w) is dict and "t" in w and isinstance(x, _Tensor):
+                    keep(w["t"], x)
+            return
+        if not isinstance(t, _Tensor) or type(wire) is not dict:
+            return
+        if "t" in wire and keep(wire["t"], t):
+            return  # as the client laid it out
+        if kwarg_only:  # the client sized out= tensors: one the kernel resized would leave it behind
+            _bits_into_memory(t, wire)
+            size = descriptor(wire)[3]
+            if list(t.shape) != size:
+                raise RuntimeError(f"out= tensor {name!r} has shape {size}, the result needs "
+                                   f"{list(t.shape)}; resize it first (the client and server would disagree)")
 
     def _pick_generator(self, where, a: list, k: dict, dev: int) -> None:
         """The generator an op draws from: an explicit one's stream, or this device's own on the CPU."""
@@ -209,11 +216,13 @@ class Executor(BaseExecutor):
         r = self.ops.get(index)
         if type(r) is not Resolved:
             r = self._resolved(index)
-        dec = Decoder(self.table, True)
         try:
+            if r.fast and self.fast.run(index, args, kwargs, outs):
+                return None
+            dec = Decoder(self.table, True)
             result = self._run(r, args, kwargs, dec)
             if outs:
-                self._bind(flatten(result), outs, dec)
+                self._bind(flatten(result), outs, dec.inputs)
         except Poisoned as cause:  # an input came from a failed op: fail quietly, pass it on
             self._poison(r, args, kwargs, outs, cause)
             return None
@@ -222,8 +231,10 @@ class Executor(BaseExecutor):
             raise OpFailed(r.name, f"{type(exc).__name__}: {exc}") from None
         return None
 
-    def _bind(self, results, outs, dec: Decoder) -> None:
-        taken = set(dec.inputs)
+    def _bind(self, results: list, outs: list, inputs: list) -> None:
+        """Each result bound to the id its descriptor in ``outs`` names; ``inputs``: the base addresses of the
+        storages the op read (a result there, or one returned twice, is copied into a storage of its own)."""
+        taken = set(inputs)
         for value, desc in zip(results, outs):
             if desc is None:
                 continue
@@ -301,9 +312,13 @@ class Executor(BaseExecutor):
         except Poisoned:  # new bytes replace a failed op's result
             self.table.free(desc[0])
             dst = self.table.tensor(desc)
-        if dst.numel():
-            src = torch.frombuffer(buffers[0], dtype=torch.uint8).view(dst.dtype).view(dst.shape)
-            dst.copy_(src)
+        if not dst.numel():
+            return
+        if dst.is_cuda:  # through pinned staging: a copy from the frame's memory would wait for the GPU
+            self.uploads.whole(dst, buffers[0])
+            return
+        src = torch.frombuffer(buffers[0], dtype=torch.uint8).view(dst.dtype).view(dst.shape)
+        dst.copy_(src)
 
     def _download(self, meta, buffers):
         events, desc = meta[1], meta[2]

@@ -1,0 +1,205 @@
+"""The server's C++ op path (``server/ops/fast_op.cpp``) against the Python executor, value by value.
+
+Each case drives two in-process executors, one on each path, with the same messages,
+and compares every output's bytes with the other's and with torch on the CPU; the C++
+executor must have run the op itself (``FastOps.ran``), or left it to Python where it
+should (``declined``).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rgpu import config
+from rgpu.ops_protocol import Msg
+from rgpu.server.ops import fast_op
+from rgpu.server.ops.codec import CODE_BY_DTYPE
+from rgpu.server.routes.base import OpFailed, Session
+from rgpu.server.routes.ops import Executor
+
+aten = torch.ops.aten
+pytestmark = pytest.mark.skipif(fast_op.load() is None, reason=f"no C++ op path here: {fast_op.why_not()}")
+
+
+def wire(sid: int, t: torch.Tensor) -> dict:
+    """``t``'s descriptor as the client sends it: a storage of exactly its bytes."""
+    return {"t": [sid, t.untyped_storage().nbytes(), CODE_BY_DTYPE[t.dtype], list(t.shape), list(t.stride()),
+                  t.storage_offset(), 0]}
+
+
+class Pair:
+    """A C++-path executor and a Python-path one, fed the same messages."""
+
+    def __init__(self, device: str = "cpu"):
+        self.cpp, self.py = (Executor(Session(id="t", route="ops", settings=config.settings(
+            environ={}, device=device, server_c=c))) for c in (True, False))
+        self.index = {}
+        self.sid = 100
+
+    def send(self, meta, buffers=(), reply=False):
+        got = [ex.handle(meta, list(buffers), reply) for ex in (self.cpp, self.py)]
+        return got[0]
+
+    def upload(self, t: torch.Tensor) -> dict:
+        self.sid += 1
+        w = wire(self.sid, t)
+        self.send([Msg.UPLOAD, [], w["t"]], [memoryview(t.contiguous().reshape(-1).view(torch.uint8).numpy()).cast("B")])
+        return w
+
+    def define(self, op) -> int:
+        if op not in self.index:
+            self.index[op] = len(self.index) + 1
+            self.send([Msg.DEFINE, self.index[op], f"{op._schema.name[6:]}.{op._overloadname}", str(op._schema)])
+        return self.index[op]
+
+    def op(self, op, args, kwargs=None, results=()):
+        """Run ``op``; ``results``: example tensors shaped as its outputs, each bound to a fresh id."""
+        outs = []
+        for r in results:
+            self.sid += 1
+            outs.append(wire(self.sid, r)["t"])
+        self.send([Msg.OP, [], self.define(op), args, kwargs or {}, outs])
+        return [{"t": d} for d in outs]
+
+    def read(self, w: dict, dtype=None) -> torch.Tensor:
+        """The tensor's bytes from both executors, which must agree; as ``dtype``."""
+        values = []
+        for ex in (self.cpp, self.py):
+            _, bufs = ex.handle([Msg.DOWNLOAD, [], w["t"]], [], True)
+            values.append(torch.frombuffer(bytearray(bufs[0]), dtype=torch.uint8))
+        assert torch.equal(values[0], values[1])
+        return values[0].view(dtype or torch.float32)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_the_argument_kinds_of_a_training_step_run_on_the_cpp_path_and_match_python_and_the_cpu(device):
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs an NVIDIA GPU (the device tool's host)")
+    p = Pair(device)
+    a, b = torch.randn(3, 4), torch.randn(3, 4)
+    w = torch.randn(5, 4)
+    ids = torch.tensor([2, 0, 1])
+    A, B, W, IDS = p.upload(a), p.upload(b), p.upload(w), p.upload(ids)
+    out = p.upload(torch.zeros(3, 4))
+    checks = []
+    # Tensor, Scalar (alpha by keyword), a result bound to a fresh id
+    (r,) = p.op(aten.add.Tensor, [A, B], {"alpha": 2}, [a])
+    checks.append((r, a + 2 * b))
+    # out= by keyword, written in place
+    p.op(aten.mul.out, [A, B], {"out": out})
+    checks.append((out, a * b))
+    # int[]? as None and as a list, bool, ScalarType? by keyword
+    s1 = p.upload(torch.zeros(()))
+    p.op(aten.sum.IntList_out, [A, None], {"out": s1})
+    checks.append((s1, a.sum()))
+    s2 = p.upload(torch.zeros(4))
+    p.op(aten.sum.IntList_out, [A, [0], False], {"dtype": {"d": CODE_BY_DTYPE[torch.float32]}, "out": s2})
+    checks.append((s2, a.sum(0)))
+    # float, str (gelu's approximate), defaults left out
+    (g,) = p.op(aten.gelu.default, [A], {"approximate": "tanh"}, [a])
+    checks.append((g, torch.nn.functional.gelu(a, approximate="tanh")))
+    (l,) = p.op(aten.leaky_relu.default, [A, 0.3], {}, [a])
+    checks.append((l, torch.nn.functional.leaky_relu(a, 0.3)))
+    # Tensor with int64 ids, int
+    (e,) = p.op(aten.index_select.default, [W, 0, IDS], {}, [w[ids]])
+    checks.append((e, w[ids]))
+    # Tensor?[] (advanced indexing)
+    (ix,) = p.op(aten.index.Tensor, [W, [IDS]], {}, [w[ids]])
+    checks.append((ix, w[ids]))
+    # Tensor[] and an int
+    (c,) = p.op(aten.cat.default, [[A, B], 1], {}, [torch.cat([a, b], 1)])
+    checks.append((c, torch.cat([a, b], 1)))
+    # three results
+    ln = torch.ops.aten.native_layer_norm.default(a, [4], None, None, 1e-5)
+    r0, r1, r2 = p.op(aten.native_layer_norm.default, [A, [4], None, None, 1e-5], {}, ln)
+    checks += [(r0, ln[0]), (r1, ln[1]), (r2, ln[2])]
+    # Scalar[] and in-place lists, then a factory op with dtype, layout, device and memory format
+    x1, x2 = p.upload(a.clone()), p.upload(b.clone())
+    p.op(aten._foreach_add_.ScalarList, [[x1, x2], [1.5, -2]])
+    checks += [(x1, a + 1.5), (x2, b - 2)]
+    z = torch.zeros(2, 3)
+    (zr,) = p.op(aten.zeros.default, [[2, 3]], {"dtype": {"d": CODE_BY_DTYPE[torch.float32]}, "layout": {"l": "strided"},
+                                                "device": {"v": ["rgpu", 0]}, "pin_memory": False}, [z])
+    checks.append((zr, z))
+    (cl,) = p.op(aten.clone.default, [A], {"memory_format": {"m": "contiguous_format"}}, [a])
+    checks.append((cl, a))
+    for got, want in checks:  # both paths ran the same kernels: equal; the GPU's against the CPU: close
+        value = p.read(got, want.dtype).view(want.shape)
+        assert torch.equal(value, want) if device == "cpu" else torch.allclose(value, want, rtol=1e-5, atol=1e-6)
+    # one table for both paths: the same ids, bytes counted and peak
+    assert sorted(p.cpp.table.entries) == sorted(p.py.table.entries)
+    assert (p.cpp.table.allocated, p.cpp.table.peak) == (p.py.table.allocated, p.py.table.peak)
+    assert all(r.fast for r in p.cpp.ops.values()) and p.cpp.fast.ran == 13 and len(p.index) == 12
+    assert p.cpp.fast.declined == 0
+    assert p.py.fast is None
+
+
+def test_what_the_cpp_path_does_not_take_is_left_to_python_with_the_same_result():
+    p = Pair()
+    a = torch.tensor([5.0, -3.0, 7.5])
+    A = p.upload(a)
+    # a number where the schema says Tensor (PyTorch wraps scalars): Python makes the scalar tensor
+    (r,) = p.op(aten.remainder.Tensor, [A, 4], {}, [a])
+    # a complex number for a Scalar
+    (m,) = p.op(aten.mul.Scalar, [A, 2.0], {}, [a])
+    assert torch.equal(p.read(r), torch.remainder(a, 4)) and torch.equal(p.read(m), a * 2)
+    assert p.cpp.fast.declined == 1 and p.cpp.fast.ran == 1
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"alpha": 1, "nonsense": 3}, "argument"),            # an unknown keyword: the Python path's error
+    ({"alpha": "two"}, "alpha"),                           # a value of the wrong kind
+])
+def test_a_bad_argument_fails_the_same_way_on_both_paths(kwargs, message):
+    p = Pair()
+    A = p.upload(torch.ones(3))
+    errors = []
+    for ex in (p.cpp, p.py):
+        ex.handle([Msg.DEFINE, 1, "add.Tensor", str(aten.add.Tensor._schema)], [], False)
+        with pytest.raises(OpFailed, match=message) as info:
+            ex.handle([Msg.OP, [], 1, [A, A], kwargs, [wire(50, torch.ones(3))["t"]]], [], False)
+        errors.append(str(info.value))
+    assert errors[0] == errors[1]
+
+
+def test_a_failing_op_on_the_cpp_path_names_the_op_and_poisons_its_outputs_as_python_does():
+    p = Pair()
+    A, B = p.upload(torch.ones(3)), p.upload(torch.ones(4))
+    errors = []
+    for ex in (p.cpp, p.py):
+        ex.handle([Msg.DEFINE, 1, "add.Tensor", str(aten.add.Tensor._schema)], [], False)
+        with pytest.raises(OpFailed) as info:
+            ex.handle([Msg.OP, [], 1, [A, B], {}, [wire(60, torch.ones(3))["t"]]], [], False)
+        errors.append((info.value.op, str(info.value)))
+        with pytest.raises(OpFailed, match="size of tensor"):   # reading the output names the first failure
+            ex.handle([Msg.DOWNLOAD, [], wire(60, torch.ones(3))["t"]], [], True)
+    assert errors[0] == errors[1] and errors[0][0] == "aten.add.Tensor"
+    assert "RuntimeError" in errors[0][1] and "Exception raised from" not in errors[0][1]   # no C++ backtrace
+    assert p.cpp.fast.ran == 1
+
+
+def test_an_output_that_aliases_its_input_is_copied_into_a_storage_of_its_own():
+    p = Pair()
+    a = torch.arange(6.0)
+    A = p.upload(a)
+    # alias returns its input: the client gave the result an id of its own, so it must be a copy
+    (r,) = p.op(aten.alias.default, [A], {}, [a])
+    inplace = p.upload(torch.zeros(1))
+    p.op(aten.fill_.Scalar, [A, 9.0])
+    del inplace
+    assert torch.equal(p.read(r), a) and torch.equal(p.read(A), torch.full((6,), 9.0))
+    assert p.cpp.fast.ran == 2
+
+
+def test_a_session_never_waits_for_the_build_it_starts_one_in_the_background_and_runs_python(monkeypatch):
+    started = []
+    monkeypatch.setattr(fast_op.EXTENSION, "module", None)
+    monkeypatch.setattr(fast_op.EXTENSION, "built", lambda: False)
+    monkeypatch.setattr(fast_op, "_building", False)
+    monkeypatch.setattr(fast_op.subprocess, "Popen", lambda cmd, **kw: started.append(cmd))
+    ex = Executor(Session(id="t", route="ops", settings=config.settings(environ={}, device="cpu")))
+    again = Executor(Session(id="u", route="ops", settings=config.settings(environ={}, device="cpu")))
+    assert ex.fast is None and again.fast is None
+    assert started == [[fast_op.sys.executable, "-m", "rgpu.server.ops.fast_op"]]   # once per process
+    off = Executor(Session(id="v", route="ops", settings=config.settings(environ={}, device="cpu", server_c=False)))
+    assert off.fast is None and len(started) == 1
