@@ -22,6 +22,7 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -190,16 +191,19 @@ class FastOps {
     for (size_t pos : op.checked) written_.push_back(stack[pos]);  // the stack holds the results afterwards
     --declined;
     ++ran;
+    const auto t0 = std::chrono::steady_clock::now();
     {
       py::gil_scoped_release no_gil;
       op.handle.callBoxed(stack);
     }
+    call_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
     for (size_t i = 0; i < op.checked.size(); ++i) check_written(op.args[op.checked[i]], op.checked[i], written_[i], args, kwargs);
     bind(stack, outs);
     return true;
   }
 
   int64_t ran = 0, declined = 0;  // ops run here (failed ones too); ops defined here but left to Python
+  int64_t call_ns = 0;            // time in the ops themselves (the dispatcher's call and the kernels' launch)
 
  private:
   // One wire value as the schema's type, pushed; false for what this path does not take.
@@ -614,6 +618,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("define", &FastOps::define)
       .def_readonly("ran", &FastOps::ran)
       .def_readonly("declined", &FastOps::declined)
+      .def_readonly("call_ns", &FastOps::call_ns)
       .def("run", torch::wrap_pybind_function(
                       [](FastOps& self, int64_t index, py::handle args, py::handle kwargs, py::handle outs) {
                         return self.run(index, args, kwargs, outs);
