@@ -310,3 +310,43 @@ def test_metadata_that_cannot_be_encoded_is_refused_and_the_connection_goes_on(e
         with pytest.raises(ProtocolError, match="metadata"):
             send({"op": object()})
     run_threads(lambda _: echo_conn.call({"op": "sizes"}), 1, timeout=10)
+
+
+# ---- tcp: small posts gathered, written by the caller ------------------------------------------
+
+def _count_sends(conn) -> list:
+    sends, plain = [], conn.transport.send
+
+    def counted(parts):
+        sends.append(len(parts))
+        plain(parts)
+    conn.transport.send = counted
+    return sends
+
+
+def test_small_posts_over_tcp_are_gathered_into_few_writes_and_a_request_takes_them_along(echo_conn):
+    assert echo_conn.transport_name == "tcp" and echo_conn._batch_s
+    sends = _count_sends(echo_conn)
+    for i in range(200):
+        echo_conn.post({"op": "note", "v": i})
+    reply = echo_conn.call({"op": "sizes"}, [b"x"])
+    assert reply.meta == {"sizes": [1], "posts": 200}   # every post applied before the request
+    assert len(sends) < 50                                # 200 posts and a request: a few writes, not 201
+    assert echo_conn.call({"op": "notes"}).meta["notes"] == list(range(200))   # in order
+
+
+def test_gathered_posts_reach_the_server_by_themselves_when_the_caller_goes_quiet(echo_conn):
+    for i in range(5):
+        echo_conn.post({"op": "note", "v": i})
+    wait_until(lambda: not echo_conn._queue, timeout=5, what="the I/O thread writing what sat past post_batch_s")
+    echo_conn.flush(timeout=5)
+    assert echo_conn.call({"op": "sizes"}, []).meta["posts"] == 5
+
+
+def test_the_old_hand_off_to_the_io_thread_still_works_where_a_transport_gathers_nothing(rgpu_server, monkeypatch):
+    monkeypatch.setattr(TcpTransport, "post_batch_s", None)
+    conn = rgpu_server.connect("echo")
+    assert conn._batch_s is None
+    for i in range(100):
+        conn.post({"op": "note", "v": i})
+    assert conn.call({"op": "sizes"}, []).meta["posts"] == 100

@@ -31,7 +31,7 @@ def test_a_healthy_server_passes_every_check_and_json_says_so(rgpu_server):
     assert checks["versions"]["data"]["server"]["rgpu"] == checks["versions"]["data"]["client"]["rgpu"]
     assert checks["speed"]["data"]["rtt_us"] > 0 and checks["speed"]["data"]["upload_GBps"] > 0
     assert checks["transport"]["data"]["chosen"] in ("tcp", "shm", "ucx")
-    assert checks["devices"]["data"]["devices"]
+    assert checks["devices"]["data"]["devices"] and checks["devices"]["data"]["op_path"] == "C++"
     assert "loopback" in checks["tls"]["detail"] or "shm" in checks["tls"]["detail"]
 
 

@@ -23,7 +23,8 @@ from rgpu.torch_ext import Extension
 
 log = logging.getLogger("rgpu.server.fast_op")
 
-EXTENSION = Extension("server_ops", Path(__file__).resolve().parent, ("fast_op.cpp",), (), "the server's op path")
+EXTENSION = Extension("server_ops", Path(__file__).resolve().parent, ("fast_op.cpp",), ("fast_table.h",),
+                      "the server's op path")
 _failed: str | None = None
 _building = False
 
@@ -53,6 +54,17 @@ def for_session(enabled: bool = True) -> ModuleType | None:
         subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL, start_new_session=True)
     return module
+
+
+def describe(module: ModuleType | None, enabled: bool) -> str:
+    """What a session's ops run through, in words (the ops route's welcome; ``rgpu doctor`` shows it)."""
+    if module is not None:
+        return "C++"
+    if not enabled:
+        return "Python (RGPU_SERVER_C=0)"
+    if _failed is not None:
+        return f"Python (the C++ op path cannot be built here: {_failed.splitlines()[0][:200]})"
+    return "Python (the C++ op path is being built in the background; later sessions use it)"
 
 
 def why_not() -> str | None:

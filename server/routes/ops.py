@@ -93,10 +93,11 @@ class Executor(BaseExecutor):
         # the common op in C++; what it does not take, and whatever is unusual after an op, is done here
         self.fast = fast.FastOps(self.table, Entry, MAX_VIEWS, DTYPE_BY_CODE, self.kind == "cuda",
                                  self._check_written, self._bind) if fast is not None else None
+        self.op_path = fast_op.describe(fast, session.settings.server_c)
 
     def welcome(self) -> dict:
         return {"device": self.kind, "device_count": len(self.names), "names": self.names,
-                "torch": torch.__version__, "tf32": self.session.settings.tf32}
+                "torch": torch.__version__, "tf32": self.session.settings.tf32, "op_path": self.op_path}
 
     def handle(self, meta, buffers, reply: bool):
         handler = self.handlers.get(meta[0]) if type(meta) is list and meta else None
