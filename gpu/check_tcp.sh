@@ -9,7 +9,7 @@
 #   tcp_gather  posts gathered, the server's reads blocking at once (RGPU_TCP_POLL_US=0)
 #   tcp_before  posts handed to the I/O thread one by one, reads blocking at once: as before
 #   shm         the defaults over shm, eager and compiled
-BUDGET=${BUDGET:-300}
+BUDGET=${BUDGET:-330}
 . "$(dirname "$0")/steps.sh"
 export RGPU_TF32=1
 TRAIN="--json --repeats 5 --pin"
@@ -21,6 +21,6 @@ install_rgpu
 step tcp 80 env RGPU_TRANSPORT=tcp python3 -c "$TCP_BENCH" 1 $TRAIN --compile reduce-overhead
 step tcp_gather 35 env RGPU_TRANSPORT=tcp RGPU_TCP_POLL_US=0 python3 -c "$TCP_BENCH" 1 $TRAIN
 step tcp_before 35 env RGPU_TRANSPORT=tcp RGPU_TCP_POLL_US=0 python3 -c "$TCP_BENCH" 0 $TRAIN
-step shm 80 env RGPU_TRANSPORT=shm python3 -m rgpu.bench.train $TRAIN --compile reduce-overhead
+step shm 90 env RGPU_TRANSPORT=shm python3 -m rgpu.bench.train $TRAIN --compile reduce-overhead
 summarize tcp tcp_gather tcp_before shm
 pack tcp.tar.gz
