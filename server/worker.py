@@ -19,7 +19,6 @@ import msgpack
 from rgpu import config
 from rgpu.errors import ConnectionLost, ProtocolError, RgpuError, VersionMismatch
 from rgpu.transport import handshake, negotiate, tls
-from rgpu.transport.base import cores_to_spare
 from rgpu.transport.buffers import BufferPool, as_bytes_view
 from rgpu.transport.tcp import TcpTransport
 from rgpu.transport.wire import Limits, MsgKind
@@ -28,7 +27,6 @@ from . import routes
 from .routes.base import Session
 
 log = logging.getLogger("rgpu.server.worker")
-TCP_POLL_S = 0.02   # a session's tcp reads poll this long before sleeping (RGPU_TCP_POLL_US unset, cores to spare)
 
 
 def error_meta(exc: BaseException, seq: int) -> dict:
@@ -50,9 +48,6 @@ def serve_session(transport, session: Session, transports: list) -> None:
         handshake.welcome(transport, session.id, transports, executor.welcome())
         if negotiate.expects_upgrade(transports):  # the client switches to shm / ucx or stays on tcp
             transport = negotiate.server_upgrade(transport, transports, session.settings)
-        if isinstance(transport, TcpTransport):   # as shm's long spin: where there is a core to spare
-            poll_us = session.settings.tcp_poll_us
-            transport.poll_before_sleeping(TCP_POLL_S if poll_us is None and cores_to_spare() else (poll_us or 0) * 1e-6)
         with _serving(executor):
             _loop(transport, executor, session, limits, pool)
     except (ProtocolError, VersionMismatch) as exc:

@@ -22,7 +22,6 @@ SAMPLES = {
     "RGPU_TRANSPORT": ("shm", "shm"),
     "RGPU_SHM_C": ("0", False),
     "RGPU_SERVER_C": ("0", False),
-    "RGPU_TCP_POLL_US": ("500", 500.0),
     "RGPU_SHM_SPIN_US": ("2000", 2000.0),
     "RGPU_TLS": ("yes", True),
     "RGPU_TLS_CERT": ("/c.pem", "/c.pem"),

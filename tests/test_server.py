@@ -5,7 +5,6 @@ import io
 import os
 import signal
 import socket
-import time
 import stat
 import struct
 import subprocess
@@ -319,14 +318,3 @@ def test_a_parent_that_exited_but_is_not_reaped_counts_as_gone():
         child.wait()
     assert not serve._is_zombie(os.getpid())
     assert not serve.Server._parent_gone(SimpleNamespace(parent_pid=os.getpid()))
-
-
-def test_a_server_whose_tcp_reads_poll_before_sleeping_serves_posts_and_calls_as_any(start_server):
-    server = start_server(env={"RGPU_TCP_POLL_US": "20000"})
-    conn = server.connect("echo")
-    for i in range(50):
-        conn.post({"op": "note", "v": i})
-        if i % 10 == 0:
-            time.sleep(0.03)   # past the poll: the read blocks, and the next frame wakes it
-    assert conn.call({"op": "notes"}).meta["notes"] == list(range(50))
-    conn.close()

@@ -194,10 +194,8 @@ def test_rgpu_shm_spin_us_sets_how_long_a_waiting_end_polls_before_it_sleeps(rgp
 def test_unset_rgpu_shm_spin_us_spins_long_only_on_a_machine_with_cores_to_spare(rgpu_server, monkeypatch):
     from rgpu.transport import shm
 
-    from rgpu.transport import base
-
     for cores, spin in ((2, shm.ShmTransport.spin_s), (16, shm.ShmTransport.LONG_SPIN_S)):
-        monkeypatch.setattr(base.os, "cpu_count", lambda: cores)
+        monkeypatch.setattr(shm.os, "cpu_count", lambda: cores)
         conn = rgpu_server.connect("echo", transport="shm")
         assert conn.transport.spin_s == spin
         assert conn.call({"op": "echo"}, [b"x" * 64]).buffers[0].tobytes() == b"x" * 64

@@ -268,26 +268,3 @@ def test_sockets_are_tuned_for_latency_and_dead_peers(pair):
     assert a.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
     assert a.sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE)
 
-
-@pytest.mark.parametrize("delay", [0.0, 0.005, 0.05])   # at once, within the poll, after it (a blocking read)
-def test_reads_that_poll_before_sleeping_get_every_frame_whenever_it_comes(delay):
-    import time
-
-    from transport_pairs import tcp_pair
-
-    a, b = tcp_pair()
-    try:
-        b.poll_before_sleeping(0.02)
-        for i in range(3):
-            timer = threading.Timer(delay, lambda i=i: a.send(a.frame_parts(MsgKind.POST, i + 1, 0, {"i": i},
-                                                                            [memoryview(b"x" * (i * 70000))])))
-            timer.start()
-            t0 = time.perf_counter()
-            frame = b.recv_frame(Limits(), BufferPool())
-            assert frame.meta == {"i": i} and bytes(frame.buffers[0]) == b"x" * (i * 70000)
-            assert time.perf_counter() - t0 < 5
-            frame.release()
-            timer.join()
-    finally:
-        a.close()
-        b.close()

@@ -6,8 +6,6 @@ replies and handshakes live above it (``connection.py``, ``handshake.py``).
 """
 from __future__ import annotations
 
-import os
-
 import socket
 from abc import ABC, abstractmethod
 from typing import Callable, ClassVar, Sequence
@@ -22,15 +20,6 @@ from .wire import (
 
 # into(kind, seq, lengths) -> caller-owned views of exactly those lengths, or None for pool leases
 Into = Callable[[int, int, list], "Sequence[memoryview] | None"]
-
-
-# A machine with this many cores has one to spare for a waiting end's poll (shm's long spin, a server's
-# polling tcp reads): CUDA's own synchronize spins likewise where there are more cores than GPUs.
-SPIN_CORES = 8
-
-
-def cores_to_spare() -> bool:
-    return (os.cpu_count() or 1) >= SPIN_CORES
 
 
 class Transport(ABC):

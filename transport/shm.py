@@ -36,7 +36,7 @@ import numpy as np
 from rgpu.errors import ConnectionLost, ProtocolError
 
 from . import fastcopy, shm_fast
-from .base import Transport, cores_to_spare
+from .base import Transport
 from .buffers import as_bytes_view
 from .shm_memory import Heap, Segment
 from .shm_recv import Receiving
@@ -93,7 +93,7 @@ class ShmTransport(Receiving, Transport):
     # yields from the start (keeping the core would only delay the peer). Measured on the shared
     # 2-core machine, docs/perf/transport.md. spin_s is RGPU_SHM_SPIN_US where a session sets it.
     #
-    # How long to spin when the session does not say: on a machine with cores to spare (base.py), long
+    # How long to spin when the session does not say: on a machine of SPIN_CORES cores or more, long
     # enough to span the waits of a training step (GPU host, eager nanoGPT step over shm: 18.3 ms with
     # a 100 us spin, 14.8 with 20 ms, native 14.9; every post to a sleeping server cost an eventfd write
     # and a wake-up, and a client woken from its wait at loss.item() ran cold). CUDA's own synchronize
@@ -101,7 +101,7 @@ class ShmTransport(Receiving, Transport):
     # takes the core its peer needs: 100 us there.
     busy_s = 20e-6
     spin_s = 100e-6
-    LONG_SPIN_S = 0.02
+    SPIN_CORES, LONG_SPIN_S = 8, 0.02
     spin_yield = True
     MAX_SPIN_S = 0.05   # a spinning end notices a dead peer only once it sleeps: never spin longer than this
     # A write is a copy into the ring: on the caller's thread it costs less than the hand-off to the
@@ -118,7 +118,7 @@ class ShmTransport(Receiving, Transport):
         self.side = side
         if spin_us is not None:          # RGPU_SHM_SPIN_US: this end's own choice
             self.spin_s = min(max(spin_us * 1e-6, self.busy_s), self.MAX_SPIN_S)
-        elif cores_to_spare():
+        elif (os.cpu_count() or 1) >= self.SPIN_CORES:
             self.spin_s = self.LONG_SPIN_S
         self._sock = sock
         self._control = control

@@ -1,11 +1,9 @@
 """The tcp transport: always there, scatter/gather ``sendmsg`` out, ``recv_into`` in."""
 from __future__ import annotations
 
-import functools
 import select
 import socket
 import ssl
-import time
 from typing import Sequence
 
 from rgpu.errors import ConfigError, ConnectionLost, translate_os_error
@@ -110,12 +108,6 @@ class TcpTransport(Transport):
         poller.register(self.sock, select.POLLOUT | (select.POLLIN if read else 0))
         poller.poll(1000 if read else 10)  # without read another thread reads: look again soon
 
-    def poll_before_sleeping(self, seconds: float) -> None:
-        """Reads poll the socket this long before blocking in the kernel (a server with a core to spare: a
-        blocked read that a frame wakes costs a wake-up, and it comes cold). Not over TLS (no flags there)."""
-        if seconds > 0 and not self._tls:
-            self._reader._recv_into = functools.partial(_recv_polling, self.sock, seconds)
-
     def readable(self, timeout: float) -> bool:
         """Whether a frame has started to arrive within ``timeout`` seconds."""
         if self._reader.staged or (self._tls and self.sock.pending()):
@@ -149,21 +141,6 @@ class TcpTransport(Transport):
         except OSError:
             pass
         self.close()
-
-
-def _recv_polling(sock: socket.socket, seconds: float, view) -> int:
-    """``sock.recv_into(view)``, polling up to ``seconds`` before a blocking read."""
-    try:
-        return sock.recv_into(view, 0, socket.MSG_DONTWAIT)
-    except BlockingIOError:
-        pass
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        try:
-            return sock.recv_into(view, 0, socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            pass
-    return sock.recv_into(view)
 
 
 def connect(host: str, port: int, timeout: float) -> socket.socket:
