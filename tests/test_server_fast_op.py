@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from rgpu import config
 from rgpu.ops_protocol import Msg
@@ -206,3 +208,45 @@ def test_a_session_never_waits_for_the_build_it_starts_one_in_the_background_and
     monkeypatch.setattr(fast_op, "_failed", "CalledProcessError: no compiler")
     broken = Executor(Session(id="w", route="ops", settings=config.settings(environ={}, device="cpu")))
     assert broken.fast is None and "cannot be built here: CalledProcessError" in broken.welcome()["op_path"]
+
+
+_small_int = st.one_of(st.integers(-3, 24), st.sampled_from([1 << 40, -(1 << 62), 1 << 70]))
+_leaf = st.one_of(st.none(), st.booleans(), _small_int, st.floats(allow_nan=True), st.text(max_size=4),
+                  st.binary(max_size=4))
+_near_valid = st.builds(  # [sid, nbytes, dtype code, sizes, strides, offset, device]: mostly well formed
+    lambda sid, n, code, size, stride, off, dev: [sid, n, code, size, stride, off, dev],
+    st.sampled_from([101, 102, 0, -1, 1 << 40]), st.sampled_from([16, 0, 4, 1 << 62]),
+    st.sampled_from([CODE_BY_DTYPE[torch.float32], CODE_BY_DTYPE[torch.int64], 99, -1]),
+    st.lists(st.integers(-1, 5), max_size=3), st.lists(st.integers(-1, 5), max_size=3),
+    st.sampled_from([0, 1, -1, 1 << 40]), st.sampled_from([0, 1, -1]))
+_descriptor = st.one_of(_near_valid, st.lists(st.one_of(_small_int, st.lists(_small_int, max_size=3), st.none(),
+                                                        st.text(max_size=2)), min_size=5, max_size=8))
+_wire = st.recursive(
+    st.one_of(_leaf, st.builds(lambda d: {"t": d}, _descriptor), st.builds(lambda d: {"t": d}, st.just(None)),
+              st.dictionaries(st.sampled_from(["t", "d", "v", "l", "m", "j", "s", "c", "g", "x"]), _leaf, max_size=2)),
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=3), inner, max_size=2)),
+    max_leaves=12)
+_FUZZED = [aten.add.Tensor, aten.mul.out, aten.sum.IntList_out, aten.cat.default, aten.index.Tensor,
+           aten.zeros.default, aten._foreach_add_.ScalarList, aten.gelu.default, aten.native_layer_norm.default]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(which=st.integers(0, len(_FUZZED) - 1), args=st.lists(_wire, max_size=6),
+       kwargs=st.dictionaries(st.sampled_from(["out", "alpha", "dim", "dtype", "device", "approximate", "x"]),
+                              _wire, max_size=3),
+       outs=st.one_of(st.none(), st.lists(st.one_of(st.none(), _descriptor), max_size=3)))
+def test_garbage_in_an_op_message_is_an_error_on_either_path_never_a_crash(which, args, kwargs, outs):
+    p = _FUZZ_PAIR[0] if _FUZZ_PAIR else _FUZZ_PAIR.append(Pair()) or _FUZZ_PAIR[0]
+    if not p.index:
+        p.upload(torch.ones(4))   # storage 101: a real tensor for descriptors that happen to name it
+    index = p.define(_FUZZED[which])
+    for ex in (p.cpp, p.py):
+        try:
+            ex.handle([Msg.OP, [], index, args, kwargs, outs], [], False)
+        except Exception:   # refused or failed, by name: the session goes on
+            pass
+    assert p.cpp.handle([Msg.OP, [], p.define(aten.add.Tensor), [wire(101, torch.ones(4))] * 2, {},
+                         [wire(99, torch.ones(4))["t"]]], [], False) is None   # and still runs ops
+
+
+_FUZZ_PAIR: list = []

@@ -137,6 +137,7 @@ class FastOps {
     Py_ssize_t named = 0;
     for (size_t i = 0; i < op.args.size(); ++i) {
       const Arg& a = op.args[i];
+      if (a.kwarg_only && static_cast<Py_ssize_t>(i) < npos) return false;  // Python refuses it, by name
       PyObject* v = static_cast<Py_ssize_t>(i) < npos ? PyList_GET_ITEM(args.ptr(), i) : nullptr;
       if (v == nullptr && (v = PyDict_GetItem(kwargs.ptr(), a.name.ptr())) != nullptr) ++named;
       if (v == nullptr) {
@@ -340,7 +341,7 @@ class FastOps {
   // After an op that wrote argument ``pos`` (``written``, as passed): whether each written tensor kept the
   // client's layout (HandleTable.keep's test); the executor's Python deals with any that did not.
   void check_written(const Arg& a, size_t pos, const c10::IValue& written, py::handle args, py::handle kwargs) {
-    PyObject* wire = !a.kwarg_only && static_cast<Py_ssize_t>(pos) < PyList_GET_SIZE(args.ptr())
+    PyObject* wire = static_cast<Py_ssize_t>(pos) < PyList_GET_SIZE(args.ptr())   // where run() found it
                          ? PyList_GET_ITEM(args.ptr(), pos) : PyDict_GetItem(kwargs.ptr(), a.name.ptr());
     if (wire == nullptr || wire == Py_None) return;
     bool same = true;
@@ -374,12 +375,14 @@ class FastOps {
       PyObject* desc = PyList_GET_ITEM(outs.ptr(), i);
       if (desc == Py_None) continue;
       const at::Tensor& t = flat[i];
-      int64_t code, offset;
-      if (!t.defined() || !PyList_CheckExact(desc) || PyList_GET_SIZE(desc) != 7 || !as_int(PyList_GET_ITEM(desc, 2), code) ||
+      int64_t code, offset, dev;
+      if (!t.defined() || !PyList_CheckExact(desc) || PyList_GET_SIZE(desc) != 7 || !PyLong_CheckExact(PyList_GET_ITEM(desc, 0)) ||
+          !as_int(PyList_GET_ITEM(desc, 2), code) ||
           table_.dtype(code) != t.scalar_type() ||
           !same_ints(t.sizes(), PyList_GET_ITEM(desc, 3)) || !same_ints(t.strides(), PyList_GET_ITEM(desc, 4)) ||
-          !as_int(PyList_GET_ITEM(desc, 5), offset) || offset != t.storage_offset() || t.is_conj() || t.is_neg()) {
-        plain = false;
+          !as_int(PyList_GET_ITEM(desc, 5), offset) || offset != t.storage_offset() || t.is_conj() || t.is_neg() ||
+          !as_int(PyList_GET_ITEM(desc, 6), dev) || dev < 0 || dev >= static_cast<int64_t>(table_.devices().size())) {
+        plain = false;   // the executor's _bind says what is wrong, or copies what needs copying
         break;
       }
       void* ptr = t.storage().data_ptr().get();

@@ -116,7 +116,7 @@ class Table {
   // HandleTable.keep's test: ``t`` (a written argument) still has the descriptor's layout and storage.
   bool keeps(const at::Tensor& t, PyObject* desc) {
     int64_t offset;
-    if (!same_ints(t.sizes(), PyList_GET_ITEM(desc, 3)) || !same_ints(t.strides(), PyList_GET_ITEM(desc, 4)) ||
+    if (!PyList_CheckExact(desc) || PyList_GET_SIZE(desc) != 7 || !same_ints(t.sizes(), PyList_GET_ITEM(desc, 3)) || !same_ints(t.strides(), PyList_GET_ITEM(desc, 4)) ||
         !as_int(PyList_GET_ITEM(desc, 5), offset) || offset != t.storage_offset() || t.is_conj() || t.is_neg())
       return false;
     PyObject* entry = PyDict_GetItem(entries_.ptr(), PyList_GET_ITEM(desc, 0));
@@ -226,9 +226,11 @@ class Table {
   // HandleTable._account: allocated[dev] += nbytes, and its peak.
   void account(PyObject* dev, int64_t nbytes) {
     py::object allocated = table_.attr(s_allocated_), peak = table_.attr(s_peak_);
-    py::object now = py::int_(py::reinterpret_borrow<py::object>(PyObject_GetItem(allocated.ptr(), dev)).cast<int64_t>() + nbytes);
+    int64_t was, top;
+    if (!as_int(steal(PyObject_GetItem(allocated.ptr(), dev)).ptr(), was)) throw py::type_error("allocated: not a count");
+    py::object now = py::int_(was + nbytes);
     if (PyObject_SetItem(allocated.ptr(), dev, now.ptr()) < 0) throw py::error_already_set();
-    if (nbytes > 0 && py::reinterpret_steal<py::object>(PyObject_GetItem(peak.ptr(), dev)).cast<int64_t>() < now.cast<int64_t>())
+    if (nbytes > 0 && as_int(steal(PyObject_GetItem(peak.ptr(), dev)).ptr(), top) && top < was + nbytes)
       if (PyObject_SetItem(peak.ptr(), dev, now.ptr()) < 0) throw py::error_already_set();
   }
 
