@@ -9,9 +9,8 @@
 #   tcp_before  posts handed to the I/O thread one by one: as before
 #   shm         the defaults over shm, eager and compiled
 #
-# (Run9's call 6 ran this with one more variant, a server whose tcp reads polled 20 ms in Python before
-# sleeping: its step ran out of time, the poll holding the GIL against the server's other threads, and
-# it was taken out.)
+# (Run9's call 6 ran this with a server whose tcp reads polled 20 ms in Python before sleeping, since taken
+# out, and before a race in the gathering was fixed: that step ran out of time; see docs/perf/fast_path.md.)
 BUDGET=${BUDGET:-330}
 . "$(dirname "$0")/steps.sh"
 export RGPU_TF32=1

@@ -350,3 +350,13 @@ def test_the_old_hand_off_to_the_io_thread_still_works_where_a_transport_gathers
     for i in range(100):
         conn.post({"op": "note", "v": i})
     assert conn.call({"op": "sizes"}, []).meta["posts"] == 100
+
+
+def test_a_failure_inside_the_io_thread_ends_the_connection_with_a_reason_instead_of_hanging(rgpu_server, monkeypatch):
+    conn = rgpu_server.connect("echo")
+    monkeypatch.setattr(conn, "_write_queued", lambda: 1 / 0)
+    monkeypatch.setattr(threading, "excepthook", lambda args: None)   # the thread's own report: expected here
+    conn.post({"op": "note", "v": 1})
+    wait_until(lambda: not conn.alive, timeout=5, what="the connection marked dead")
+    with pytest.raises(ConnectionLost, match="I/O thread failed: ZeroDivisionError"):
+        conn.call({"op": "sizes"}, [])

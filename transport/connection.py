@@ -291,6 +291,13 @@ class Connection(Receiving):
             self._io_thread.start()
 
     def _io_loop(self) -> None:
+        try:
+            self._write_queued()
+        except BaseException as exc:   # a bug here must end the connection with a reason, never hang its callers
+            self._fail(ConnectionLost(f"the connection's I/O thread failed: {type(exc).__name__}: {exc}"))
+            raise
+
+    def _write_queued(self) -> None:
         max_count, max_bytes = self.settings.post_batch_count, self.settings.post_batch_bytes
         while True:
             with self._cv:
@@ -305,6 +312,8 @@ class Connection(Receiving):
                         continue
             with self._send_lock:
                 with self._cv:
+                    if not self._queue:
+                        continue                  # a caller wrote them while we waited for the send lock
                     batch, size = [], 0
                     while self._queue and len(batch) < max_count and (not batch or size < max_bytes):
                         item = self._queue.popleft()
