@@ -160,6 +160,21 @@ def _server_op_path():
     fast_op.load()
 
 
+@pytest.fixture(autouse=True)
+def _end_this_tests_sessions(request):
+    """Connections a test opened to the session-wide server end with the test: that server serves a
+    bounded number of sessions (``RGPU_MAX_SESSIONS``), and tests that leave theirs open use it up."""
+    if "rgpu_server" not in request.fixturenames:
+        yield
+        return
+    server = request.getfixturevalue("rgpu_server")
+    before = len(server._conns)
+    yield
+    opened, server._conns[before:] = server._conns[before:], []
+    for conn in opened:
+        conn.close(timeout=2)
+
+
 @pytest.fixture(scope="session")
 def rgpu_server(tmp_path_factory):
     """One ``rgpu serve --port 0 --preload ""`` for the session; tests must not crash or stop it."""

@@ -3,7 +3,10 @@
 - ``post()`` never waits on the socket: frames queue up and a background thread
   writes whatever has gathered in one scatter/gather ``send`` (bounded by count and
   bytes). Small buffers are copied at the call; big ones are written before
-  ``post()`` returns, so the caller may always reuse its memory afterwards.
+  ``post()`` returns, so the caller may always reuse its memory afterwards. Where
+  the transport says ``post_batch_s`` (tcp), small posts gather that long and the
+  caller writes them itself, the background thread only what sat longer; where it
+  says ``posts_inline`` (shm: a write is a memory copy), each is written at once.
 - ``request()`` writes on the caller's thread when nothing is queued (a thread
   hand-off costs a cross-core wake-up each way); ``call()`` of a lone request
   writes and reads on the caller's thread with no future at all.
