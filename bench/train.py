@@ -137,7 +137,7 @@ def rows(args=None, profile: str | None = None) -> list[dict]:
     out = [
         row("training step", "ms", med["rgpu"], base, med[native], [min(per_step["rgpu"]), max(per_step["rgpu"])]),
         row("round trips per step", "count", counts["round_trips"] / steps, "expected", 1),
-        row("messages per step", "count", counts["messages"] / steps),
+        row(f"messages per step (the server runs ops through {_op_path()})", "count", counts["messages"] / steps),
         row("bytes out per step", "B", counts["bytes_out"] / steps),
         row("client time to enqueue a step (forward, backward, AdamW)", "ms", enqueue, base + " step", med[native]),
         row("wait at loss.item()", "ms", wait),
@@ -217,6 +217,13 @@ def _compiled_rows(run, batches, steps, per_step, native_ms, base, row) -> list[
             i["cuda_graphs"].items()), "count", i["cuda_graphs"]["replays"])
         for k, i in enumerate(graphs) if i.get("cuda_graphs")
     ]
+
+
+def _op_path() -> str:
+    """What the server runs this session's ops through: C++, or Python and why (the ops route's welcome)."""
+    from rgpu.device_backend import session
+
+    return (session.get().conn.welcome.get("info") or {}).get("op_path") or "an older server's Python"
 
 
 def _sim_rtt_row(run, key, ms, batches, steps, blocks, transport, size) -> dict:

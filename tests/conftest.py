@@ -160,27 +160,30 @@ def _server_op_path():
     fast_op.load()
 
 
-@pytest.fixture(autouse=True)
-def _end_this_tests_sessions(request):
-    """Connections a test opened to the session-wide server end with the test: that server serves a
-    bounded number of sessions (``RGPU_MAX_SESSIONS``), and tests that leave theirs open use it up."""
-    if "rgpu_server" not in request.fixturenames:
-        yield
-        return
-    server = request.getfixturevalue("rgpu_server")
-    before = len(server._conns)
-    yield
-    opened, server._conns[before:] = server._conns[before:], []
-    for conn in opened:
-        conn.close(timeout=2)
-
-
 @pytest.fixture(scope="session")
 def rgpu_server(tmp_path_factory):
     """One ``rgpu serve --port 0 --preload ""`` for the session; tests must not crash or stop it."""
     server = RunningServer(tmp_path_factory.mktemp("rgpu-server"))
+    _session_server.append(server)
     yield server
+    _session_server.clear()
     server.stop()
+
+
+_session_server: list = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """Connections a test's body opens to the session-wide server end with it (fixtures' stay theirs): that
+    server serves a bounded number of sessions (``RGPU_MAX_SESSIONS``), and tests leaving theirs open use it up."""
+    server = _session_server[0] if _session_server else None
+    before = len(server._conns) if server is not None else 0
+    yield
+    if server is not None:
+        opened, server._conns[before:] = server._conns[before:], []
+        for conn in opened:
+            conn.close(timeout=2)
 
 
 @pytest.fixture
