@@ -98,7 +98,7 @@ class Connection(Receiving):
         """
         views = [memoryview(bytearray(as_bytes_view(b))) for b in buffers] if buffers else ()
         nbytes = sum([v.nbytes for v in views]) if views else 0
-        inline = False
+        inline, gathered = False, None
         with self._cv_lock:
             seq = self._admit()
             stats = self.stats
@@ -108,16 +108,14 @@ class Connection(Receiving):
                 inline = True                     # nothing ahead of us: write on this thread
             else:
                 self._enqueue(_packed_parts(seq, meta, views), nbytes, None, seq)
-                gathered = self._take_if_due() if self._batch_s is not None else None
-        if not inline:
-            if gathered:
-                self._write_gathered(gathered)
-            return seq
-        if inline:
-            if views:
-                self._write_inline(seq, self.transport.send, _packed_parts(seq, meta, views))
-            else:
-                self._write_inline(seq, self.transport.send_meta, _POST, seq, meta)
+                if self._batch_s is not None:
+                    gathered = self._take_if_due()
+        if gathered:
+            self._write_gathered(gathered)
+        elif inline and views:
+            self._write_inline(seq, self.transport.send, _packed_parts(seq, meta, views))
+        elif inline:
+            self._write_inline(seq, self.transport.send_meta, _POST, seq, meta)
         return seq
 
     def request(self, meta: Any, buffers: Sequence = (), reply_into: Sequence[memoryview] | None = None) -> Future:

@@ -215,7 +215,7 @@ class FastOps {
       }
       case Kind::Int: {
         int64_t i;
-        if (!as_int(v, i)) return false;
+        if (PyBool_Check(v) || !as_int(v, i)) return false;   // a bool for an int: Python's to refuse
         stack.emplace_back(i);
         return true;
       }
@@ -236,7 +236,7 @@ class FastOps {
         list.reserve(n);
         for (Py_ssize_t i = 0; i < n; ++i) {
           int64_t x;
-          if (!as_int(PyList_GET_ITEM(v, i), x)) return false;
+          if (PyBool_Check(PyList_GET_ITEM(v, i)) || !as_int(PyList_GET_ITEM(v, i), x)) return false;
           list.push_back(x);
         }
         stack.emplace_back(std::move(list));
