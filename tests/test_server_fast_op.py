@@ -226,6 +226,16 @@ _wire = st.recursive(
               st.dictionaries(st.sampled_from(["t", "d", "v", "l", "m", "j", "s", "c", "g", "x"]), _leaf, max_size=2)),
     lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=3), inner, max_size=2)),
     max_leaves=12)
+_FUZZ_PAIR: list = []   # one pair for every example: a fresh one each would rebuild both executors
+
+
+def _fuzz_pair() -> Pair:
+    if not _FUZZ_PAIR:
+        _FUZZ_PAIR.append(Pair())
+        _FUZZ_PAIR[0].upload(torch.ones(4))   # storage 101: a real tensor for descriptors that happen to name it
+    return _FUZZ_PAIR[0]
+
+
 _FUZZED = [aten.add.Tensor, aten.mul.out, aten.sum.IntList_out, aten.cat.default, aten.index.Tensor,
            aten.zeros.default, aten._foreach_add_.ScalarList, aten.gelu.default, aten.native_layer_norm.default]
 
@@ -236,9 +246,7 @@ _FUZZED = [aten.add.Tensor, aten.mul.out, aten.sum.IntList_out, aten.cat.default
                               _wire, max_size=3),
        outs=st.one_of(st.none(), st.lists(st.one_of(st.none(), _descriptor), max_size=3)))
 def test_garbage_in_an_op_message_is_an_error_on_either_path_never_a_crash(which, args, kwargs, outs):
-    p = _FUZZ_PAIR[0] if _FUZZ_PAIR else _FUZZ_PAIR.append(Pair()) or _FUZZ_PAIR[0]
-    if not p.index:
-        p.upload(torch.ones(4))   # storage 101: a real tensor for descriptors that happen to name it
+    p = _fuzz_pair()
     index = p.define(_FUZZED[which])
     for ex in (p.cpp, p.py):
         try:
@@ -248,5 +256,3 @@ def test_garbage_in_an_op_message_is_an_error_on_either_path_never_a_crash(which
     assert p.cpp.handle([Msg.OP, [], p.define(aten.add.Tensor), [wire(101, torch.ones(4))] * 2, {},
                          [wire(99, torch.ones(4))["t"]]], [], False) is None   # and still runs ops
 
-
-_FUZZ_PAIR: list = []

@@ -375,14 +375,11 @@ class FastOps {
       PyObject* desc = PyList_GET_ITEM(outs.ptr(), i);
       if (desc == Py_None) continue;
       const at::Tensor& t = flat[i];
-      int64_t code, offset, dev;
-      if (!t.defined() || !PyList_CheckExact(desc) || PyList_GET_SIZE(desc) != 7 || !PyLong_CheckExact(PyList_GET_ITEM(desc, 0)) ||
-          !as_int(PyList_GET_ITEM(desc, 2), code) ||
-          table_.dtype(code) != t.scalar_type() ||
-          !same_ints(t.sizes(), PyList_GET_ITEM(desc, 3)) || !same_ints(t.strides(), PyList_GET_ITEM(desc, 4)) ||
-          !as_int(PyList_GET_ITEM(desc, 5), offset) || offset != t.storage_offset() || t.is_conj() || t.is_neg() ||
+      int64_t code, dev;
+      if (!t.defined() || !Table::laid_out(t, desc) || !PyLong_CheckExact(PyList_GET_ITEM(desc, 0)) ||
+          !as_int(PyList_GET_ITEM(desc, 2), code) || table_.dtype(code) != t.scalar_type() ||
           !as_int(PyList_GET_ITEM(desc, 6), dev) || dev < 0 || dev >= static_cast<int64_t>(table_.devices().size())) {
-        plain = false;   // the executor's _bind says what is wrong, or copies what needs copying
+        plain = false;
         break;
       }
       void* ptr = t.storage().data_ptr().get();
@@ -392,7 +389,7 @@ class FastOps {
         inputs_.push_back(ptr);
       }
     }
-    if (!plain) {  // the executor's _bind: copies what needs copying
+    if (!plain) {  // the executor's _bind: says what is wrong, or copies what needs copying
       py::list ptrs;
       size_t nin = inputs_.size();
       for (size_t i = 0; i < nin; ++i) ptrs.append(reinterpret_cast<int64_t>(inputs_[i]));

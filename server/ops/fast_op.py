@@ -7,7 +7,8 @@ does.
 
 A session never waits for the compiler: ``for_session()`` (each executor asks) loads the
 build, or starts it in a process of its own when this torch and these sources have
-none yet (~30 s, once per machine), and sessions run everything in Python meanwhile. ``RGPU_SERVER_C=0`` turns it off.
+none yet (~30 s, once per machine), and sessions run everything in Python meanwhile.
+``RGPU_SERVER_C=0`` turns it off.
 
     python -m rgpu.server.ops.fast_op          # build it now (what the background process runs)
 """

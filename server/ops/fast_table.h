@@ -99,10 +99,8 @@ class Table {
       if (cached != nullptr) {
         out = THPVariable_Unpack(cached);
         return true;
-      } else if (!view_of(entry, desc, views, key, out)) {
-        return from_table(desc, out);
       }
-      return true;
+      return view_of(entry, desc, views, key, out) || from_table(desc, out);
     }
     return fresh(desc, key, out) || from_table(desc, out);
   }
@@ -113,12 +111,18 @@ class Table {
     enter(PyList_GET_ITEM(desc, 0), t, PyList_GET_ITEM(desc, 6), key, static_cast<int64_t>(t.storage().nbytes()));
   }
 
+  // Whether ``t`` has the layout a descriptor (a list of 7) names: sizes, strides, offset, no conjugate or
+  // negative bit. The storage and dtype are the callers' to check.
+  static bool laid_out(const at::Tensor& t, PyObject* desc) {
+    int64_t offset;
+    return PyList_CheckExact(desc) && PyList_GET_SIZE(desc) == 7 && same_ints(t.sizes(), PyList_GET_ITEM(desc, 3)) &&
+           same_ints(t.strides(), PyList_GET_ITEM(desc, 4)) && as_int(PyList_GET_ITEM(desc, 5), offset) &&
+           offset == t.storage_offset() && !t.is_conj() && !t.is_neg();
+  }
+
   // HandleTable.keep's test: ``t`` (a written argument) still has the descriptor's layout and storage.
   bool keeps(const at::Tensor& t, PyObject* desc) {
-    int64_t offset;
-    if (!PyList_CheckExact(desc) || PyList_GET_SIZE(desc) != 7 || !same_ints(t.sizes(), PyList_GET_ITEM(desc, 3)) || !same_ints(t.strides(), PyList_GET_ITEM(desc, 4)) ||
-        !as_int(PyList_GET_ITEM(desc, 5), offset) || offset != t.storage_offset() || t.is_conj() || t.is_neg())
-      return false;
+    if (!laid_out(t, desc)) return false;
     PyObject* entry = PyDict_GetItem(entries_.ptr(), PyList_GET_ITEM(desc, 0));
     if (entry == nullptr) return true;
     int64_t ptr;
@@ -184,10 +188,10 @@ class Table {
   // A storage first named by an op, as HandleTable._fresh's common case: a contiguous tensor of exactly
   // the storage's bytes, allocated as that tensor; false for any other (the table's view() then).
   bool fresh(PyObject* desc, py::object& key, at::Tensor& out) {
-    int64_t code, offset, dev, nbytes, n = 1;
+    int64_t sid, code, offset, dev, nbytes, n = 1;
     std::vector<int64_t> size, stride;
     if (!fields(desc, code, size, stride, offset, dev) || offset != 0 || !as_int(PyList_GET_ITEM(desc, 1), nbytes) ||
-        !as_int(PyList_GET_ITEM(desc, 0), offset) || offset == 0)  // sid 0: a storage of no bytes
+        !as_int(PyList_GET_ITEM(desc, 0), sid) || sid == 0)  // sid 0: a storage of no bytes
       return false;
     for (size_t i = size.size(); i-- > 0;) {
       if (size[i] < 0 || stride[i] != n) return false;
@@ -218,9 +222,9 @@ class Table {
   void release(PyObject* sid) {
     PyObject* old = PyDict_GetItem(entries_.ptr(), sid);
     if (old == nullptr) return;
-    py::object entry = py::reinterpret_borrow<py::object>(old), storage = slot(old, STORAGE);
+    py::object storage = slot(old, STORAGE), dev = slot(old, DEVICE);
     if (PyDict_DelItem(entries_.ptr(), sid) < 0) throw py::error_already_set();
-    if (THPStorage_Check(storage.ptr())) account(slot(entry.ptr(), DEVICE).ptr(), -static_cast<int64_t>(THPStorage_Unpack(storage.ptr()).nbytes()));
+    if (THPStorage_Check(storage.ptr())) account(dev.ptr(), -static_cast<int64_t>(THPStorage_Unpack(storage.ptr()).nbytes()));
   }
 
   // HandleTable._account: allocated[dev] += nbytes, and its peak.

@@ -200,9 +200,9 @@ class Uploads:
             self.rings = {}
 
     def whole(self, dst: torch.Tensor, buf: memoryview) -> None:
-        """A whole upload into ``dst`` on a GPU: ``buf`` (the frame's) is copied out before this returns,
-        the copy to the device is queued on its current stream and runs after what came before."""
-        if dst.is_contiguous() and buf.nbytes == dst.numel() * dst.element_size():
+        """A whole upload (``Msg.UPLOAD``) into ``dst``: ``buf`` (the frame's) is copied out before this
+        returns; on a GPU the copy to the device is queued on its current stream, after what came before."""
+        if dst.is_cuda and dst.is_contiguous() and buf.nbytes == dst.numel() * dst.element_size():
             into = dst.view(-1).view(torch.uint8)
             ring = self._ring(dst.device)
             if ring is not None and ring.put(into, buf):
@@ -212,9 +212,11 @@ class Uploads:
                 self._staged(into, torch.frombuffer(buf, dtype=torch.uint8))
                 self.pieces["whole staged"] += 1
                 return
-        # strided, or no pinned memory: a copy that returns once the GPU has the bytes
+        # the CPU executor's, or strided, or no pinned memory: a copy (on a GPU, one that returns once it has
+        # the bytes)
         dst.copy_(torch.frombuffer(buf, dtype=torch.uint8).view(dst.dtype).view(dst.shape))
-        self.pieces["whole plain"] += 1
+        if dst.is_cuda:
+            self.pieces["whole plain"] += 1
 
     def _ring(self, device: torch.device) -> Ring | None:
         if device.index in self.rings:

@@ -313,13 +313,8 @@ class Executor(BaseExecutor):
         except Poisoned:  # new bytes replace a failed op's result
             self.table.free(desc[0])
             dst = self.table.tensor(desc)
-        if not dst.numel():
-            return
-        if dst.is_cuda:  # through pinned staging: a copy from the frame's memory would wait for the GPU
+        if dst.numel():  # on a GPU through pinned staging: a copy from the frame's memory would wait for it
             self.uploads.whole(dst, buffers[0])
-            return
-        src = torch.frombuffer(buffers[0], dtype=torch.uint8).view(dst.dtype).view(dst.shape)
-        dst.copy_(src)
 
     def _download(self, meta, buffers):
         events, desc = meta[1], meta[2]
