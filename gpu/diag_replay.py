@@ -2,8 +2,10 @@
 
 An eager training step's messages (the bench model, or the small one with ``--quick``), recorded
 at a local server, are replayed into an in-process executor: on the C++ op path and on the Python
-path, beside each op's aten call alone (the Python path's ``r.call``, timed) and msgpack's decode
-of each message. One JSON object on stdout.
+path, beside each op's aten call alone (the Python path's ``r.call``, timed), msgpack's decode of each
+message, and one more pass on the C++ path split (``cpp_split``: ``FastOps.run`` timed whole, the
+frees the Python table applied, a cProfile; the timing itself costs a few microseconds a message).
+One JSON object on stdout.
 
     python gpu/diag_replay.py [--quick] [--steps 5]        (from the repository root; rgpu installed)
 """
@@ -92,9 +94,43 @@ def replay(path: str, steps: int) -> dict:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
-    def one_pass(server_c: bool, timed_aten: bool) -> dict:
+    class TimedFastOps:
+        """The executor's FastOps with the time in its ``run`` counted (the C++ path's whole call)."""
+
+        def __init__(self, fast):
+            self.fast, self.run_ns = fast, 0
+
+        def run(self, *a):
+            t = time.perf_counter_ns()
+            try:
+                return self.fast.run(*a)
+            finally:
+                self.run_ns += time.perf_counter_ns() - t
+
+        def __getattr__(self, name):
+            return getattr(self.fast, name)
+
+    def one_pass(server_c: bool, timed_aten: bool, split: bool = False) -> dict:
+        """One replay; ``split``: FastOps.run and the Python frees timed apart, and a cProfile (which costs)."""
         resolve.Resolved.__init__ = timed_init if timed_aten else plain_init
         ex = Executor(Session(id="r", route="ops", settings=config.settings(environ={}, device=device, server_c=server_c)))
+        if ex.fast is not None and split:
+            ex.fast = TimedFastOps(ex.fast)
+        events, apply_events = [0], ex.table.apply_events
+
+        def timed_events(e):
+            t = time.perf_counter_ns()
+            try:
+                return apply_events(e)
+            finally:
+                events[0] += time.perf_counter_ns() - t
+        if split:
+            ex.table.apply_events = timed_events
+        prof = None
+        if split:
+            import cProfile
+            prof = cProfile.Profile()
+            prof.enable()
         per_kind, per_op = collections.Counter(), collections.defaultdict(lambda: [0, 0])
         aten[0] = op_aten = 0
         sync()
@@ -115,7 +151,16 @@ def replay(path: str, steps: int) -> dict:
                     per_op[names.get(meta[2], "?")][1] += d
         sync()
         wall = time.perf_counter_ns() - t0
+        top = None
+        if prof is not None:
+            import io
+            import pstats
+            prof.disable()
+            text = io.StringIO()
+            pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+            top = [line for line in text.getvalue().splitlines() if line.strip()][:40]
         ran = (ex.fast.ran, ex.fast.declined) if ex.fast is not None else None
+        run_ns = ex.fast.run_ns if split and ex.fast is not None else None
         ex.close()
         resolve.Resolved.__init__ = plain_init
         n_op = sum(v[0] for v in per_op.values())
@@ -124,13 +169,18 @@ def replay(path: str, steps: int) -> dict:
                 # the ops' own calls: timed around r.call (Python path), around the dispatcher's call (C++ path)
                 "aten_us_per_op_message": op_aten / n_op / 1e3 if timed_aten or server_c else None, "fast_ran_declined": ran,
                 "ms_per_step_by_kind": {k: v / steps / 1e6 for k, v in per_kind.items()},
+                # of each op message: FastOps.run's whole call (C++ path), the frees and copies it carried
+                "fast_run_us_per_op_message": run_ns / n_op / 1e3 if run_ns is not None else None,
+                "events_us_per_op_message": events[0] / n_op / 1e3 if split else None,
                 "top_ops_us": {k: [v[0] // steps, round(v[1] / v[0] / 1e3, 2)] for k, v in
-                               sorted(per_op.items(), key=lambda kv: -kv[1][1])[:20]}}
+                               sorted(per_op.items(), key=lambda kv: -kv[1][1])[:20]},
+                "profile": top}
 
     out = {"device": device, "messages": len(log), "steps": steps}
     for i in range(3):  # the last pass of each counts: the allocator and the kernels are warm by then
         for key, server_c, timed_aten in (("cpp", True, False), ("python", False, False), ("python_aten_timed", False, True)):
             out[key] = one_pass(server_c, timed_aten)
+    out["cpp_split"] = one_pass(True, False, split=True)   # where the time goes, at the cost of timing it
     t = time.perf_counter_ns()
     for meta, _, _ in log:
         msgpack.unpackb(msgpack.packb(meta, use_bin_type=True), raw=False)

@@ -67,6 +67,7 @@ TABLE: tuple[Setting, ...] = (
     Setting("transport", "RGPU_TRANSPORT", "auto", _choice("auto", "tcp", "shm", "ucx"), "rgpu bench transport --transport", "auto = shm on one host, ucx where RDMA is, else tcp"),
     Setting("shm_c", "RGPU_SHM_C", True, _bool, "", "shm's hot path in C (built with cffi on first use, cached); 0: the Python path"),
     Setting("shm_spin_us", "RGPU_SHM_SPIN_US", None, _optional(float), "", "how long a waiting shm end polls before it sleeps (µs, at most 50000); unset: 20000 on a machine of 8 cores or more (as CUDA's own synchronize keeps its core there), else 100"),
+    Setting("tcp_spin_us", "RGPU_TCP_SPIN_US", None, _optional(float), "", "how long a tcp end polls its socket (without the GIL) before it sleeps in a read (µs, at most 50000); unset: 20000 on a machine of 8 cores or more, else 0"),
     Setting("tls", "RGPU_TLS", False, _bool, "rgpu serve --tls", "require TLS on the tcp transport"),
     Setting("tls_cert", "RGPU_TLS_CERT", None, _optional(str), "rgpu serve --tls-cert", "server certificate (PEM); unset: a self-signed one beside the token"),
     Setting("tls_key", "RGPU_TLS_KEY", None, _optional(str), "rgpu serve --tls-key", "server private key (PEM)"),
@@ -113,6 +114,7 @@ class Settings:
     tf32: bool
     shm_c: bool
     shm_spin_us: float | None
+    tcp_spin_us: float | None
     server_c: bool
     sim_rtt_ms: float
     post_batch_count: int

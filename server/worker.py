@@ -48,6 +48,8 @@ def serve_session(transport, session: Session, transports: list) -> None:
         handshake.welcome(transport, session.id, transports, executor.welcome())
         if negotiate.expects_upgrade(transports):  # the client switches to shm / ucx or stays on tcp
             transport = negotiate.server_upgrade(transport, transports, session.settings)
+        if transport.name == "tcp":   # waiting for the next op: poll before sleeping (RGPU_TCP_SPIN_US)
+            transport.spin_reads(session.settings.tcp_spin_us, session.settings.shm_c)
         with _serving(executor):
             _loop(transport, executor, session, limits, pool)
     except (ProtocolError, VersionMismatch) as exc:

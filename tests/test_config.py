@@ -23,6 +23,7 @@ SAMPLES = {
     "RGPU_SHM_C": ("0", False),
     "RGPU_SERVER_C": ("0", False),
     "RGPU_SHM_SPIN_US": ("2000", 2000.0),
+    "RGPU_TCP_SPIN_US": ("500", 500.0),
     "RGPU_TLS": ("yes", True),
     "RGPU_TLS_CERT": ("/c.pem", "/c.pem"),
     "RGPU_TLS_KEY": ("/k.pem", "/k.pem"),

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rgpu import config
-from rgpu.ops_protocol import Msg
+from rgpu.ops_protocol import Event, Msg
 from rgpu.server.ops import fast_op
 from rgpu.server.ops.codec import CODE_BY_DTYPE
 from rgpu.server.routes.base import OpFailed, Session
@@ -29,12 +29,27 @@ def wire(sid: int, t: torch.Tensor) -> dict:
                   t.storage_offset(), 0]}
 
 
+_open_pairs: list = []
+
+
+@pytest.fixture(autouse=True)
+def _close_pairs():
+    """Each test's executors closed after it, as a session's are: on a GPU an executor left to the garbage
+    collector would unmap its upload ring while CUDA still has it registered (the next ring there fails)."""
+    yield
+    while _open_pairs:
+        pair = _open_pairs.pop()
+        pair.cpp.close()
+        pair.py.close()
+
+
 class Pair:
     """A C++-path executor and a Python-path one, fed the same messages."""
 
     def __init__(self, device: str = "cpu"):
         self.cpp, self.py = (Executor(Session(id="t", route="ops", settings=config.settings(
             environ={}, device=device, server_c=c))) for c in (True, False))
+        _open_pairs.append(self)
         self.index = {}
         self.sid = 100
 
@@ -191,6 +206,122 @@ def test_an_output_that_aliases_its_input_is_copied_into_a_storage_of_its_own():
     del inplace
     assert torch.equal(p.read(r), a) and torch.equal(p.read(A), torch.full((6,), 9.0))
     assert p.cpp.fast.ran == 2
+
+
+@pytest.mark.parametrize("size, stride, offset", [
+    ([3, 4], [4, 1], 0), ([4, 3], [1, 4], 0), ([2, 2], [6, 1], 4), ([12], [1], 0), ([2, 0, 3], [3, 3, 1], 11),
+    ([], [], 7), ([2, 3], [0, 1], 2),                     # a scalar, a broadcast (stride 0)
+])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_view_the_cpp_path_makes_of_a_storage_is_the_view_as_strided_makes(size, stride, offset, device):
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs an NVIDIA GPU (the device tool's host)")
+    p = Pair(device)
+    base = torch.arange(12.0)
+    B = p.upload(base)
+    sid, nbytes, code = B["t"][:3]
+    view = {"t": [sid, nbytes, code, size, stride, offset, 0]}
+    expect = torch.as_strided(base, size, stride, offset)
+    entry = p.cpp.table.entries[sid]
+    entry.flat.clear()                                     # what the upload made: the view is made anew
+    entry.views.clear()
+    (r,) = p.op(aten.mul.Tensor, [view, view], {}, [torch.empty(expect.shape)])
+    assert p.cpp.fast.ran == 1 and len(entry.views) == 1 and not entry.flat   # made straight from the storage
+    if expect.numel():                                     # an empty result has no bytes to read
+        assert torch.equal(p.read(r).reshape(expect.shape), expect * expect)
+
+
+@pytest.mark.parametrize("size, stride, offset", [
+    ([4, 4], [4, 1], 0), ([3], [1], 10), ([3], [-1], 2), ([2], [1], -1), ([2, 1 << 62], [1 << 62, 1], 0),
+])
+def test_a_view_past_its_storage_fails_the_same_way_on_both_paths(size, stride, offset):
+    p = Pair()
+    B = p.upload(torch.arange(12.0))
+    sid, nbytes, code = B["t"][:3]
+    view = {"t": [sid, nbytes, code, size, stride, offset, 0]}
+    errors = []
+    for ex in (p.cpp, p.py):
+        ex.handle([Msg.DEFINE, 1, "neg.default", str(aten.neg.default._schema)], [], False)
+        with pytest.raises(OpFailed) as info:
+            ex.handle([Msg.OP, [], 1, [view], {}, [wire(70, torch.ones(3))["t"]]], [], False)
+        errors.append(str(info.value))
+    assert errors[0] == errors[1]
+    assert torch.equal(p.read(B), torch.arange(12.0))     # the storage is as it was
+
+
+def _send_with_outs(p: Pair, op, args: list, example) -> list:
+    """Run ``op`` on both executors with an output id for each tensor of ``example`` (its results as the
+    client sizes them) and None for the rest; the wire descriptors (or None), in order."""
+    outs = []
+    for r in example:
+        p.sid += 1
+        outs.append(wire(p.sid, r) if isinstance(r, torch.Tensor) else None)
+    p.send([Msg.OP, [], p.define(op), args, {}, [o["t"] if o else None for o in outs]])
+    return outs
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_fused_attention_runs_its_substitute_on_the_cpp_path_and_matches_python_and_torch(device):
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs an NVIDIA GPU (the device tool's host)")
+    from rgpu.ops_substitutes import substitute
+
+    p = Pair(device)
+    g = torch.Generator().manual_seed(0)
+    q, k, v, go = (torch.randn(2, 3, 37, 8, generator=g) for _ in range(4))   # 37 rows: lse padded on CUDA
+    Q, K, V, GO = (p.upload(t) for t in (q, k, v, go))
+    fwd, bwd = (aten._scaled_dot_product_fused_attention_overrideable.default,
+                aten._scaled_dot_product_fused_attention_overrideable_backward.default)
+    on = [t.to(device) for t in (go, q, k, v)]
+    example = substitute(f"{fwd._schema.name[6:]}.default", device)(*on[1:], None, 0.0, True, False)
+    outs = _send_with_outs(p, fwd, [Q, K, V, None, 0.0, True, False], example)
+    mask = [True, True, True, False]
+    tail = [None, None, example[4], example[5], 0.0, True]
+    grads_example = substitute(f"{bwd._schema.name[6:]}.default", device)(
+        *on, None, mask, example[0], example[1], *tail, example[6], example[7])
+    grads = _send_with_outs(p, bwd, [GO, Q, K, V, None, mask, outs[0], outs[1], *tail, outs[6], outs[7]],
+                            grads_example)
+    assert p.cpp.fast.ran == 2 and p.cpp.fast.declined == 0            # both ran their recipe in C++
+    qr, kr, vr = (t.clone().requires_grad_() for t in (q, k, v))
+    o = torch.nn.functional.scaled_dot_product_attention(qr, kr, vr, is_causal=True)
+    o.backward(go)
+    for w, ref in zip((outs[0], *grads[:3]), (o, qr.grad, kr.grad, vr.grad)):
+        cpp, py = (torch.frombuffer(bytearray(ex.handle([Msg.DOWNLOAD, [], w["t"]], [], True)[1][0]),
+                                    dtype=torch.float32).reshape(ref.shape) for ex in (p.cpp, p.py))
+        torch.testing.assert_close(cpp, py)                              # the same kernels on both paths
+        torch.testing.assert_close(cpp, ref.detach(), atol=2e-5, rtol=1e-4)   # and torch's own attention
+
+
+def test_the_frees_an_op_message_carries_are_applied_in_cpp_and_leave_the_table_as_python_does():
+    assert Event.FREE == 0 and Event.COPY == 1   # fast_table.h's kEventFree
+    p = Pair()
+    A, B, C = (p.upload(torch.full((4,), float(i))) for i in range(3))
+    (r,) = p.op(aten.add.Tensor, [A, B], {}, [torch.ones(4)])
+    neg = p.define(aten.neg.default)
+    free = [Event.FREE, A["t"][0], Event.FREE, B["t"][0], Event.FREE, 12345]   # 12345: never bound
+    grow = [Event.COPY, 900, 32, 0, C["t"][0], 16]                            # C's bytes into a new storage
+    for events in (free, grow + [Event.FREE, C["t"][0]]):
+        p.send([Msg.OP, events, neg, [r], {}, [wire(p.sid + 1, torch.ones(4))["t"]]])
+        p.sid += 1
+    for ex in (p.cpp, p.py):
+        assert sorted(ex.table.entries) == sorted(p.py.table.entries) and ex.table.allocated == p.py.table.allocated
+    assert A["t"][0] not in p.cpp.table.entries and 900 in p.cpp.table.entries and p.cpp.fast.ran == 3
+    assert torch.equal(p.read({"t": [900, 32, C["t"][2], [4], [1], 0, 0]}), torch.full((4,), 2.0))   # C's bytes, grown
+
+
+@pytest.mark.parametrize("events", [[Event.FREE], [Event.FREE, "x"], [7, 1], "frees", [Event.FREE, [1]]])
+def test_malformed_events_fail_the_same_way_on_both_paths(events):
+    p = Pair()
+    A = p.upload(torch.ones(3))
+    errors = []
+    for ex in (p.cpp, p.py):
+        ex.handle([Msg.DEFINE, 1, "neg.default", str(aten.neg.default._schema)], [], False)
+        try:
+            ex.handle([Msg.OP, events, 1, [A], {}, [wire(80, torch.ones(3))["t"]]], [], False)
+            errors.append(None)
+        except Exception as exc:   # whatever the Python path raises, the C++ path must raise the same
+            errors.append((type(exc), str(exc)))
+    assert errors[0] == errors[1]
 
 
 def test_a_session_never_waits_for_the_build_it_starts_one_in_the_background_and_runs_python(monkeypatch):

@@ -13,7 +13,7 @@ import pytest
 
 from rgpu import config
 from rgpu.errors import ProtocolError, RemoteError
-from rgpu.transport import shm, shm_fast
+from rgpu.transport import base, shm, shm_fast
 from rgpu.transport.buffers import BufferPool, as_bytes_view
 from rgpu.transport.connection import Connection
 from rgpu.transport.wire import Limits, MsgKind, pack_meta
@@ -184,7 +184,7 @@ def test_rgpu_shm_spin_us_sets_how_long_a_waiting_end_polls_before_it_sleeps(rgp
     endless = rgpu_server.connect("echo", transport="shm", shm_spin_us=1e9)
     assert long.transport.spin_s == 2500e-6
     assert short.transport.spin_s == short.transport.busy_s  # never less than the busy poll
-    assert endless.transport.spin_s == endless.transport.MAX_SPIN_S  # a dead peer is still noticed soon
+    assert endless.transport.spin_s == base.MAX_SPIN_S  # a dead peer is still noticed soon
     for conn in (long, short, endless):
         back = [bytearray(64)]
         conn.call({"op": "echo"}, [pattern(64, 6)], reply_into=back)
@@ -192,9 +192,7 @@ def test_rgpu_shm_spin_us_sets_how_long_a_waiting_end_polls_before_it_sleeps(rgp
 
 
 def test_unset_rgpu_shm_spin_us_spins_long_only_on_a_machine_with_cores_to_spare(rgpu_server, monkeypatch):
-    from rgpu.transport import shm
-
-    for cores, spin in ((2, shm.ShmTransport.spin_s), (16, shm.ShmTransport.LONG_SPIN_S)):
+    for cores, spin in ((2, shm.ShmTransport.spin_s), (16, base.LONG_SPIN_S)):
         monkeypatch.setattr(shm.os, "cpu_count", lambda: cores)
         conn = rgpu_server.connect("echo", transport="shm")
         assert conn.transport.spin_s == spin

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rgpu.errors import ConnectError, ConnectionLost
-from rgpu.transport import tcp
+from rgpu.transport import base, shm_fast, tcp
 from rgpu.transport.buffers import BufferPool, as_bytes_view
 from rgpu.transport.tcp import TcpTransport
 from rgpu.transport.wire import HEADER, Limits, MsgKind, encode_frame
@@ -18,15 +18,25 @@ from rgpu.transport.wire import HEADER, Limits, MsgKind, encode_frame
 LIMITS = Limits()
 
 
-@pytest.fixture
-def pair():
-    """Two connected TcpTransports over 127.0.0.1."""
+def connected_pair() -> tuple[TcpTransport, TcpTransport]:
     listener = tcp.listen("127.0.0.1", 0)
     a_sock = tcp.connect("127.0.0.1", listener.getsockname()[1], timeout=5)
     b_sock, _ = listener.accept()
     listener.close()
     a_sock.settimeout(None)
-    a, b = TcpTransport(a_sock), TcpTransport(b_sock)
+    return TcpTransport(a_sock), TcpTransport(b_sock)
+
+
+@pytest.fixture(params=["sleeping reads", "spinning reads"])
+def pair(request):
+    """Two connected TcpTransports over 127.0.0.1; reads that sleep at once, or poll 2 ms first (in C)."""
+    a, b = connected_pair()
+    if request.param == "spinning reads":
+        if shm_fast.load() is None:
+            pytest.skip(f"no C path here: {shm_fast.why_not()}")
+        for end in (a, b):
+            end.spin_reads(2000)
+            assert end.spin_s == 2000e-6
     yield a, b
     a.close()
     b.close()
@@ -268,3 +278,64 @@ def test_sockets_are_tuned_for_latency_and_dead_peers(pair):
     assert a.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
     assert a.sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE)
 
+
+
+def test_a_frame_that_comes_after_the_spin_is_still_read():
+    a, b = connected_pair()
+    try:
+        if shm_fast.load() is None:
+            pytest.skip(f"no C path here: {shm_fast.why_not()}")
+        b.spin_reads(500)                        # polls 0.5 ms, then sleeps in recv
+        later = threading.Timer(0.05, lambda: a.send([encode_frame(MsgKind.POST, 3, {"op": "late"})]))
+        later.start()
+        frame = call_with_timeout(lambda: b.recv_frame(LIMITS, BufferPool()))
+        assert (frame.seq, frame.meta) == (3, {"op": "late"})
+        later.join()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_reads_spin_by_default_only_on_a_machine_with_cores_to_spare(monkeypatch):
+    for cores, spin in ((2, 0.0), (16, base.LONG_SPIN_S)):
+        monkeypatch.setattr(base.os, "cpu_count", lambda: cores)
+        assert base.spin_seconds(None, 0.0) == spin
+    assert base.spin_seconds(1e9, 0.0) == base.MAX_SPIN_S      # a dead peer is still noticed soon
+    assert base.spin_seconds(-5, 0.0) == 0.0
+    a, b = connected_pair()
+    try:
+        b.spin_reads(0)
+        assert b.spin_s == 0.0 and b._reader.recv_into == b.sock.recv_into   # no spin: the socket's own read
+        b._tls = True                            # TLS reads go through the SSL object: never spun
+        b.spin_reads(2000)
+        assert b.spin_s == 0.0 and b._reader.recv_into == b.sock.recv_into
+    finally:
+        a.close()
+        b.close()
+
+
+def test_rgpu_tcp_spin_us_sets_how_long_a_client_polls_before_it_sleeps(rgpu_server):
+    if shm_fast.load() is None:
+        pytest.skip(f"no C path here: {shm_fast.why_not()}")
+    conn = rgpu_server.connect("echo", transport="tcp", tcp_spin_us=1500)
+    assert conn.transport.spin_s == 1500e-6
+    back = [bytearray(64)]
+    for i in range(20):
+        payload = bytes([i]) * 64
+        conn.call({"op": "echo"}, [payload], reply_into=back)
+        assert bytes(back[0]) == payload
+
+
+def test_a_server_whose_reads_spin_serves_small_and_large_frames(start_server):
+    if shm_fast.load() is None:
+        pytest.skip(f"no C path here: {shm_fast.why_not()}")
+    server = start_server(env={"RGPU_TCP_SPIN_US": "3000"})
+    conn = server.connect("echo", transport="tcp")
+    big = np.arange(1 << 20, dtype=np.uint8)
+    for i in range(10):
+        back = [bytearray(64)]
+        conn.call({"op": "echo"}, [bytes([i]) * 64], reply_into=back)
+        assert bytes(back[0]) == bytes([i]) * 64
+        stride = 4093
+        sums = conn.call({"op": "checksum", "stride": stride}, [big]).meta["sums"]
+        assert sums == [int(big[::stride].sum(dtype=np.uint64))]

@@ -320,3 +320,21 @@ def test_many_small_uploads_through_the_ring_arrive_value_by_value_on_a_gpu_with
     assert sum(src.numel() * src.element_size() for _, src in sent.values()) > 3 * RING_BYTES  # round several times
     ex.uploads.close()
     ex.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: its registrations are being tested")
+def test_a_registration_that_fails_does_not_fail_the_next_op_on_a_gpu():
+    import mmap
+
+    from rgpu.server.ops.uploads import pin
+
+    mapping = mmap.mmap(-1, 1 << 20)
+    host = torch.frombuffer(mapping, dtype=torch.uint8)
+    try:
+        assert pin(host.data_ptr(), 1 << 20) == 0
+        assert pin(host.data_ptr(), 1 << 20) != 0       # already registered: CUDA's last error is set
+        x = torch.ones(4, device="cuda") * 2            # torch's launch check must not find that error
+        assert torch.equal(x.cpu(), torch.full((4,), 2.0))
+    finally:
+        torch.cuda.cudart().cudaHostUnregister(host.data_ptr())

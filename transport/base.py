@@ -6,6 +6,7 @@ replies and handshakes live above it (``connection.py``, ``handshake.py``).
 """
 from __future__ import annotations
 
+import os
 import socket
 from abc import ABC, abstractmethod
 from typing import Callable, ClassVar, Sequence
@@ -16,6 +17,23 @@ from .wire import (
     _KINDS, _LENGTH_STRUCTS, HEADER, KNOWN_FLAGS, MAGIC, Frame, Limits, decode_header, decode_lengths, encode_prefix, pack_meta,
     unpack_meta,
 )
+
+
+# How long a waiting end polls before it sleeps (shm's waits, tcp's reads) when its session does not say:
+# on a machine of SPIN_CORES cores or more, long enough to span the waits of a training step (GPU host,
+# eager nanoGPT step over shm: 18.3 ms with a 100 us spin, 14.8 with 20 ms, native 14.9; every write to
+# a sleeping end cost a wake-up, and a client woken from its wait at loss.item() ran cold). CUDA's own
+# synchronize keeps its core likewise where there are more cores than GPUs. On small machines a
+# spinning end takes the core its peer needs: the transport's own short spin there. Never longer than
+# MAX_SPIN_S: a spinning end notices a dead peer only once it sleeps.
+SPIN_CORES, LONG_SPIN_S, MAX_SPIN_S = 8, 0.02, 0.05
+
+
+def spin_seconds(spin_us: float | None, short_s: float) -> float:
+    """A waiting end's poll before it sleeps: ``spin_us`` (a setting; capped), else the machine's default."""
+    if spin_us is not None:
+        return min(max(spin_us, 0.0) * 1e-6, MAX_SPIN_S)
+    return LONG_SPIN_S if (os.cpu_count() or 1) >= SPIN_CORES else short_s
 
 
 # into(kind, seq, lengths) -> caller-owned views of exactly those lengths, or None for pool leases
@@ -101,7 +119,7 @@ class StreamReader:
     READ_AHEAD = 64 << 10
 
     def __init__(self, recv_into):
-        self._recv_into = recv_into          # fills up to len(view) bytes, returns count (0 = EOF)
+        self.recv_into = recv_into           # fills up to len(view) bytes, returns count (0 = EOF); replaceable
         self._stage = bytearray(self.STAGE)
         self._view = memoryview(self._stage)
         self._start = 0
@@ -121,7 +139,7 @@ class StreamReader:
             self._start, self._end = 0, n
         limit = max(need, self.READ_AHEAD)
         while self._end < need:
-            got = self._recv_into(self._view[self._end:limit])
+            got = self.recv_into(self._view[self._end:limit])
             if got == 0:
                 raise EOFError
             self._end += got
@@ -146,7 +164,7 @@ class StreamReader:
             self._start += staged
         pos = staged
         while pos < n:
-            got = self._recv_into(dest[pos:])
+            got = self.recv_into(dest[pos:])
             if got == 0:
                 raise EOFError
             pos += got

@@ -44,6 +44,7 @@ def connect(route: str, *, settings=None, server: str | None = None, token: str 
         raise
     if transport.name == "tcp":
         sock.settimeout(None)
+        transport.spin_reads(s.tcp_spin_us, s.shm_c)
     if s.sim_rtt_ms > 0:  # RGPU_SIM_RTT_MS: a delay line for tests and benchmarks, after the handshake
         from .delay import DelayTransport
 

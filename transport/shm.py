@@ -36,7 +36,7 @@ import numpy as np
 from rgpu.errors import ConnectionLost, ProtocolError
 
 from . import fastcopy, shm_fast
-from .base import Transport
+from .base import Transport, spin_seconds
 from .buffers import as_bytes_view
 from .shm_memory import Heap, Segment
 from .shm_recv import Receiving
@@ -91,19 +91,11 @@ class ShmTransport(Receiving, Transport):
     # eventfd. When data arrives just as a yield comes back late and the peer last ran on our CPU
     # (/proc, looked at most every CORE_CHECK_S), it shares our core: for SHARED_CORE_S the receiver
     # yields from the start (keeping the core would only delay the peer). Measured on the shared
-    # 2-core machine, docs/perf/transport.md. spin_s is RGPU_SHM_SPIN_US where a session sets it.
-    #
-    # How long to spin when the session does not say: on a machine of SPIN_CORES cores or more, long
-    # enough to span the waits of a training step (GPU host, eager nanoGPT step over shm: 18.3 ms with
-    # a 100 us spin, 14.8 with 20 ms, native 14.9; every post to a sleeping server cost an eventfd write
-    # and a wake-up, and a client woken from its wait at loss.item() ran cold). CUDA's own synchronize
-    # keeps its core likewise where there are more cores than GPUs. On small machines a spinning end
-    # takes the core its peer needs: 100 us there.
+    # 2-core machine, docs/perf/transport.md. spin_s: RGPU_SHM_SPIN_US, else base.spin_seconds's
+    # default (20 ms on a machine of 8 cores or more, spin_s below elsewhere).
     busy_s = 20e-6
     spin_s = 100e-6
-    SPIN_CORES, LONG_SPIN_S = 8, 0.02
     spin_yield = True
-    MAX_SPIN_S = 0.05   # a spinning end notices a dead peer only once it sleeps: never spin longer than this
     # A write is a copy into the ring: on the caller's thread it costs less than the hand-off to the
     # connection's I/O thread (GPU host, 5000 streamed adds: 25 us per op inline, 67 us through the
     # thread, whose GIL hand-offs also slowed the caller; `gpu/diag_client.sh`).
@@ -116,10 +108,7 @@ class ShmTransport(Receiving, Transport):
     def __init__(self, side: str, sock: socket.socket, control: Segment, efds: list[int],
                  max_segment: int = MAX_SEGMENT, use_c: bool = True, spin_us: float | None = None):
         self.side = side
-        if spin_us is not None:          # RGPU_SHM_SPIN_US: this end's own choice
-            self.spin_s = min(max(spin_us * 1e-6, self.busy_s), self.MAX_SPIN_S)
-        elif (os.cpu_count() or 1) >= self.SPIN_CORES:
-            self.spin_s = self.LONG_SPIN_S
+        self.spin_s = max(spin_seconds(spin_us, self.spin_s), self.busy_s)   # RGPU_SHM_SPIN_US, or the default
         self._sock = sock
         self._control = control
         self._efds = efds

@@ -1,4 +1,5 @@
-/* shm's hot path in C: write a record, wait for one, read one, let one go.
+/* shm's hot path in C: write a record, wait for one, read one, let one go (and tcp's one wait
+ * that must not hold the GIL: polling a socket before its reader sleeps, rgpu_fd_spin).
  *
  * The same records as shm_ring.py describes, written and read by the same rules
  * as shm.py and shm_recv.py (which remain the reference, and the path for
@@ -12,6 +13,7 @@
 #include <sched.h>
 #include <unistd.h>
 #include <immintrin.h>
+#include <poll.h>
 
 #define KIND_FRAME 1u
 #define KIND_WRAP 2u
@@ -226,4 +228,19 @@ int rgpu_shm_call(const rgpu_ring *r, uint64_t tail, uint64_t head, uint32_t kin
         f->copied = 1;
     }
     return got;
+}
+
+/* tcp: poll ``fd`` for up to spin_s before its reader sleeps in recv (a reader asleep costs every
+ * write to it a wake-up of its thread; GPU host, loopback). 1: something to read (or hung up, or an
+ * error: the read that follows names it); 0: nothing within spin_s. */
+int rgpu_fd_spin(int fd, double spin_s) {
+    struct pollfd p = {fd, POLLIN, 0};
+    double end = now_s() + spin_s;
+    for (unsigned i = 0;; ++i) {
+        if (poll(&p, 1, 0) != 0)
+            return 1;
+        if ((i & 7) == 7 && now_s() > end)
+            return 0;
+        _mm_pause();
+    }
 }

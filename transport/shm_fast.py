@@ -1,4 +1,4 @@
-"""shm's hot path in C (``shm_fast.c``), built with cffi on first use and cached.
+"""shm's hot path in C (``shm_fast.c``), built with cffi on first use and cached (and tcp's spin before a read).
 
 A 64 B round trip over shm is nothing but both ends' per-message work, and in
 Python that was the whole of it (17 us here, 29 us on the GPU host, against a
@@ -54,6 +54,7 @@ int rgpu_shm_call(const rgpu_ring *r, uint64_t tail, uint64_t head, uint32_t kin
                   const char *meta, uint32_t meta_len, uint32_t nbufs, const char *const *bufs, const uint64_t *lens,
                   double busy_s, double spin_s, int yield_core, uint32_t max_meta, uint32_t max_bufs,
                   uint64_t max_frame, char *into, uint64_t into_len, rgpu_frame *f);
+int rgpu_fd_spin(int fd, double spin_s);
 """
 FAST_BUFS = 8
 # rgpu_frame as Python reads it: head, next, seq, ack, kind, meta length, buffers, meta offset; then

@@ -8,10 +8,11 @@ from typing import Sequence
 
 from rgpu.errors import ConfigError, ConnectionLost, translate_os_error
 
-from .base import Into, StreamReader, Transport
+from .base import Into, StreamReader, Transport, spin_seconds
 from .buffers import BufferPool
 from .wire import Frame, Limits
 
+_DONTWAIT = socket.MSG_DONTWAIT
 IOV_MAX = 1024  # sendmsg's limit on parts per call on Linux
 TLS_JOIN_BYTES = 64 << 10  # TLS: parts smaller than this are joined into one write
 
@@ -36,6 +37,30 @@ class TcpTransport(Transport):
         self._tls = isinstance(sock, ssl.SSLSocket)
         self._reader = StreamReader(sock.recv_into)
         self._closed = False
+        self.spin_s = 0.0
+
+    def spin_reads(self, spin_us: float | None, use_c: bool = True) -> None:
+        """Before a read sleeps, poll the socket for ``spin_us`` (RGPU_TCP_SPIN_US; unset: 20 ms on a machine
+        of 8 cores or more, else not at all), in C without the GIL (shm's C module): a reader asleep costs
+        every write to it a wake-up of its thread, and a session's server waits for the next op again and
+        again. Called once the handshake is over. Not with TLS (its records are read through the SSL object)."""
+        from . import shm_fast
+
+        spin_s = spin_seconds(spin_us, 0.0)
+        module = shm_fast.load(use_c) if spin_s > 0 and not self._tls else None
+        if module is None:
+            return
+        spin, fd, recv_into = module.lib.rgpu_fd_spin, self.sock.fileno(), self.sock.recv_into
+
+        def recv_spinning(view) -> int:
+            try:
+                return recv_into(view, 0, _DONTWAIT)   # with a timeout set, Python waits for it first, as before
+            except BlockingIOError:
+                spin(fd, spin_s)
+                return recv_into(view)
+
+        self.spin_s = spin_s
+        self._reader.recv_into = recv_spinning
 
     @property
     def tls(self) -> bool:

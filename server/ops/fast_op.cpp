@@ -10,8 +10,8 @@
 // The Python executor stays the reference and the rest: run() answers false, having changed
 // nothing the Python path would not do the same way, for anything it does not take (a tagged value
 // other than a tensor, dtype, device, layout or memory format; a number where the schema says
-// Tensor; an unknown keyword), and an op with an argument type it does not know, a substitute, a
-// CPU adaptation or a generator on the CPU is never defined here. Whatever is unusual after the op
+// Tensor; an unknown keyword), and an op with an argument type it does not know, a substitute without
+// a recipe in fast_substitutes.h, a CPU adaptation or a generator on the CPU is never defined here. Whatever is unusual after the op
 // ran (a written view whose layout changed, an output in another layout than the client's, one that
 // aliases an input) goes back to the executor's own Python for that part.
 #include <torch/extension.h>
@@ -19,6 +19,7 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include "fast_substitutes.h"
 #include "fast_table.h"
 
 #include <chrono>
@@ -46,6 +47,7 @@ struct Arg {
 
 struct Op {
   c10::OperatorHandle handle;
+  Recipe recipe = nullptr;           // a substitute's (fast_substitutes.h), run instead of the op's kernel
   std::vector<Arg> args;
   std::vector<size_t> checked;       // positions of written arguments whose layout is checked afterwards
   explicit Op(c10::OperatorHandle h) : handle(std::move(h)) {}
@@ -102,15 +104,19 @@ class FastOps {
   }
 
   // Whether op #index (aten::name.overload; "default" is the unnamed overload) runs here; checked:
-  // the executor's (position, name, keyword-only) of written arguments it checks after the op.
-  bool define(int64_t index, const std::string& name, const std::string& overload, py::list checked) {
+  // the executor's (position, name, keyword-only) of written arguments it checks after the op;
+  // substituted: the executor runs a substitute for it (only one with a recipe here runs here).
+  bool define(int64_t index, const std::string& name, const std::string& overload, py::list checked,
+              bool substituted) {
     ops_.erase(index);
     auto h = c10::Dispatcher::singleton().findSchema({"aten::" + name, overload == "default" ? "" : overload});
     if (!h) return false;
     auto op = std::make_unique<Op>(*h);
+    if (substituted && (op->recipe = recipe_for(name + "." + overload, on_cuda_)) == nullptr) return false;
     for (const c10::Argument& a : h->schema().arguments()) {
       Arg arg;
       if (!kind_of(a, on_cuda_, arg)) return false;
+      arg.optional = arg.optional || (op->recipe != nullptr && arg.kind == Kind::Tensor);  // undefined: None
       arg.kwarg_only = a.kwarg_only();
       arg.name = steal(PyUnicode_InternFromString(a.name().c_str()));
       arg.dflt = a.default_value();
@@ -155,13 +161,18 @@ class FastOps {
     const auto t0 = std::chrono::steady_clock::now();
     {
       py::gil_scoped_release no_gil;
-      op.handle.callBoxed(stack);
+      if (op.recipe != nullptr) op.recipe(stack);
+      else op.handle.callBoxed(stack);
     }
     call_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
     for (size_t i = 0; i < op.checked.size(); ++i) check_written(op.args[op.checked[i]], op.checked[i], written_[i], args, kwargs);
     bind(stack, outs);
     return true;
   }
+
+  // The frees an op message carries (its events), applied here when they are all frees; false (nothing
+  // done) for the executor's Python to apply them.
+  bool free_events(py::handle events) { return table_.free_all(events.ptr()); }
 
   int64_t ran = 0, declined = 0;  // ops run here (failed ones too); ops defined here but left to Python
   int64_t call_ns = 0;            // time in the ops themselves (the dispatcher's call and the kernels' launch)
@@ -427,6 +438,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readonly("ran", &FastOps::ran)
       .def_readonly("declined", &FastOps::declined)
       .def_readonly("call_ns", &FastOps::call_ns)
+      .def("free_events", torch::wrap_pybind_function(
+                              [](FastOps& self, py::handle events) { return self.free_events(events); }))
       .def("run", torch::wrap_pybind_function(
                       [](FastOps& self, int64_t index, py::handle args, py::handle kwargs, py::handle outs) {
                         return self.run(index, args, kwargs, outs);

@@ -24,7 +24,7 @@ from rgpu.torch_ext import Extension
 
 log = logging.getLogger("rgpu.server.fast_op")
 
-EXTENSION = Extension("server_ops", Path(__file__).resolve().parent, ("fast_op.cpp",), ("fast_table.h",),
+EXTENSION = Extension("server_ops", Path(__file__).resolve().parent, ("fast_op.cpp",), ("fast_table.h", "fast_substitutes.h"),
                       "the server's op path")
 _failed: str | None = None
 _building = False

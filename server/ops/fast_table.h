@@ -3,10 +3,12 @@
 // Why the table stays Python: the rest of the server (uploads, graphs, CUDA graph replays, poison, the
 // Python op path) reads and writes it, and one table means both paths see the same ids, views and
 // byte counts. These are its methods' common cases written against its dicts and Entry objects
-// (HandleTable.view, _fresh, bind, free, _account and keep's test); anything else goes to the
-// table's own Python.
+// (HandleTable.view, _fresh, bind, free, apply_events of frees, _account and keep's test); anything else goes to the
+// table's own Python. One difference: views are made straight from the storage (strided_view), so
+// the C++ path leaves an entry's ``flat`` tensors (the Python path's way to its views) alone.
 #pragma once
 
+#include <ATen/EmptyTensor.h>
 #include <torch/extension.h>
 #include <torch/csrc/Device.h>
 #include <torch/csrc/Dtype.h>
@@ -47,6 +49,30 @@ inline py::object steal(PyObject* p) {
   return py::reinterpret_steal<py::object>(p);
 }
 
+// A tensor of ``st``'s bytes in this geometry, as as_strided makes one but without the dispatcher and
+// without HandleTable's flat tensor per dtype (GPU host, eager nanoGPT step: ~250 views a step are
+// first seen, and the flat's empty + set_ and as_strided were most of their cost). False when the
+// geometry does not fit the storage as as_strided checks it (negative strides or offset, past its end,
+// an overflow): the table's own view() then raises what as_strided raises.
+inline bool strided_view(const c10::Storage& st, at::ScalarType dtype, c10::IntArrayRef size,
+                         c10::IntArrayRef stride, int64_t offset, at::Tensor& out) {
+  if (offset < 0 || size.size() != stride.size()) return false;
+  for (size_t i = 0; i < size.size(); ++i)
+    if (size[i] < 0 || stride[i] < 0) return false;
+  size_t need;
+  try {
+    need = at::detail::computeStorageNbytes(size, stride, c10::elementSize(dtype), static_cast<size_t>(offset));
+  } catch (const c10::Error&) {
+    return false;
+  }
+  if (need > st.nbytes()) return false;
+  const c10::DispatchKeySet keys(c10::computeDispatchKey(dtype, at::kStrided, st.device()));
+  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(st), keys, c10::scalarTypeToTypeMeta(dtype));
+  impl->set_sizes_and_strides(size, stride, offset);
+  out = at::Tensor(std::move(impl));
+  return true;
+}
+
 inline py::object view_key(PyObject* desc) {  // HandleTable's view-cache key: (dtype code, sizes, strides, offset)
   return steal(PyTuple_Pack(4, PyList_GET_ITEM(desc, 2), steal(PyList_AsTuple(PyList_GET_ITEM(desc, 3))).ptr(),
                             steal(PyList_AsTuple(PyList_GET_ITEM(desc, 4))).ptr(), PyList_GET_ITEM(desc, 5)));
@@ -54,12 +80,13 @@ inline py::object view_key(PyObject* desc) {  // HandleTable's view-cache key: (
 
 class Table {
  public:
+  static constexpr int64_t kEventFree = 0;  // ops_protocol.Event.FREE: [FREE, id]
+
   // table: the session's HandleTable; entry_type: its Entry class; max_views: its MAX_VIEWS; dtypes:
   // its dtype per wire code (None where this torch lacks one).
   Table(py::object table, py::object entry_type, int64_t max_views, py::sequence dtypes)
       : table_(table), entries_(table.attr("entries")), entry_type_(entry_type), max_views_(max_views) {
     for (py::handle d : dtypes) {
-      dtype_objs_.push_back(py::reinterpret_borrow<py::object>(d));
       dtypes_.push_back(THPDtype_Check(d.ptr()) ? std::optional<at::ScalarType>(((THPDtype*)d.ptr())->scalar_type)
                                                : std::nullopt);
     }
@@ -111,6 +138,20 @@ class Table {
     enter(PyList_GET_ITEM(desc, 0), t, PyList_GET_ITEM(desc, 6), key, static_cast<int64_t>(t.storage().nbytes()));
   }
 
+  // HandleTable.free of each storage an events list frees, when all its events are frees of an int id
+  // (the client's allocator log between two ops: nearly always); false, nothing done, for anything
+  // else (a storage grown, a malformed list), which the table's own apply_events does or refuses.
+  bool free_all(PyObject* events) {
+    if (!PyList_CheckExact(events) || PyList_GET_SIZE(events) % 2) return false;
+    const Py_ssize_t n = PyList_GET_SIZE(events);
+    int64_t kind;
+    for (Py_ssize_t i = 0; i < n; i += 2)
+      if (!as_int(PyList_GET_ITEM(events, i), kind) || kind != kEventFree || !PyLong_CheckExact(PyList_GET_ITEM(events, i + 1)))
+        return false;
+    for (Py_ssize_t i = 0; i < n; i += 2) release(PyList_GET_ITEM(events, i + 1));
+    return true;
+  }
+
   // Whether ``t`` has the layout a descriptor (a list of 7) names: sizes, strides, offset, no conjugate or
   // negative bit. The storage and dtype are the callers' to check.
   static bool laid_out(const at::Tensor& t, PyObject* desc) {
@@ -158,27 +199,14 @@ class Table {
     return size.size() == stride.size();
   }
 
-  // A view of an entry's storage the cache lacks: HandleTable.tensor's flat tensor and as_strided (which
-  // checks the geometry against the storage), then cached as HandleTable.view does.
+  // A view of an entry's storage the cache lacks (strided_view), then cached as HandleTable.view does.
   bool view_of(PyObject* entry, PyObject* desc, py::object& views, py::object& key, at::Tensor& out) {
     int64_t code, offset, dev;
     std::vector<int64_t> size, stride;
     py::object storage = slot(entry, STORAGE);
-    if (!fields(desc, code, size, stride, offset, dev) || !THPStorage_Check(storage.ptr())) return false;
-    py::object flats = slot(entry, FLAT);
-    PyObject* flat = PyDict_GetItemWithError(flats.ptr(), dtype_objs_[code].ptr());
-    if (flat == nullptr && PyErr_Occurred()) throw py::error_already_set();
-    at::Tensor f;
-    if (flat != nullptr) {
-      f = THPVariable_Unpack(flat);
-    } else {
-      const c10::Storage& st = THPStorage_Unpack(storage.ptr());
-      f = at::empty({0}, at::TensorOptions().dtype(*dtypes_[code]).device(st.device()));
-      f.set_(st);
-      py::object wrapped = steal(THPVariable_Wrap(f));
-      if (PyDict_SetItem(flats.ptr(), dtype_objs_[code].ptr(), wrapped.ptr()) < 0) throw py::error_already_set();
-    }
-    out = f.as_strided(size, stride, offset);
+    if (!fields(desc, code, size, stride, offset, dev) || !THPStorage_Check(storage.ptr()) ||
+        !strided_view(THPStorage_Unpack(storage.ptr()), *dtypes_[code], size, stride, offset, out))
+      return false;
     if (PyDict_GET_SIZE(views.ptr()) >= max_views_) PyDict_Clear(views.ptr());
     py::object wrapped = steal(THPVariable_Wrap(out));
     if (PyDict_SetItem(views.ptr(), key.ptr(), wrapped.ptr()) < 0) throw py::error_already_set();
@@ -241,7 +269,6 @@ class Table {
   py::object table_, entries_, entry_type_;
   int64_t max_views_;
   std::vector<std::optional<at::ScalarType>> dtypes_;
-  std::vector<py::object> dtype_objs_;
   std::vector<c10::Device> devices_;
   std::vector<py::object> slots_;
   py::object s_view_, s_allocated_, s_peak_;

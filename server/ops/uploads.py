@@ -52,6 +52,22 @@ class UploadError(Exception):
         self.op = "upload"
 
 
+def pin(ptr: int, nbytes: int) -> int:
+    """``cudaHostRegister`` of host memory, in the current GPU's context; its error code (0: pinned).
+
+    A failure is also CUDA's "last error", which torch's next kernel-launch check would raise as that
+    op's failure (a session's next op failing with "memory range is already mapped"): it is read away
+    here by a launch whose check consumes it.
+    """
+    rc = int(torch.cuda.cudart().cudaHostRegister(ptr, nbytes, 0))
+    if rc != 0:
+        try:
+            torch.zeros(1, device="cuda")
+        except (RuntimeError, AssertionError):   # the stale error itself; or no CUDA (a test's stand-in)
+            pass
+    return rc
+
+
 class Pinned:
     """Host mappings registered with CUDA, by base address; each entry holds its root array (the mapping)."""
 
@@ -72,7 +88,7 @@ class Pinned:
         base = root.ctypes.data
         if base not in self.entries:
             self.forget_dropped()
-            rc = int(torch.cuda.cudart().cudaHostRegister(base, root.nbytes, 0))
+            rc = pin(base, root.nbytes)
             if rc != 0:
                 self.failed = True
                 log.warning("cudaHostRegister of a shm segment failed (%d); uploads staged instead", rc)
@@ -100,7 +116,7 @@ class _Slot:
         # pinned by registering it with CUDA ourselves: with rgpu imported, torch's current accelerator
         # is rgpu, and pin_memory=True does not give CUDA pinned memory
         self.host = torch.empty(SLOT_BYTES, dtype=torch.uint8)
-        rc = int(torch.cuda.cudart().cudaHostRegister(self.host.data_ptr(), SLOT_BYTES, 0))
+        rc = pin(self.host.data_ptr(), SLOT_BYTES)
         self.registered = rc == 0
         if not self.registered:
             log.warning("cudaHostRegister of a staging slot failed (%d): its copies run at pageable speed", rc)
@@ -225,7 +241,7 @@ class Uploads:
         if not self.ring_failed:
             ring = Ring()
             with torch.cuda.device(device):  # registered in the context of the GPU that reads it
-                rc = int(torch.cuda.cudart().cudaHostRegister(ring.host.data_ptr(), ring.bytes.nbytes, 0))
+                rc = pin(ring.host.data_ptr(), ring.bytes.nbytes)
             if rc != 0:
                 # not pinned, a non_blocking copy from it would be no faster, and no GPU is tried again
                 log.warning("cudaHostRegister of the upload ring failed (%d); whole uploads copied plainly", rc)

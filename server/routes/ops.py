@@ -130,8 +130,8 @@ class Executor(BaseExecutor):
         if self.kind == "cpu":  # looked up once here, not per op
             r.adapt, r.fix = CPU_ADAPT.get(r.name), CPU_RESULTS.get(r.name)
         self.ops[index] = r
-        if self.fast is not None and not r.substituted and r.adapt is None and r.fix is None:
-            r.fast = self.fast.define(index, *name.split("."), r.checked)
+        if self.fast is not None and r.adapt is None and r.fix is None:
+            r.fast = self.fast.define(index, *name.split("."), r.checked, r.substituted)
 
     def _resolved(self, index):
         r = self.ops.get(index)
@@ -212,7 +212,7 @@ class Executor(BaseExecutor):
 
     def _op(self, meta, buffers):
         _, events, index, args, kwargs, outs = meta
-        if events:
+        if events and not (self.fast is not None and self.fast.free_events(events)):
             self.table.apply_events(events)
         r = self.ops.get(index)
         if type(r) is not Resolved:
