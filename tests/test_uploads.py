@@ -64,7 +64,7 @@ def test_pieces_land_at_their_offsets_and_one_past_the_end_is_refused():
 def test_a_shm_segment_is_registered_once_and_unregistered_only_after_the_transport_lets_it_go(monkeypatch):
     import mmap
 
-    from rgpu.server.ops.uploads import Pinned
+    from rgpu.server.ops.staging import Pinned
 
     calls = []
 
@@ -146,7 +146,7 @@ class _Event:
 
 
 def _ring(nbytes=4096):
-    from rgpu.server.ops.uploads import Ring
+    from rgpu.server.ops.staging import Ring
 
     gpu = _Gpu()
     made = []
@@ -261,7 +261,7 @@ def test_many_small_uploads_through_the_ring_arrive_value_by_value_on_a_gpu_with
     import random
 
     from rgpu.ops_protocol import Event
-    from rgpu.server.ops.uploads import RING_BYTES
+    from rgpu.server.ops.staging import RING_BYTES
 
     ex = Executor(Session(id="t", route="ops", settings=config.settings(environ={}, device="cuda")))
     for index, op in enumerate((torch.ops.aten.add.Tensor, torch.ops.aten.mm.default)):
@@ -327,7 +327,7 @@ def test_many_small_uploads_through_the_ring_arrive_value_by_value_on_a_gpu_with
 def test_a_registration_that_fails_does_not_fail_the_next_op_on_a_gpu():
     import mmap
 
-    from rgpu.server.ops.uploads import pin
+    from rgpu.server.ops.staging import pin
 
     mapping = mmap.mmap(-1, 1 << 20)
     host = torch.frombuffer(mapping, dtype=torch.uint8)

@@ -1,0 +1,159 @@
+"""Pinned host memory the uploads stage through: CUDA registrations, staging slots, the whole uploads' ring.
+
+Over shm a piece of a big upload arrives in place, in a memfd segment the client
+made and this process mapped: ``Pinned`` registers each such segment with
+``cudaHostRegister`` once and the piece goes to the GPU by DMA straight from it, no
+staging copy. The frame's memory goes back to the client when ``handle`` returns, so
+that copy finishes first; the pipeline is the client writing piece k+1 into its
+segment while this side's DMA moves piece k. A registration ends
+(``cudaHostUnregister``) once the transport has let its segment go, before the
+mapping can be unmapped.
+
+A whole upload copied to the GPU from the frame's pageable memory would hold this
+thread until the GPU had finished all it was given before. A ``Ring`` copies it into
+pinned memory here, then to the device asynchronously on the current stream, where
+later ops run after it. Each copy records an event; a span of the ring is reused
+once the event of the copy that last read it is done, so an upload waits for the GPU
+only when the ring is full of pending copies.
+"""
+from __future__ import annotations
+
+import logging
+import mmap
+import sys
+from collections import deque
+
+import numpy as np
+import torch
+
+log = logging.getLogger("rgpu.server.uploads")
+
+SLOT_BYTES = 8 << 20      # the client's largest piece
+RING_BYTES = 4 << 20      # whole uploads' staging, per GPU: a step's batch (2 x 128 KiB) many times over
+RING_ALIGN = 256          # each upload's span starts at a multiple of this
+
+
+def pin(ptr: int, nbytes: int) -> int:
+    """``cudaHostRegister`` of host memory, in the current GPU's context; its error code (0: pinned).
+
+    A failure is also CUDA's "last error", which torch's next kernel-launch check would raise as that
+    op's failure (a session's next op failing with "memory range is already mapped"): it is read away
+    here by a launch whose check consumes it.
+    """
+    rc = int(torch.cuda.cudart().cudaHostRegister(ptr, nbytes, 0))
+    if rc != 0:
+        try:
+            torch.zeros(1, device="cuda")
+        except (RuntimeError, AssertionError):   # the stale error itself; or no CUDA (a test's stand-in)
+            pass
+    return rc
+
+
+class Pinned:
+    """Host mappings registered with CUDA, by base address; each entry holds its root array (the mapping)."""
+
+    def __init__(self):
+        self.entries: dict[int, np.ndarray] = {}
+        self.failed = False
+
+    def view(self, buf: memoryview) -> torch.Tensor | None:
+        """``buf`` as a CPU tensor the GPU reads by DMA, when it lies in a registrable mapping; else None."""
+        if self.failed:
+            return None
+        root = buf.obj
+        while isinstance(root, np.ndarray) and isinstance(root.base, np.ndarray):
+            root = root.base
+        mapping = root.base.obj if isinstance(root, np.ndarray) and isinstance(root.base, memoryview) else None
+        if not isinstance(mapping, mmap.mmap):
+            return None  # not a segment mapping (tcp: pool memory)
+        base = root.ctypes.data
+        if base not in self.entries:
+            self.forget_dropped()
+            rc = pin(base, root.nbytes)
+            if rc != 0:
+                self.failed = True
+                log.warning("cudaHostRegister of a shm segment failed (%d); uploads staged instead", rc)
+                return None
+            self.entries[base] = root
+        return torch.frombuffer(buf, dtype=torch.uint8)
+
+    def forget_dropped(self) -> None:
+        """Unregister mappings only we still hold (the transport let the segment go); then they unmap."""
+        for base in list(self.entries):
+            if sys.getrefcount(self.entries[base]) <= 2:  # the dict's and getrefcount's argument
+                torch.cuda.cudart().cudaHostUnregister(base)
+                del self.entries[base]
+
+    def close(self) -> None:
+        for base in list(self.entries):
+            torch.cuda.cudart().cudaHostUnregister(base)
+        self.entries.clear()
+
+
+class Slot:
+    __slots__ = ("host", "done", "registered")
+
+    def __init__(self):
+        # pinned by registering it with CUDA ourselves: with rgpu imported, torch's current accelerator
+        # is rgpu, and pin_memory=True does not give CUDA pinned memory
+        self.host = torch.empty(SLOT_BYTES, dtype=torch.uint8)
+        rc = pin(self.host.data_ptr(), SLOT_BYTES)
+        self.registered = rc == 0
+        if not self.registered:
+            log.warning("cudaHostRegister of a staging slot failed (%d): its copies run at pageable speed", rc)
+        self.done: torch.cuda.Event | None = None
+
+
+def _send(dst: torch.Tensor, host: torch.Tensor, done) -> None:
+    dst.copy_(host, non_blocking=True)  # on dst's device's current stream, where later ops run after it
+    done.record(torch.cuda.current_stream(dst.device))  # that device's stream, not the current device's
+
+
+class Ring:
+    """Pinned staging for whole uploads, handed out front to back; a span is reused only once the copy that
+    last read it is done.
+
+    ``event()`` makes the marks recorded after each copy (``torch.cuda.Event``: ``query``, ``synchronize``);
+    ``send(dst, host, done)`` queues the copy of ``host`` into ``dst`` and records ``done`` after it. Both
+    can be swapped, so the bookkeeping runs without a GPU. The caller pins ``host`` (``cudaHostRegister``).
+    """
+
+    def __init__(self, nbytes: int = RING_BYTES, event=torch.cuda.Event, send=_send):
+        # a mapping of its own: page-aligned, so its registration shares no page with another one
+        self.mapping = mmap.mmap(-1, nbytes)
+        self.host = torch.frombuffer(self.mapping, dtype=torch.uint8)
+        self.bytes = self.host.numpy()
+        self.event, self.send = event, send
+        self.head = 0                   # where the next span may start, in bytes handed out since the start
+        self.pending: deque = deque()   # (start, event) of copies that may still read their span, oldest first
+        self.spare: list = []           # events of finished copies, recorded again rather than made anew
+        self.waits = 0                  # times the ring was full of pending copies and waited for the oldest
+
+    def put(self, dst: torch.Tensor, data: memoryview) -> bool:
+        """``data`` copied into the ring now, then to ``dst`` (its bytes) asynchronously; False when too big."""
+        n, size = data.nbytes, self.bytes.nbytes
+        if n > size:
+            return False
+        start = -(-self.head // RING_ALIGN) * RING_ALIGN
+        if start % size + n > size:  # a span never wraps: the ring's end is skipped
+            start += size - start % size
+        # positions only grow, so the span overlaps a pending copy's exactly when it reaches a ring's
+        # length past the oldest one's start; finished copies are retired only when the space is needed
+        while self.pending and start + n - self.pending[0][0] > size:
+            done = self.pending.popleft()[1]
+            if not done.query():
+                done.synchronize()  # full of pending copies: wait for the oldest (rare)
+                self.waits += 1
+            self.spare.append(done)
+        at = start % size
+        np.copyto(self.bytes[at:at + n], np.frombuffer(data, dtype=np.uint8))  # out of the frame before it goes back
+        done = self.spare.pop() if self.spare else self.event()
+        self.send(dst, self.host[at:at + n], done)
+        self.pending.append((start, done))
+        self.head = start + n
+        return True
+
+    def drain(self) -> None:
+        """Waits for every pending copy: nothing reads the ring after this."""
+        while self.pending:
+            self.pending.popleft()[1].synchronize()
