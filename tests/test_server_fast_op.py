@@ -260,8 +260,9 @@ def _send_with_outs(p: Pair, op, args: list, example) -> list:
     return outs
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_fused_attention_runs_its_substitute_on_the_cpp_path_and_matches_python_and_torch(device):
+@pytest.mark.parametrize("device, masked", [("cpu", False), ("cpu", True),
+                                            pytest.param("cuda", False, marks=pytest.mark.gpu)])
+def test_fused_attention_runs_its_substitute_on_the_cpp_path_and_matches_python_and_torch(device, masked):
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("needs an NVIDIA GPU (the device tool's host)")
     from rgpu.ops_substitutes import substitute
@@ -269,21 +270,25 @@ def test_fused_attention_runs_its_substitute_on_the_cpp_path_and_matches_python_
     p = Pair(device)
     g = torch.Generator().manual_seed(0)
     q, k, v, go = (torch.randn(2, 3, 37, 8, generator=g) for _ in range(4))   # 37 rows: lse padded on CUDA
+    bias = torch.randn(2, 3, 37, 37, generator=g) if masked else None       # an additive mask, not causal
     Q, K, V, GO = (p.upload(t) for t in (q, k, v, go))
+    B = p.upload(bias) if masked else None
+    causal = not masked
     fwd, bwd = (aten._scaled_dot_product_fused_attention_overrideable.default,
                 aten._scaled_dot_product_fused_attention_overrideable_backward.default)
     on = [t.to(device) for t in (go, q, k, v)]
-    example = substitute(f"{fwd._schema.name[6:]}.default", device)(*on[1:], None, 0.0, True, False)
-    outs = _send_with_outs(p, fwd, [Q, K, V, None, 0.0, True, False], example)
+    on_bias = bias.to(device) if masked else None
+    example = substitute(f"{fwd._schema.name[6:]}.default", device)(*on[1:], on_bias, 0.0, causal, False)
+    outs = _send_with_outs(p, fwd, [Q, K, V, B, 0.0, causal, False], example)
     mask = [True, True, True, False]
-    tail = [None, None, example[4], example[5], 0.0, True]
+    tail = [None, None, example[4], example[5], 0.0, causal]
     grads_example = substitute(f"{bwd._schema.name[6:]}.default", device)(
-        *on, None, mask, example[0], example[1], *tail, example[6], example[7])
-    grads = _send_with_outs(p, bwd, [GO, Q, K, V, None, mask, outs[0], outs[1], *tail, outs[6], outs[7]],
+        *on, on_bias, mask, example[0], example[1], *tail, example[6], example[7])
+    grads = _send_with_outs(p, bwd, [GO, Q, K, V, B, mask, outs[0], outs[1], *tail, outs[6], outs[7]],
                             grads_example)
     assert p.cpp.fast.ran == 2 and p.cpp.fast.declined == 0            # both ran their recipe in C++
     qr, kr, vr = (t.clone().requires_grad_() for t in (q, k, v))
-    o = torch.nn.functional.scaled_dot_product_attention(qr, kr, vr, is_causal=True)
+    o = torch.nn.functional.scaled_dot_product_attention(qr, kr, vr, attn_mask=bias, is_causal=causal)
     o.backward(go)
     for w, ref in zip((outs[0], *grads[:3]), (o, qr.grad, kr.grad, vr.grad)):
         cpp, py = (torch.frombuffer(bytearray(ex.handle([Msg.DOWNLOAD, [], w["t"]], [], True)[1][0]),
