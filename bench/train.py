@@ -17,7 +17,8 @@ else the CPU), in a child process that never imports rgpu (``native_step``:
 CUDA autograd fails in a process where the rgpu device is registered). Blocks
 of steps alternate between the two; each figure is the median over blocks,
 ``spread`` [min, max]. Also: round trips, messages
-and bytes per step, and where an rgpu step's time goes (enqueue vs wait).
+and bytes per step, where an rgpu step's time goes (enqueue vs wait), and its steps
+back to back after the blocks (native's process gone).
 """
 from __future__ import annotations
 
@@ -128,6 +129,7 @@ def rows(args=None, profile: str | None = None) -> list[dict]:
     t = counts["transport"]
     enqueue = statistics.median(a for a, _ in timings) * 1e3
     wait = statistics.median(b for _, b in timings) * 1e3
+    back = [(a + b) * 1e3 for a, b in timings]
 
     def row(metric, unit, value, baseline_name=None, baseline=None, spread=None):
         return {"bench": "train", "transport": t, "metric": metric, "unit": unit, "size": size, "value": value,
@@ -141,6 +143,10 @@ def rows(args=None, profile: str | None = None) -> list[dict]:
         row("bytes out per step", "B", counts["bytes_out"] / steps),
         row("client time to enqueue a step (forward, backward, AdamW)", "ms", enqueue, base + " step", med[native]),
         row("wait at loss.item()", "ms", wait),
+        # the same steps with no native block between them (native's process has ended): on some GPU
+        # instances rgpu's blocks ran slower after native's than after an idle gap (docs/perf/fast_path.md)
+        row("a step back to back after the blocks (enqueue + wait)", "ms", statistics.median(back), base,
+            med[native], [min(back), max(back)]),
     ]
     out.append(row("max |loss - native loss| over 3 warm-up steps", "abs", _max_diff(warm["rgpu"], warm[native])))
     if COMPILED in runs:
