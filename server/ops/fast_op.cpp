@@ -170,8 +170,8 @@ class FastOps {
     return true;
   }
 
-  // The frees an op message carries (its events), applied here when they are all frees; false (nothing
-  // done) for the executor's Python to apply them.
+  // The frees a message carries (its events), applied here when they are all frees; false (nothing
+  // done) for the table's Python to apply them (HandleTable.free_all is this).
   bool free_events(py::handle events) { return table_.free_all(events.ptr()); }
 
   int64_t ran = 0, declined = 0;  // ops run here (failed ones too); ops defined here but left to Python

@@ -93,6 +93,8 @@ class Executor(BaseExecutor):
         # the common op in C++; what it does not take, and whatever is unusual after an op, is done here
         self.fast = fast.FastOps(self.table, Entry, MAX_VIEWS, DTYPE_BY_CODE, self.kind == "cuda",
                                  self._check_written, self._bind) if fast is not None else None
+        if self.fast is not None:
+            self.table.free_all = self.fast.free_events   # every message's frees (ops, graph runs, uploads)
         self.op_path = fast_op.describe(fast, session.settings.server_c)
 
     def welcome(self) -> dict:
@@ -212,7 +214,7 @@ class Executor(BaseExecutor):
 
     def _op(self, meta, buffers):
         _, events, index, args, kwargs, outs = meta
-        if events and not (self.fast is not None and self.fast.free_events(events)):
+        if events:
             self.table.apply_events(events)
         r = self.ops.get(index)
         if type(r) is not Resolved:
