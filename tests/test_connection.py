@@ -343,6 +343,31 @@ def test_gathered_posts_reach_the_server_by_themselves_when_the_caller_goes_quie
     assert echo_conn.call({"op": "sizes"}, []).meta["posts"] == 5
 
 
+def test_the_io_thread_leaves_frames_younger_than_the_gathering_window_to_their_caller(echo_conn, monkeypatch):
+    import time
+    import types
+
+    from rgpu.transport import connection
+
+    clock = [time.perf_counter()]     # the connection's clock, moved by hand: frames age only when told
+    monkeypatch.setattr(connection, "time", types.SimpleNamespace(perf_counter=lambda: clock[0],
+                                                                  monotonic=time.monotonic))
+    sends, plain = [], echo_conn.transport.send
+
+    def counted(parts):
+        sends.append(threading.current_thread().name)
+        plain(parts)
+    echo_conn.transport.send = counted
+    for i in range(5):
+        echo_conn.post({"op": "note", "v": i})
+    time.sleep(0.05)                  # the I/O thread wakes many times meanwhile (every 2 x post_batch_s)
+    assert sends == [] and len(echo_conn._queue) == 5    # young frames: their caller's to write
+    clock[0] += 1.0                   # now they sat long: the I/O thread writes them
+    wait_until(lambda: not echo_conn._queue, timeout=5, what="the I/O thread writing what sat past post_batch_s")
+    assert sends == ["rgpu-io"]
+    assert echo_conn.call({"op": "sizes"}, []).meta["posts"] == 5
+
+
 def test_the_old_hand_off_to_the_io_thread_still_works_where_a_transport_gathers_nothing(rgpu_server, monkeypatch):
     monkeypatch.setattr(TcpTransport, "post_batch_s", None)
     conn = rgpu_server.connect("echo")

@@ -307,9 +307,12 @@ class Connection(Receiving):
                 if self._dead or (self._closing and not self._queue):
                     return
                 if self._batch_s is not None and not (self._urgent or self._closing):
-                    # gathering: the caller writes its posts as they gather; ours are what sat longer
+                    # gathering: the caller writes its posts as they gather; ours are what sat longer. Frames
+                    # younger than that (the caller wrote the older ones meanwhile) are left to the caller: a
+                    # write here splits its batches and takes the GIL from it (GPU host: ~26 a step did)
                     self._cv.wait(max(0.0, self._queue_since + self._batch_s - time.perf_counter()) + self._batch_s)
-                    if not self._queue:
+                    if not self._queue or (not (self._urgent or self._closing)
+                                           and time.perf_counter() - self._queue_since < self._batch_s):
                         continue
             with self._send_lock:
                 with self._cv:
