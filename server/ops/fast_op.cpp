@@ -187,9 +187,8 @@ class FastOps {
     }
     switch (a.kind) {
       case Kind::Tensor: {
-        PyObject* desc = tagged(v, tags_[0].ptr());
         at::Tensor t;
-        if (desc == nullptr || !tensor(desc, t)) return false;
+        if (!wire_tensor(v, t)) return false;
         stack.emplace_back(std::move(t));
         return true;
       }
@@ -200,9 +199,8 @@ class FastOps {
           c10::List<at::Tensor> list;
           list.reserve(n);
           for (Py_ssize_t i = 0; i < n; ++i) {
-            PyObject* desc = tagged(PyList_GET_ITEM(v, i), tags_[0].ptr());
             at::Tensor t;
-            if (desc == nullptr || !tensor(desc, t)) return false;
+            if (!wire_tensor(PyList_GET_ITEM(v, i), t)) return false;
             list.push_back(std::move(t));
           }
           stack.emplace_back(std::move(list));
@@ -215,9 +213,8 @@ class FastOps {
               list.push_back(std::nullopt);
               continue;
             }
-            PyObject* desc = tagged(x, tags_[0].ptr());
             at::Tensor t;
-            if (desc == nullptr || !tensor(desc, t)) return false;
+            if (!wire_tensor(x, t)) return false;
             list.push_back(std::move(t));
           }
           stack.emplace_back(std::move(list));
@@ -268,11 +265,9 @@ class FastOps {
         stack.emplace_back(v == Py_True);
         return true;
       case Kind::Scalar: {
-        int64_t i;
-        if (PyBool_Check(v)) stack.emplace_back(v == Py_True);
-        else if (PyFloat_CheckExact(v)) stack.emplace_back(PyFloat_AS_DOUBLE(v));
-        else if (as_int(v, i)) stack.emplace_back(i);
-        else return false;  // complex, a scalar tensor: the Python path
+        c10::IValue x;
+        if (!number(v, x)) return false;  // complex, a scalar tensor: the Python path
+        stack.push_back(std::move(x));
         return true;
       }
       case Kind::ScalarList: {
@@ -281,12 +276,9 @@ class FastOps {
         const Py_ssize_t n = PyList_GET_SIZE(v);
         list.reserve(n);
         for (Py_ssize_t i = 0; i < n; ++i) {
-          PyObject* x = PyList_GET_ITEM(v, i);
-          int64_t k;
-          if (PyBool_Check(x)) list.push_back(x == Py_True);
-          else if (PyFloat_CheckExact(x)) list.push_back(PyFloat_AS_DOUBLE(x));
-          else if (as_int(x, k)) list.push_back(k);
-          else return false;
+          c10::IValue x;
+          if (!number(PyList_GET_ITEM(v, i), x)) return false;
+          list.push_back(std::move(x));
         }
         stack.emplace_back(std::move(list));
         return true;
@@ -340,6 +332,22 @@ class FastOps {
       case Kind::Generator: return false;  // an explicit generator: the Python path seeds its stream
     }
     return false;
+  }
+
+  // A wire tensor ({"t": descriptor}) as the table's tensor; false for anything else.
+  bool wire_tensor(PyObject* v, at::Tensor& out) {
+    PyObject* desc = tagged(v, tags_[0].ptr());
+    return desc != nullptr && tensor(desc, out);
+  }
+
+  // A wire number (bool, float or int) as a Scalar's value; false for anything else.
+  static bool number(PyObject* v, c10::IValue& out) {
+    int64_t i;
+    if (PyBool_Check(v)) out = v == Py_True;
+    else if (PyFloat_CheckExact(v)) out = PyFloat_AS_DOUBLE(v);
+    else if (as_int(v, i)) out = i;
+    else return false;
+    return true;
   }
 
   // A tensor argument: the table's tensor, its storage's address kept (outputs must not alias it).
