@@ -1,6 +1,7 @@
 """Shared pieces of the device tests: the rgpu session on the test server, a tiny GPT, a script runner.
 
-Test modules import the fixture by name (``from device_helpers import rgpu_device``).
+Test modules import the fixture by name (``from device_helpers import rgpu_device``); a module that
+imports ``op_path`` runs each of its tests on the server's C++ op path and on the Python one.
 The device session is process-wide, so every device test uses this one fixture:
 the first use connects it to the session's test server (never an embedded one).
 """
@@ -15,6 +16,24 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 NANOGPT = ROOT / "examples" / "nanogpt"
+
+
+_SERVER_C = [True]  # the op path ops_settings() names: the C++ one, or all of it in Python
+
+
+@pytest.fixture(autouse=True, params=[True, False], ids=["cpp", "python"])
+def op_path(request):
+    """Every test of a module that imports this runs on the C++ op path and on the Python one (the reference)."""
+    _SERVER_C[0] = request.param
+    yield request.param
+    _SERVER_C[0] = True
+
+
+def ops_settings(**settings):
+    """Settings for an in-process CPU executor, on the op path ``op_path`` picked."""
+    from rgpu import config
+
+    return config.settings(environ={}, device="cpu", **{"server_c": _SERVER_C[0], **settings})
 
 
 @pytest.fixture(scope="session")

@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from device_helpers import run_python
+from device_helpers import op_path, ops_settings, run_python  # noqa: F401  (op_path: every test on both op paths)
 
-from rgpu import config
 from rgpu.server.ops.codec import CODE_BY_DTYPE
 from rgpu.ops_protocol import Event, Msg
 from rgpu.server.routes.base import OpFailed, Session
@@ -14,20 +13,8 @@ from rgpu.server.routes.ops import Executor
 F32 = CODE_BY_DTYPE[torch.float32]
 
 
-SERVER_C = [True]  # which op path executor() makes: the C++ one, or all of it in Python
-
-
-@pytest.fixture(autouse=True, params=[True, False], ids=["cpp", "python"])
-def op_path(request):
-    """Every test here runs on the C++ op path and on the Python one (the reference)."""
-    SERVER_C[0] = request.param
-    yield request.param
-    SERVER_C[0] = True
-
-
 def executor(**settings) -> Executor:
-    s = config.settings(environ={}, device="cpu", **{"server_c": SERVER_C[0], **settings})
-    return Executor(Session(id="t", route="ops", settings=s))
+    return Executor(Session(id="t", route="ops", settings=ops_settings(**settings)))
 
 
 def desc(sid, n, size=None, stride=None, offset=0, dev=0):

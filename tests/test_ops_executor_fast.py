@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from device_helpers import op_path, ops_settings  # noqa: F401  (op_path: every test on both op paths)
 
-from rgpu import config
 from rgpu.ops_protocol import Event, Msg
 from rgpu.server.ops.codec import CODE_BY_DTYPE
 from rgpu.server.ops.handles import MAX_VIEWS
@@ -17,17 +17,6 @@ from rgpu.server.routes.ops import Executor
 
 aten = torch.ops.aten
 U8 = CODE_BY_DTYPE[torch.uint8]
-
-
-SERVER_C = [True]  # which op path Mirror's executor takes: the C++ one, or all of it in Python
-
-
-@pytest.fixture(autouse=True, params=[True, False], ids=["cpp", "python"])
-def op_path(request):
-    """Every test here runs on the C++ op path and on the Python one (the reference)."""
-    SERVER_C[0] = request.param
-    yield request.param
-    SERVER_C[0] = True
 
 
 class V:
@@ -45,7 +34,7 @@ class Mirror:
     """An executor and a CPU copy of every storage, driven op for op."""
 
     def __init__(self):
-        s = config.settings(environ={}, device="cpu", server_c=SERVER_C[0])
+        s = ops_settings()
         self.ex = Executor(Session(id="t", route="ops", settings=s))
         self.cpu: dict[int, torch.Tensor] = {}  # sid -> uint8 bytes
         self.index: dict = {}
