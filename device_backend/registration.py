@@ -185,7 +185,8 @@ def fast_path(s, on: bool) -> None:
         _fallback_lib = None
     if _fallback_lib is None:
         s.C.fast_install(fallback.from_cpp)
-    s.C.fast_session(s.lock, s.conn.post_packed, on)  # C++ posts under the session's lock, as post_op does
+    # C++ posts under the session's lock, as post_op does; small uploads too (their bytes copied at the post)
+    s.C.fast_session(s.lock, s.conn.post_packed, on, s.conn.settings.post_copy_bytes)
 
 
 def claim_composites(C=None, fast: bool = False) -> None:

@@ -361,11 +361,34 @@ def test_the_io_thread_leaves_frames_younger_than_the_gathering_window_to_their_
     for i in range(5):
         echo_conn.post({"op": "note", "v": i})
     time.sleep(0.05)                  # the I/O thread wakes many times meanwhile (every 2 x post_batch_s)
-    assert sends == [] and len(echo_conn._queue) == 5    # young frames: their caller's to write
+    # the first found the connection quiet and went at once; the rest are young: their caller's to write
+    assert sends == ["MainThread"] and len(echo_conn._queue) == 4
     clock[0] += 1.0                   # now they sat long: the I/O thread writes them
     wait_until(lambda: not echo_conn._queue, timeout=5, what="the I/O thread writing what sat past post_batch_s")
-    assert sends == ["rgpu-io"]
+    assert sends == ["MainThread", "rgpu-io"]
     assert echo_conn.call({"op": "sizes"}, []).meta["posts"] == 5
+
+
+def test_a_post_on_a_quiet_connection_goes_at_once_and_the_ones_right_after_it_gather(echo_conn, monkeypatch):
+    import time
+    import types
+
+    from rgpu.transport import connection
+
+    clock = [time.perf_counter()]
+    monkeypatch.setattr(connection, "time", types.SimpleNamespace(perf_counter=lambda: clock[0],
+                                                                  monotonic=time.monotonic))
+    sends = _count_sends(echo_conn)
+    assert echo_conn.call({"op": "sizes"}, []).meta["posts"] == 0   # a round trip, as a step's .item()
+    written = len(sends)
+    clock[0] += 2 * echo_conn._batch_s   # quiet since: the server is idle
+    for i in range(3):
+        echo_conn.post({"op": "note", "v": i})
+    assert len(sends) == written + 1 and len(echo_conn._queue) == 2    # the first at once, then gathering
+    clock[0] += 2 * echo_conn._batch_s
+    echo_conn.post({"op": "note", "v": 3})   # the window has passed: the caller writes all three
+    assert len(sends) == written + 2 and not echo_conn._queue
+    assert echo_conn.call({"op": "notes"}).meta["notes"] == [0, 1, 2, 3]
 
 
 def test_the_old_hand_off_to_the_io_thread_still_works_where_a_transport_gathers_nothing(rgpu_server, monkeypatch):

@@ -311,3 +311,26 @@ def test_unusual_arguments_go_to_python_and_still_run(start):
     assert _stats()["passes"] >= 3
     assert torch.equal(a.cpu(), torch.arange(4.0) + 2)
     assert torch.equal(b.cpu(), torch.tensor([2 - 4j, 6 + 2j]))
+
+
+def test_small_uploads_are_posted_from_cpp_and_the_rest_from_python(start):
+    rec = start(True)
+    x = torch.randn(64, 32)
+    on_device = x.to("rgpu")
+    sent = x.clone()
+    x.add_(1.0)  # the caller's memory changes once .to() returned: the server has the bytes of the call
+    assert _stats()["uploads"] == 1
+    kind, events, desc = rec.seen[-1]
+    assert kind == Msg.UPLOAD and isinstance(events, list) and desc[2:5] == [6, [64, 32], [32, 1]]
+    others = [x.t(),                              # strided: made contiguous first, Python's
+              torch.randn(300 << 10 >> 2),        # past RGPU_POST_COPY_BYTES: pieces and pinned memory, Python's
+              torch.arange(6, dtype=torch.int32)]  # converted below
+    moved = [others[0].to("rgpu"), others[1].to("rgpu"), others[2].to("rgpu", torch.float64)]
+    assert _stats()["uploads"] == 1, _stats()
+    torch.testing.assert_close(on_device.cpu(), sent, rtol=0, atol=0)
+    for got, want in zip(moved[:2], others[:2]):
+        assert torch.equal(got.cpu(), want)
+    assert torch.equal(moved[2].cpu(), torch.arange(6, dtype=torch.float64))
+    for value in (torch.tensor([True, False, True]), torch.tensor([1 + 2j, -1j]).conj(), torch.tensor(7)):
+        assert torch.equal(value.to("rgpu").cpu().resolve_conj(), value.resolve_conj())
+    assert _stats()["uploads"] >= 3

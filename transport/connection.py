@@ -72,8 +72,11 @@ class Connection(Receiving):
         # itself once the oldest has waited that long (or POST_FLUSH_COUNT have), a request takes them
         # along, and the I/O thread writes only what sat longer (the caller went quiet): a hand-off to
         # it per post cost the GPU host ~40 us of GIL hand-offs a post, a write per post a syscall each.
+        # A post on a connection quiet for that long goes at once: the server is idle (a training
+        # step's first message, after the last one's .item()), and gathering would only delay it.
         self._batch_s = None if self._posts_inline else getattr(transport, "post_batch_s", None)
         self._queue_since = 0.0                   # when the oldest queued frame was queued
+        self._wrote_at = 0.0                      # when the last write ended: a quiet connection gathers nothing
         self._urgent = False                      # a queued frame someone waits on (a request, a big post)
         self._flushing = 0                        # threads in flush()
         self._transport_call = getattr(transport, "call_alone", None)
@@ -92,11 +95,12 @@ class Connection(Receiving):
     def post_packed(self, meta: bytes, buffers: Sequence = ()) -> int:
         """``post()`` of metadata that is already msgpack (the device's C++ fast path packs its ops itself).
 
-        Buffers are copied at the call, so only small ones belong here. Without
+        Buffers are copied at the call unless it writes them itself (the transport
+        reads them before it returns), so only small ones belong here. Without
         buffers, on a transport that writes on the caller's thread, the frame goes
         through ``send_meta``: no parts list, no prefix bytes object.
         """
-        views = [memoryview(bytearray(as_bytes_view(b))) for b in buffers] if buffers else ()
+        views = [as_bytes_view(b) for b in buffers] if buffers else ()
         nbytes = sum([v.nbytes for v in views]) if views else 0
         inline, gathered = False, None
         with self._cv_lock:
@@ -107,6 +111,7 @@ class Connection(Receiving):
             if self._posts_inline and not self._queue and self._send_lock.acquire(blocking=False):
                 inline = True                     # nothing ahead of us: write on this thread
             else:
+                views = [memoryview(bytearray(v)) for v in views]   # queued: the caller may change its memory
                 self._enqueue(_packed_parts(seq, meta, views), nbytes, None, seq)
                 if self._batch_s is not None:
                     gathered = self._take_if_due()
@@ -248,8 +253,11 @@ class Connection(Receiving):
 
     def _take_if_due(self) -> list | None:
         """(With ``_cv_lock`` held, gathering.) The queued frames for this caller to write, when the oldest has
-        waited ``post_batch_s`` or there are POST_FLUSH_COUNT, and no one else is writing; else None."""
-        if ((len(self._queue) < POST_FLUSH_COUNT and time.perf_counter() - self._queue_since < self._batch_s)
+        waited ``post_batch_s``, or there are POST_FLUSH_COUNT, or the one queued found the connection quiet
+        that long, and no one else is writing; else None."""
+        n, now = len(self._queue), time.perf_counter()
+        if ((n < POST_FLUSH_COUNT and now - self._queue_since < self._batch_s
+             and (n > 1 or now - self._wrote_at < self._batch_s))
                 or not self._send_lock.acquire(blocking=False)):
             return None
         return self._take_all()
@@ -284,6 +292,7 @@ class Connection(Receiving):
             self._fail(self._why_lost(exc))
             raise self._dead from None
         finally:
+            self._wrote_at = time.perf_counter()
             self._send_lock.release()
 
     def _ensure_io_thread(self) -> None:
@@ -334,6 +343,7 @@ class Connection(Receiving):
                 except RgpuError as exc:
                     self._fail(self._why_lost(exc))
                     return
+                self._wrote_at = time.perf_counter()
             for _, _, written, _ in batch:
                 if written is not None:
                     written.set()
