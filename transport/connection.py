@@ -95,12 +95,13 @@ class Connection(Receiving):
     def post_packed(self, meta: bytes, buffers: Sequence = ()) -> int:
         """``post()`` of metadata that is already msgpack (the device's C++ fast path packs its ops itself).
 
-        Buffers are copied at the call unless it writes them itself (the transport
-        reads them before it returns), so only small ones belong here. Without
-        buffers, on a transport that writes on the caller's thread, the frame goes
-        through ``send_meta``: no parts list, no prefix bytes object.
+        Buffers are copied at the call, so only small ones belong here (even when
+        written at once: shm would name pinned memory rather than copy it, and the
+        caller may change it once we return). Without buffers, on a transport that
+        writes on the caller's thread, the frame goes through ``send_meta``: no
+        parts list, no prefix bytes object.
         """
-        views = [as_bytes_view(b) for b in buffers] if buffers else ()
+        views = [memoryview(bytearray(as_bytes_view(b))) for b in buffers] if buffers else ()
         nbytes = sum([v.nbytes for v in views]) if views else 0
         inline, gathered = False, None
         with self._cv_lock:
@@ -111,7 +112,6 @@ class Connection(Receiving):
             if self._posts_inline and not self._queue and self._send_lock.acquire(blocking=False):
                 inline = True                     # nothing ahead of us: write on this thread
             else:
-                views = [memoryview(bytearray(v)) for v in views]   # queued: the caller may change its memory
                 self._enqueue(_packed_parts(seq, meta, views), nbytes, None, seq)
                 if self._batch_s is not None:
                     gathered = self._take_if_due()
