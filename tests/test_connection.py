@@ -391,6 +391,49 @@ def test_a_post_on_a_quiet_connection_goes_at_once_and_the_ones_right_after_it_g
     assert echo_conn.call({"op": "notes"}).meta["notes"] == [0, 1, 2, 3]
 
 
+def test_the_io_thread_looks_less_often_while_the_caller_writes_its_own_and_still_writes_what_it_leaves(
+        echo_conn, monkeypatch):
+    import time
+    import types
+
+    from rgpu.transport import connection
+
+    clock = [time.perf_counter()]     # the connection's clock, moved by hand; the I/O thread's waits are real
+    monkeypatch.setattr(connection, "time", types.SimpleNamespace(perf_counter=lambda: clock[0],
+                                                                  monotonic=time.monotonic))
+    timeouts, sends, plain_wait, plain_send = [], [], echo_conn._cv.wait, echo_conn.transport.send
+
+    def wait(timeout=None):
+        if timeout is not None and threading.current_thread().name == "rgpu-io":
+            timeouts.append(timeout)
+        return plain_wait(timeout)
+
+    def send(parts):
+        sends.append(threading.current_thread().name)
+        plain_send(parts)
+    echo_conn._cv.wait, echo_conn.transport.send = wait, send
+    window = echo_conn._batch_s
+    echo_conn.post({"op": "note", "v": -1})    # the I/O thread starts, and the connection is no longer quiet
+    echo_conn.flush(timeout=5)
+    for i in range(6):                         # the caller writes its own batches, round after round
+        seen = len(timeouts)
+        echo_conn.post({"op": "note", "v": i})            # queued: the idle I/O thread is woken for it
+        wait_until(lambda: len(timeouts) > seen, timeout=5, what="the I/O thread's timed wait")
+        clock[0] += 2 * window
+        echo_conn.post({"op": "note", "v": i})            # the oldest sat past the window: the caller writes both
+        assert not echo_conn._queue
+        wait_until(lambda: echo_conn._io_idle, timeout=5, what="the I/O thread back in its idle wait")
+    assert all(b > a for a, b in zip(timeouts, timeouts[1:4])), timeouts   # each look further off
+    assert max(timeouts) <= window + connection.IO_SLACK_MAX_S + 1e-9
+    assert "rgpu-io" not in sends
+    echo_conn.post({"op": "note", "v": 6})     # a caller that goes quiet: the I/O thread writes what it left
+    echo_conn.post({"op": "note", "v": 7})
+    clock[0] += 1.0
+    wait_until(lambda: not echo_conn._queue, timeout=5, what="the I/O thread writing what the caller left")
+    assert sends[-1] == "rgpu-io"
+    assert echo_conn.call({"op": "sizes"}, []).meta["posts"] == 15
+
+
 def test_the_old_hand_off_to_the_io_thread_still_works_where_a_transport_gathers_nothing(rgpu_server, monkeypatch):
     monkeypatch.setattr(TcpTransport, "post_batch_s", None)
     conn = rgpu_server.connect("echo")

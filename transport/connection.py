@@ -32,6 +32,7 @@ __all__ = ["Connection", "Future", "Reply"]
 
 _POST, _REQUEST = MsgKind.POST, MsgKind.REQUEST
 POST_FLUSH_COUNT = 32   # gathered posts the caller writes at once, whatever their age (transports with post_batch_s)
+IO_SLACK_MAX_S = 2e-3   # how long past the window a gathering I/O thread may leave frames of a caller gone quiet
 
 
 def _packed_parts(seq: int, meta: bytes, views) -> list:
@@ -77,6 +78,7 @@ class Connection(Receiving):
         self._batch_s = None if self._posts_inline else getattr(transport, "post_batch_s", None)
         self._queue_since = 0.0                   # when the oldest queued frame was queued
         self._wrote_at = 0.0                      # when the last write ended: a quiet connection gathers nothing
+        self._io_idle = False                     # the I/O thread waits for a first frame (a notify wakes it)
         self._urgent = False                      # a queued frame someone waits on (a request, a big post)
         self._flushing = 0                        # threads in flush()
         self._transport_call = getattr(transport, "call_alone", None)
@@ -245,9 +247,10 @@ class Connection(Receiving):
         self._queue.append((parts, nbytes, written, seq))
         self._queued_bytes += nbytes
         self._ensure_io_thread()
-        if self._batch_s is None or first or urgent:   # gathering: the I/O thread needs waking once per batch
-            if first:
-                self._queue_since = time.perf_counter()
+        if first:
+            self._queue_since = time.perf_counter()
+        # gathering: the I/O thread is woken only from its idle wait (each wake takes the GIL from the caller)
+        if self._batch_s is None or urgent or (first and self._io_idle):
             self._urgent = self._urgent or urgent
             self._cv.notify_all()
 
@@ -309,20 +312,26 @@ class Connection(Receiving):
 
     def _write_queued(self) -> None:
         max_count, max_bytes = self.settings.post_batch_count, self.settings.post_batch_bytes
+        slack = self._batch_s or 0.0
         while True:
             with self._cv:
                 while not self._queue and not self._dead and not self._closing:
+                    self._io_idle = True
                     self._cv.wait()
+                self._io_idle = False
                 if self._dead or (self._closing and not self._queue):
                     return
                 if self._batch_s is not None and not (self._urgent or self._closing):
                     # gathering: the caller writes its posts as they gather; ours are what sat longer. Frames
                     # younger than that (the caller wrote the older ones meanwhile) are left to the caller: a
-                    # write here splits its batches and takes the GIL from it (GPU host: ~26 a step did)
-                    self._cv.wait(max(0.0, self._queue_since + self._batch_s - time.perf_counter()) + self._batch_s)
+                    # write here splits its batches and takes the GIL from it (GPU host: ~26 a step did). While
+                    # the caller keeps writing its own, we look less and less often (each look takes the GIL)
+                    self._cv.wait(max(0.0, self._queue_since + self._batch_s - time.perf_counter()) + slack)
                     if not self._queue or (not (self._urgent or self._closing)
                                            and time.perf_counter() - self._queue_since < self._batch_s):
+                        slack = min(2 * slack, IO_SLACK_MAX_S)
                         continue
+                slack = self._batch_s or 0.0
             with self._send_lock:
                 with self._cv:
                     if not self._queue:
