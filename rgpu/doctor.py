@@ -232,7 +232,7 @@ def check_devices(ctx: Context) -> Check:
     data = {"device": kind, "devices": devices, "op_path": info.get("op_path")}
     if info.get("op_path"):   # the server's op path: C++, or Python and why (slower per op, same results)
         detail += f"; ops run through {info['op_path']}"
-    if "cannot be built" in str(info.get("op_path")):
+    if info.get("op_path_failed"):
         return Check("devices", "warn", detail, "the server host needs a C++ compiler (g++) for its op path: "
                      "install one and restart `rgpu serve` (ops still run, through Python, more slowly)", data)
     return Check("devices", "ok", detail, data=data)

@@ -82,3 +82,24 @@ def test_plain_tcp_to_another_host_is_a_warning_not_a_failure():
     ctx.conn = Conn()
     check = doctor.check_tls(ctx)
     assert check.status == "warn" and "--tls" in check.fix
+
+
+@pytest.mark.parametrize("failed", [True, False])
+def test_a_server_whose_cpp_op_path_failed_to_build_is_a_warning_with_the_fix(monkeypatch, failed):
+    from rgpu import config
+    from rgpu.transport import client
+
+    class Welcomed:   # the ops route's welcome, as a server whose build failed (or is under way) sends it
+        welcome = {"info": {"device": "cpu", "names": ["cpu"],
+                            "op_path": "Python (the C++ op path cannot be built here: no g++)" if failed else
+                            "Python (the C++ op path is being built in the background; later sessions use it)",
+                            "op_path_failed": failed}}
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(client, "connect", lambda route, settings=None: Welcomed())
+    check = doctor.check_devices(doctor.Context(config.settings(environ={}, server="127.0.0.1:1")))
+    assert check.status == ("warn" if failed else "ok")
+    assert "ops run through Python" in check.detail
+    assert ("C++ compiler" in (check.fix or "")) == failed

@@ -339,12 +339,16 @@ def test_a_session_never_waits_for_the_build_it_starts_one_in_the_background_and
     ex = Executor(Session(id="t", route="ops", settings=config.settings(environ={}, device="cpu")))
     again = Executor(Session(id="u", route="ops", settings=config.settings(environ={}, device="cpu")))
     assert ex.fast is None and again.fast is None and "being built in the background" in ex.welcome()["op_path"]
+    assert ex.welcome()["op_path_failed"] is False
     assert started == [[fast_op.sys.executable, "-m", "rgpu.server.ops.fast_op"]]   # once per process
     off = Executor(Session(id="v", route="ops", settings=config.settings(environ={}, device="cpu", server_c=False)))
     assert off.fast is None and len(started) == 1 and off.welcome()["op_path"] == "Python (RGPU_SERVER_C=0)"
     monkeypatch.setattr(fast_op, "_failed", "CalledProcessError: no compiler")
     broken = Executor(Session(id="w", route="ops", settings=config.settings(environ={}, device="cpu")))
     assert broken.fast is None and "cannot be built here: CalledProcessError" in broken.welcome()["op_path"]
+    assert broken.welcome()["op_path_failed"] is True
+    off = Executor(Session(id="x", route="ops", settings=config.settings(environ={}, device="cpu", server_c=False)))
+    assert off.welcome()["op_path_failed"] is False   # switched off, not failed, whatever an earlier build did
 
 
 _small_int = st.one_of(st.integers(-3, 24), st.sampled_from([1 << 40, -(1 << 62), 1 << 70]))

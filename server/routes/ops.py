@@ -96,10 +96,13 @@ class Executor(BaseExecutor):
         if self.fast is not None:
             self.table.free_all = self.fast.free_events   # every message's frees (ops, graph runs, uploads)
         self.op_path = fast_op.describe(fast, session.settings.server_c)
+        # said apart from the words: `rgpu doctor` tells its user to install a compiler when this is true
+        self.op_path_failed = fast is None and session.settings.server_c and fast_op.why_not() is not None
 
     def welcome(self) -> dict:
         return {"device": self.kind, "device_count": len(self.names), "names": self.names,
-                "torch": torch.__version__, "tf32": self.session.settings.tf32, "op_path": self.op_path}
+                "torch": torch.__version__, "tf32": self.session.settings.tf32, "op_path": self.op_path,
+                "op_path_failed": self.op_path_failed}
 
     def handle(self, meta, buffers, reply: bool):
         handler = self.handlers.get(meta[0]) if type(meta) is list and meta else None
