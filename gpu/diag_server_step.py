@@ -59,7 +59,7 @@ def _summary(client: list, server: list) -> dict:
             k = names.get(kind, str(kind))
             n, s = by_kind.get(k, (0, 0.0))
             by_kind[k] = (n + 1, s + (t1 - t0) * 1e3)
-        ops_ = [m for m in msgs if m[2] == Msg.OP]
+        op_msgs = [m for m in msgs if m[2] == Msg.OP]
         idle = [m for m in msgs if m[4]]
         busy = sum(t1 - t0 for t0, t1, *_ in msgs)
         steps.append({
@@ -68,11 +68,11 @@ def _summary(client: list, server: list) -> dict:
             "server_busy_ms": busy * 1e3,
             "server_ms_by_kind": {k: [n, round(s, 3)] for k, (n, s) in by_kind.items()},
             "first_message_after_start_ms": (msgs[0][0] - t_start) * 1e3,
-            "first_op_after_start_ms": (ops_[0][0] - t_start) * 1e3 if ops_ else None,
-            "first_op_done_after_start_ms": (ops_[0][1] - t_start) * 1e3 if ops_ else None,
-            "last_op_done_before_end_ms": (t_end - ops_[-1][1]) * 1e3 if ops_ else None,
-            "first_messages": [[names.get(k, str(k)), round((a - t_start) * 1e3, 3), round((b - t_start) * 1e3, 3), idle]
-                               for a, b, k, _, idle in msgs[:6]],
+            "first_op_after_start_ms": (op_msgs[0][0] - t_start) * 1e3 if op_msgs else None,
+            "first_op_done_after_start_ms": (op_msgs[0][1] - t_start) * 1e3 if op_msgs else None,
+            "last_op_done_before_end_ms": (t_end - op_msgs[-1][1]) * 1e3 if op_msgs else None,
+            "first_messages": [[names.get(k, str(k)), round((a - t_start) * 1e3, 3), round((b - t_start) * 1e3, 3),
+                                gpu_idle] for a, b, k, _, gpu_idle in msgs[:6]],
             "events_carried": sum(m[3] for m in msgs),
             "events_on_first_message": msgs[0][3],
             "messages": len(msgs),
