@@ -343,24 +343,38 @@ def test_gathered_posts_reach_the_server_by_themselves_when_the_caller_goes_quie
     assert echo_conn.call({"op": "sizes"}, []).meta["posts"] == 5
 
 
-def test_the_io_thread_leaves_frames_younger_than_the_gathering_window_to_their_caller(echo_conn, monkeypatch):
+def _hand_clock(monkeypatch) -> list:
+    """The connection's clock (``perf_counter``), moved by hand: ``clock[0] += seconds``."""
     import time
     import types
 
     from rgpu.transport import connection
 
-    clock = [time.perf_counter()]     # the connection's clock, moved by hand: frames age only when told
+    clock = [time.perf_counter()]
     monkeypatch.setattr(connection, "time", types.SimpleNamespace(perf_counter=lambda: clock[0],
                                                                   monotonic=time.monotonic))
-    sends, plain = [], echo_conn.transport.send
+    return clock
 
-    def counted(parts):
+
+def _writers(conn) -> list:
+    """The name of the thread that made each of ``conn``'s writes from now on (its caller's, or rgpu-io)."""
+    sends, plain = [], conn.transport.send
+
+    def send(parts):
         sends.append(threading.current_thread().name)
         plain(parts)
-    echo_conn.transport.send = counted
+    conn.transport.send = send
+    return sends
+
+
+def test_the_io_thread_leaves_frames_younger_than_the_gathering_window_to_their_caller(echo_conn, monkeypatch):
+    import time
+
+    clock = _hand_clock(monkeypatch)  # frames age only when told
+    sends = _writers(echo_conn)
     for i in range(5):
         echo_conn.post({"op": "note", "v": i})
-    time.sleep(0.05)                  # the I/O thread wakes many times meanwhile (every 2 x post_batch_s)
+    time.sleep(0.05)                  # the I/O thread looks at them again and again meanwhile
     # the first found the connection quiet and went at once; the rest are young: their caller's to write
     assert sends == ["MainThread"] and len(echo_conn._queue) == 4
     clock[0] += 1.0                   # now they sat long: the I/O thread writes them
@@ -370,14 +384,7 @@ def test_the_io_thread_leaves_frames_younger_than_the_gathering_window_to_their_
 
 
 def test_a_post_on_a_quiet_connection_goes_at_once_and_the_ones_right_after_it_gather(echo_conn, monkeypatch):
-    import time
-    import types
-
-    from rgpu.transport import connection
-
-    clock = [time.perf_counter()]
-    monkeypatch.setattr(connection, "time", types.SimpleNamespace(perf_counter=lambda: clock[0],
-                                                                  monotonic=time.monotonic))
+    clock = _hand_clock(monkeypatch)
     sends = _count_sends(echo_conn)
     assert echo_conn.call({"op": "sizes"}, []).meta["posts"] == 0   # a round trip, as a step's .item()
     written = len(sends)
@@ -393,25 +400,16 @@ def test_a_post_on_a_quiet_connection_goes_at_once_and_the_ones_right_after_it_g
 
 def test_the_io_thread_looks_less_often_while_the_caller_writes_its_own_and_still_writes_what_it_leaves(
         echo_conn, monkeypatch):
-    import time
-    import types
-
     from rgpu.transport import connection
 
-    clock = [time.perf_counter()]     # the connection's clock, moved by hand; the I/O thread's waits are real
-    monkeypatch.setattr(connection, "time", types.SimpleNamespace(perf_counter=lambda: clock[0],
-                                                                  monotonic=time.monotonic))
-    timeouts, sends, plain_wait, plain_send = [], [], echo_conn._cv.wait, echo_conn.transport.send
+    clock = _hand_clock(monkeypatch)  # the I/O thread's waits are real all the same
+    timeouts, plain_wait, sends = [], echo_conn._cv.wait, _writers(echo_conn)
 
     def wait(timeout=None):
         if timeout is not None and threading.current_thread().name == "rgpu-io":
             timeouts.append(timeout)
         return plain_wait(timeout)
-
-    def send(parts):
-        sends.append(threading.current_thread().name)
-        plain_send(parts)
-    echo_conn._cv.wait, echo_conn.transport.send = wait, send
+    echo_conn._cv.wait = wait
     window = echo_conn._batch_s
     echo_conn.post({"op": "note", "v": -1})    # the I/O thread starts, and the connection is no longer quiet
     echo_conn.flush(timeout=5)

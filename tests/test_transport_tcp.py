@@ -279,7 +279,6 @@ def test_sockets_are_tuned_for_latency_and_dead_peers(pair):
     assert a.sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE)
 
 
-
 def test_a_frame_that_comes_after_the_spin_is_still_read():
     a, b = connected_pair()
     try:
