@@ -72,7 +72,7 @@ bool sig_double(std::string& s, double v, bool by_type) {
 }
 
 bool sig_value(std::string& s, const c10::IValue& v, bool by_type, int& device) {
-  if (v.isNone()) {
+  if (v.isNone() || (v.isTensor() && !v.toTensor().defined())) {  // Python sees None for both
     s.push_back('N');
   } else if (v.isTensor()) {
     const auto& t = v.toTensor();
@@ -156,7 +156,7 @@ void pack_descriptor(Packer& p, const at::TensorBase& t) {
 namespace {
 
 void pack_value(Packer& p, const c10::IValue& v, Kind kind) {  // sig_value() accepted v
-  if (v.isNone()) {
+  if (v.isNone() || (v.isTensor() && !v.toTensor().defined())) {
     p.nil();
   } else if (kind == Kind::kDtype) {
     p.map(1);

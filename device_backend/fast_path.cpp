@@ -29,7 +29,8 @@ constexpr int kMsgOp = 2;  // Msg.OP
 constexpr int kMsgUpload = 4;  // Msg.UPLOAD
 constexpr size_t kMaxPlans = 50000;  // why a bound: scalar values are part of some signatures
 
-enum class Leaf : int { kNew = 0, kArg = 1, kAlias = 2, kNone = 3 };
+// kInt: an int the op returns (attention's max_q); kUndefined: a Tensor return it leaves undefined
+enum class Leaf : int { kNew = 0, kArg = 1, kAlias = 2, kNone = 3, kInt = 4, kUndefined = 5 };
 
 struct Out {
   Leaf kind = Leaf::kNone;
@@ -37,6 +38,7 @@ struct Out {
   at::ScalarType dtype = at::kFloat;
   std::vector<int64_t> sizes, strides;
   int64_t offset = 0;
+  int64_t value = 0;  // kInt's
 };
 
 struct Plan {
@@ -81,6 +83,7 @@ Out out_from(py::handle leaf) {
   Out o;
   o.kind = static_cast<Leaf>(t[0].cast<int>());
   if (o.kind == Leaf::kArg || o.kind == Leaf::kAlias) o.arg = t[1].cast<int>();
+  if (o.kind == Leaf::kInt) o.value = t[1].cast<int64_t>();
   if (o.kind == Leaf::kNew || o.kind == Leaf::kAlias) {
     size_t at = o.kind == Leaf::kNew ? 1 : 2;
     o.dtype = static_cast<at::ScalarType>(t[at].cast<int>());
@@ -246,6 +249,10 @@ bool replay(const c10::FunctionSchema& schema, torch::jit::Stack* stack, const O
       results.push_back(args[o.arg]);
     } else if (o.kind == Leaf::kAlias) {
       results.emplace_back(alias_of(args[o.arg].toTensor(), o.dtype, o.sizes, o.strides, o.offset));
+    } else if (o.kind == Leaf::kInt) {
+      results.emplace_back(o.value);
+    } else if (o.kind == Leaf::kUndefined) {
+      results.emplace_back(at::Tensor());
     } else {
       results.emplace_back();
     }

@@ -140,7 +140,9 @@ def express(plan: Plan, op, info: optable.OpInfo, index: int, empty_outs=()):
 
     ``(op index, post, returns, resize)``, a return being a leaf or a list of leaves:
     ``(0, dtype, sizes, strides)`` new, ``(1, position)`` an input written in place,
-    ``(2, position, dtype, sizes, strides, offset)`` a view, ``(3,)`` None; ``resize``
+    ``(2, position, dtype, sizes, strides, offset)`` a view, ``(3,)`` None, ``(4, value)`` an
+    int (attention's max_q: a function of the shapes the plan is keyed by), ``(5,)`` an
+    undefined Tensor (attention's cum_seq_q); ``resize``
     is ``[(position, sizes)]``, out= tensors to resize first. Positions are the
     schema's, which is how C++ sees the boxed arguments.
     """
@@ -154,10 +156,14 @@ def express(plan: Plan, op, info: optable.OpInfo, index: int, empty_outs=()):
             return None
         resize.append((loc[1] if loc[0] == "a" else position[loc[1]], list(size)))
 
-    def leaf(spec, optional: bool):
+    def leaf(spec, optional: bool, rtype: str = "Tensor"):
         if type(spec) is not tuple or not spec or type(spec[0]) is not str:
             return None
         kind = spec[0]
+        if rtype in ("int", "SymInt"):
+            return (4, spec[1]) if kind == "value" and type(spec[1]) is int else None
+        if kind == "value" and spec[1] is None and rtype == "Tensor":
+            return (5,)
         if kind == "new":
             return (0, spec[1], list(spec[2]), list(spec[3]))
         where = None if kind == "value" else spec[1][1] if spec[1][0] == "a" else position[spec[1][1]]
@@ -173,8 +179,8 @@ def express(plan: Plan, op, info: optable.OpInfo, index: int, empty_outs=()):
         rtype = str(r.type)
         if rtype == "List[Tensor]" and type(spec) is list:
             leaves = [leaf(s, False) for s in spec]
-        elif rtype in ("Tensor", "Optional[Tensor]"):
-            leaves = leaf(spec, rtype == "Optional[Tensor]")
+        elif rtype in ("Tensor", "Optional[Tensor]", "int", "SymInt"):
+            leaves = leaf(spec, rtype == "Optional[Tensor]", rtype)
         else:
             return None
         if leaves is None or (type(leaves) is list and None in leaves):

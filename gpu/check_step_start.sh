@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The eager step's start on the GPU host after small uploads are posted from C++ and a post on a quiet tcp
 # connection goes at once: the step's timeline (gpu/diag_server_step.py: the first op's arrival, the messages
-# that found the GPU idle) and the bench's eager step over shm and tcp (TF32 on, --pin, --repeats 5);
+# that found the GPU idle), the server's cost of one small upload (gpu/diag_server_upload.py) and the bench's
+# eager step over shm and tcp (TF32 on, --pin, --repeats 5);
 # COMPILE="--compile reduce-overhead" adds the compiled step. About 5 minutes (7 compiled); everything
 # in $OUT/step_start.tar.gz.
 #
@@ -11,6 +12,7 @@ BUDGET=${BUDGET:-330}
 export RGPU_TF32=1
 TRAIN="python3 -m rgpu.bench.train --json --repeats 5 --pin ${COMPILE-}"
 install_rgpu
+step server_upload 60 python3 "$REPO/gpu/diag_server_upload.py"
 step server_shm 60 env RGPU_TRANSPORT=shm python3 "$REPO/gpu/diag_server_step.py" --steps 12
 step server_tcp 60 env RGPU_TRANSPORT=tcp python3 "$REPO/gpu/diag_server_step.py" --steps 12
 step shm 130 env RGPU_TRANSPORT=shm $TRAIN
@@ -21,4 +23,5 @@ for s in d['steps'][:3]: print({k: s[k] for k in ('client_phases_ms', 'server_ms
 " >>"$OUT/timeline.txt" 2>&1; done
 summarize shm tcp
 cat "$OUT/timeline.txt" >>"$OUT/summary.txt"
+cat "$OUT/server_upload.json" "$OUT/server_upload.err" >>"$OUT/summary.txt" 2>&1
 pack step_start.tar.gz

@@ -57,6 +57,29 @@ def test_c_and_python_write_the_same_bytes():
     assert rings[0] == rings[1]
 
 
+@pytest.mark.parametrize("use_c", [True, False], ids=["C path", "Python path"])
+def test_a_small_upload_posted_with_send_meta_is_one_ring_record_copied_at_the_call(use_c):
+    """Bigger than INLINE_MAX, yet copied into the ring record itself (the bytes are copied anyway): no heap
+    slot, no bytes named, read by the peer's C path; changed once send_meta returns, it arrives as sent."""
+    client, server = shm_pair(use_c, use_c)
+    try:
+        n = 128 << 10
+        assert shm.INLINE_MAX < n and shm.REC.size + n < shm.RECORD_MAX
+        buf = pattern(n, 4)
+        sent = buf.copy()
+        client.send_meta(MsgKind.POST, 3, pack_meta(["upload"]), [memoryview(buf)])
+        buf[:] = 0
+        if use_c:
+            assert client._heap.in_flight == 0 and client._tail >= n    # in the ring, as one record
+        frame = server.recv_frame(LIMITS, BufferPool())
+        assert (frame.seq, frame.meta) == (3, ["upload"])
+        assert np.array_equal(np.frombuffer(frame.buffers[0], np.uint8), sent)
+        frame.release()
+    finally:
+        client.close()
+        server.close()
+
+
 def reply_later(server, delay: float, meta, bufs):
     """The server's side of one request: read it, wait ``delay``, answer with ``meta`` and ``bufs``."""
     return serve(server, 1, lambda f: (MsgKind.REPLY, meta, bufs), delay)

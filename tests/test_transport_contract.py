@@ -108,6 +108,20 @@ def test_packed_metadata_alone_arrives_as_a_frame_small_or_too_big_for_one_recor
         frame.release()
 
 
+def test_packed_metadata_with_buffers_arrives_as_sent_and_the_caller_may_change_them_at_once(ends):
+    """send_meta's buffers are copied before it returns (a small upload's bytes, posted from C++)."""
+    client, server = ends
+    for seq, n in ((1, 100), (2, 128 << 10), (3, 600 << 10)):     # in a record, a big one, past any record
+        buf = np.full(n, seq, np.uint8)
+        sent = in_thread(lambda seq=seq, buf=buf: client.send_meta(MsgKind.POST, seq, pack_meta([seq]), [buf]))
+        frame = recv(server)
+        sent()
+        buf[:] = 0
+        assert (frame.kind, frame.seq, frame.meta) == (MsgKind.POST, seq, [seq])
+        assert [b.nbytes for b in frame.buffers] == [n] and np.all(np.frombuffer(frame.buffers[0], np.uint8) == seq)
+        frame.release()
+
+
 def test_the_sender_may_change_its_buffers_once_send_returns(ends):
     client, server = ends
     for n in (64, 1 * MiB):

@@ -97,14 +97,13 @@ class Connection(Receiving):
     def post_packed(self, meta: bytes, buffers: Sequence = ()) -> int:
         """``post()`` of metadata that is already msgpack (the device's C++ fast path packs its ops itself).
 
-        Buffers are copied at the call, so only small ones belong here (even when
-        written at once: shm would name pinned memory rather than copy it, and the
-        caller may change it once we return). Without buffers, on a transport that
-        writes on the caller's thread, the frame goes through ``send_meta``: no
-        parts list, no prefix bytes object.
+        Buffers are copied at the call, so only small ones belong here (shm would name pinned
+        memory rather than copy it, and the caller may change it once we return). On a
+        transport that writes on the caller's thread, the frame goes through ``send_meta``:
+        no parts list, no prefix bytes object, the buffers copied once, into the ring (shm).
         """
-        views = [memoryview(bytearray(as_bytes_view(b))) for b in buffers] if buffers else ()
-        nbytes = sum([v.nbytes for v in views]) if views else 0
+        nbytes = sum([as_bytes_view(b).nbytes for b in buffers]) if buffers else 0
+        views = None if self._posts_inline or not buffers else [memoryview(bytearray(as_bytes_view(b))) for b in buffers]
         inline, gathered = False, None
         with self._cv_lock:
             seq = self._admit()
@@ -114,15 +113,15 @@ class Connection(Receiving):
             if self._posts_inline and not self._queue and self._send_lock.acquire(blocking=False):
                 inline = True                     # nothing ahead of us: write on this thread
             else:
+                if views is None:                 # copied here, under the lock, only when shm's queue is busy
+                    views = [memoryview(bytearray(as_bytes_view(b))) for b in buffers] if buffers else ()
                 self._enqueue(_packed_parts(seq, meta, views), nbytes, None, seq)
                 if self._batch_s is not None:
                     gathered = self._take_if_due()
         if gathered:
             self._write_gathered(gathered)
-        elif inline and views:
-            self._write_inline(seq, self.transport.send, _packed_parts(seq, meta, views))
         elif inline:
-            self._write_inline(seq, self.transport.send_meta, _POST, seq, meta)
+            self._write_inline(seq, self.transport.send_meta, _POST, seq, meta, buffers)
         return seq
 
     def request(self, meta: Any, buffers: Sequence = (), reply_into: Sequence[memoryview] | None = None) -> Future:

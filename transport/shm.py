@@ -151,6 +151,8 @@ class ShmTransport(Receiving, Transport):
         """Use the C path (shm_fast.c): its functions and scratch kept as plain attributes, one lookup a call."""
         ffi, lib = fast.ffi, fast.lib
         self._c_ring = shm_fast.ring(ffi, control.mm, out, self._data_out, self._space_in)
+        # the same ring for frames whose buffers are copies anyway (send_meta's): any buffer a record holds
+        self._c_ring_any = shm_fast.ring(ffi, control.mm, out, self._data_out, self._space_in, inline_max=RECORD_MAX)
         self._c_frame = ffi.new("rgpu_frame *")
         self._c_frame_words = ffi.buffer(self._c_frame)
         self._c_bufs = ffi.new("const char *[]", shm_fast.FAST_BUFS)
@@ -178,8 +180,12 @@ class ShmTransport(Receiving, Transport):
             except (OSError, ValueError, BufferError) as exc:
                 raise self._lost(exc, "sending") from None
 
-    def send_meta(self, kind: int, seq: int, meta: bytes) -> None:
-        """One frame of packed metadata, header and all written straight into the ring (a streamed op's post)."""
+    def send_meta(self, kind: int, seq: int, meta: bytes, buffers: Sequence = ()) -> None:
+        """One frame of packed metadata written straight into the ring (a streamed op's post); ``buffers``
+        (a small upload's bytes) are copied into the ring record itself whatever their size, when it fits a
+        record: copied at the call, as the caller needs, and read by the peer's C path."""
+        if buffers:
+            return self._send_copied(kind, seq, meta, buffers)
         blob_len = HEADER.size + len(meta)
         rec_len = (REC.size + blob_len + 7) & ~7
         if rec_len > RECORD_MAX:
@@ -204,6 +210,24 @@ class ShmTransport(Receiving, Transport):
                 self._publish()
             except (OSError, ValueError, BufferError) as exc:
                 raise self._lost(exc, "sending") from None
+
+    def _send_copied(self, kind: int, seq: int, meta: bytes, buffers: Sequence) -> None:
+        if self._c_put is not None and len(buffers) <= shm_fast.FAST_BUFS:
+            with self._send_lock:
+                if self._closed:
+                    raise ConnectionLost("connection closed")
+                try:
+                    keep, _ = self._c_buffers(buffers)      # alive until the call returns
+                except (TypeError, ValueError, BufferError):
+                    keep = None                             # not plain contiguous memory: copied below
+                if keep is not None:
+                    tail = self._c_put(self._c_ring_any, self._tail, kind, 0, seq, 0, meta, len(meta), len(keep),
+                                       self._c_bufs, self._c_lens)
+                    if tail >= 0:
+                        self._tail = tail
+                        return
+        # too big for one record, no room now, or no C path: copies (never named), the usual way
+        self.send([_Out(kind, seq, 0, 0, meta, [memoryview(bytearray(as_bytes_view(b))) for b in buffers])])
 
     def _call_c(self, seq: int, meta: bytes, buffers, into, limits) -> tuple[int, object]:
         """A lone request written and its reply read in one C call (``rgpu_shm_call``): (bytes sent, frame).

@@ -134,11 +134,12 @@ def address(buffer) -> int:
     return np.frombuffer(buffer, dtype=np.uint8).ctypes.data
 
 
-def ring(ffi, control_mm, out: int, data_out: int, space_in: int):
+def ring(ffi, control_mm, out: int, data_out: int, space_in: int, inline_max: int | None = None):
     """The ``rgpu_ring`` of one end of the control segment: direction ``out`` is the one it writes.
 
     Holds raw addresses into ``control_mm``: valid while the transport holds the mapping, and used
-    only under its send and receive locks, which closing waits for.
+    only under its send and receive locks, which closing waits for. ``inline_max``: the biggest buffer
+    ``rgpu_shm_put`` copies into a record (default ``INLINE_MAX``; bigger ones go through the heap).
     """
     from .shm_ring import INLINE_MAX, RECORD_MAX, RING_BYTES, RINGS_OFF, _words
     from .wire import MAGIC, PROTOCOL_VERSION
@@ -149,7 +150,7 @@ def ring(ffi, control_mm, out: int, data_out: int, space_in: int):
     r.q = ffi.cast("uint64_t *", base)
     r.ring_out = ffi.cast("uint8_t *", base + RINGS_OFF + out * RING_BYTES)
     r.ring_in = ffi.cast("uint8_t *", base + RINGS_OFF + inn * RING_BYTES)
-    r.ring_bytes, r.record_max, r.inline_max = RING_BYTES, RECORD_MAX, INLINE_MAX
+    r.ring_bytes, r.record_max, r.inline_max = RING_BYTES, RECORD_MAX, INLINE_MAX if inline_max is None else inline_max
     r.tail_out, r.head_out, r.asleep_out, _ = _words(out)
     r.tail_in, r.head_in, _, r.waiting_in = _words(inn)
     r.data_out, r.space_in = data_out, space_in
