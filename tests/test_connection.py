@@ -398,6 +398,23 @@ def test_a_post_on_a_quiet_connection_goes_at_once_and_the_ones_right_after_it_g
     assert echo_conn.call({"op": "notes"}).meta["notes"] == [0, 1, 2, 3]
 
 
+def test_gathered_posts_that_reach_the_flush_bytes_are_written_at_once(echo_conn, monkeypatch):
+    """A batch upload (128 KiB at a step's start) does not wait out the window: its copy dwarfs a syscall."""
+    from rgpu.transport import connection
+
+    _hand_clock(monkeypatch)             # no time passes: only the bytes can make the batch due
+    sends = _count_sends(echo_conn)
+    echo_conn.post({"op": "note", "v": 0})
+    echo_conn.post({"op": "note", "v": 1})
+    written, queued = len(sends), len(echo_conn._queue)
+    assert queued >= 1                  # gathering (the first may have gone at once, the connection quiet)
+    echo_conn.post({"op": "note", "v": 2}, [bytes(connection.POST_FLUSH_BYTES - 100)])
+    assert len(echo_conn._queue) == queued + 1 and len(sends) == written   # not yet: below the bytes
+    echo_conn.post({"op": "note", "v": 3}, [bytes(200)])
+    assert not echo_conn._queue and len(sends) == written + 1     # due: the caller wrote them, in one send
+    assert echo_conn.call({"op": "notes"}).meta["notes"] == [0, 1, 2, 3]
+
+
 def test_the_io_thread_looks_less_often_while_the_caller_writes_its_own_and_still_writes_what_it_leaves(
         echo_conn, monkeypatch):
     from rgpu.transport import connection

@@ -315,6 +315,51 @@ def test_the_frees_a_message_carries_are_applied_in_cpp_and_leave_the_table_as_p
     assert torch.equal(p.read({"t": [900, 32, C["t"][2], [4], [1], 0, 0]}), torch.full((4,), 2.0))   # C's bytes, grown
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_whole_upload_is_done_in_cpp_after_its_frees_and_anything_unusual_is_left_to_python(device):
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs an NVIDIA GPU (the device tool's host)")
+    p = Pair(device)
+    values = [torch.arange(12, dtype=torch.int64).view(3, 4), torch.randn(5, 7), torch.tensor(True),
+              torch.randn(3) + 1j * torch.randn(3), torch.zeros(0, 4)]
+    sent = [p.upload(v) for v in values]
+    assert p.cpp.fast.uploads == len(values) and p.py.fast is None
+    for w, v in zip(sent[:-1], values):   # the last has no bytes to read
+        assert torch.equal(p.read(w, v.dtype).view(v.shape), v)
+    old = sent[1]["t"][0]
+    x = torch.randn(5, 7)
+    w = wire(700, x)
+    p.send([Msg.UPLOAD, [Event.FREE, old, Event.FREE, 999], w["t"]], [memoryview(x.numpy()).cast("B")])
+    assert p.cpp.fast.uploads == len(values) + 1 and old not in p.cpp.table.entries
+    assert sorted(p.cpp.table.entries) == sorted(p.py.table.entries) and p.cpp.table.allocated == p.py.table.allocated
+    assert torch.equal(p.read(w).view(5, 7), x)
+    # left to Python: a strided destination, a poisoned one (new bytes replace the failed op's result),
+    # events that are not all frees; the same table and bytes either way
+    strided = [800, 4 * 12, CODE_BY_DTYPE[torch.float32], [4, 3], [1, 4], 0, 0]
+    p.send([Msg.UPLOAD, [], strided], [memoryview(torch.arange(12.0).numpy()).cast("B")])
+    failed = p.define(aten.mm.default)
+    bad = wire(801, torch.zeros(2, 2))
+    for ex in (p.cpp, p.py):
+        with pytest.raises(OpFailed):
+            ex.handle([Msg.OP, [], failed, [sent[0], sent[0]], {}, [bad["t"]]], [], False)   # 3x4 @ 3x4
+    p.send([Msg.UPLOAD, [], bad["t"]], [memoryview(torch.ones(2, 2).numpy()).cast("B")])
+    grown = [Event.COPY, 802, 4 * 12, 0, 800, 48]
+    p.send([Msg.UPLOAD, grown, wire(803, torch.ones(2))["t"]], [memoryview(torch.ones(2).numpy()).cast("B")])
+    assert p.cpp.fast.uploads == len(values) + 1
+    assert p.cpp.handle([Msg.UPLOAD_INFO], [], True)[0]["pieces"]["whole in C++"] == len(values) + 1
+    assert torch.equal(p.read({"t": strided}), torch.arange(12.0))      # the values, in the strided layout
+    assert torch.equal(p.read(bad).view(2, 2), torch.ones(2, 2))
+    flat = [CODE_BY_DTYPE[torch.float32], [12], [1], 0, 0]
+    assert torch.equal(p.read({"t": [802, 48, *flat]}), p.read({"t": [800, 48, *flat]}))   # grown: its bytes
+    # a size that does not match the destination: the same error on both paths
+    errors = []
+    for ex in (p.cpp, p.py):
+        with pytest.raises(Exception) as err:
+            ex.handle([Msg.UPLOAD, [], wire(900, torch.ones(4))["t"]], [memoryview(bytes(12))], False)
+        errors.append((err.type, str(err.value)))
+    assert errors[0] == errors[1]
+
+
 @pytest.mark.parametrize("events", [[Event.FREE], [Event.FREE, "x"], [7, 1], "frees", [Event.FREE, [1]]])
 def test_malformed_events_fail_the_same_way_on_both_paths(events):
     p = Pair()

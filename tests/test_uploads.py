@@ -257,13 +257,17 @@ def test_the_cpu_executor_copies_whole_uploads_plainly_and_makes_no_ring():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: the ring stages uploads to one")
-def test_many_small_uploads_through_the_ring_arrive_value_by_value_on_a_gpu_with_compute_between_them():
+@pytest.mark.parametrize("server_c", [False, True], ids=["the Python ring", "C++ and the host allocator"])
+def test_many_small_uploads_arrive_value_by_value_on_a_gpu_with_compute_between_them(server_c):
     import random
 
     from rgpu.ops_protocol import Event
+    from rgpu.server.ops import fast_op
     from rgpu.server.ops.staging import RING_BYTES
 
-    ex = Executor(Session(id="t", route="ops", settings=config.settings(environ={}, device="cuda")))
+    if server_c and fast_op.load() is None:
+        pytest.skip(f"no C++ op path here: {fast_op.why_not()}")
+    ex = Executor(Session(id="t", route="ops", settings=config.settings(environ={}, device="cuda", server_c=server_c)))
     for index, op in enumerate((torch.ops.aten.add.Tensor, torch.ops.aten.mm.default)):
         ex.handle([Msg.DEFINE, index, f"{op._schema.name[6:]}.{op._overloadname}", str(op._schema)], [], False)
 
@@ -314,9 +318,11 @@ def test_many_small_uploads_through_the_ring_arrive_value_by_value_on_a_gpu_with
         assert torch.equal(download(out, torch.float32), want)
     got = download([4000, 240_000, CODE_BY_DTYPE[torch.float32], [200, 300], [300, 1], 0, 0], torch.float32)
     assert torch.equal(got.view(200, 300).t(), torch.arange(60_000.0).view(300, 200))
-    pieces = ex.uploads.info(None, [])[0]["pieces"]
-    assert pieces["whole by ring"] == 600 + 200 + 120 and pieces["whole staged"] == 1 and pieces["whole plain"] == 1
-    assert pieces["ring full"] > 0, "the busy GPU never left the ring full of pending copies"
+    pieces = ex.handle([Msg.UPLOAD_INFO], [], True)[0]["pieces"]
+    in_cpp = pieces["whole in C++"]
+    assert pieces["whole by ring"] + in_cpp == 600 + 200 + 120 and in_cpp == (600 + 200 + 120) * server_c
+    assert pieces["whole staged"] == 1 and pieces["whole plain"] == 1     # bigger than the ring; strided
+    assert server_c or pieces["ring full"] > 0, "the busy GPU never left the ring full of pending copies"
     assert sum(src.numel() * src.element_size() for _, src in sent.values()) > 3 * RING_BYTES  # round several times
     ex.uploads.close()
     ex.close()

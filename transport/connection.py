@@ -32,6 +32,9 @@ __all__ = ["Connection", "Future", "Reply"]
 
 _POST, _REQUEST = MsgKind.POST, MsgKind.REQUEST
 POST_FLUSH_COUNT = 32   # gathered posts the caller writes at once, whatever their age (transports with post_batch_s)
+# ... and gathered bytes: copying this many dwarfs a syscall, and holding them only kept the server waiting
+# (a training step's batch, 128 KiB, waited out the window at the step's start while the GPU sat idle)
+POST_FLUSH_BYTES = 64 << 10
 IO_SLACK_MAX_S = 2e-3   # how long past the window a gathering I/O thread may leave frames of a caller gone quiet
 
 
@@ -255,10 +258,10 @@ class Connection(Receiving):
 
     def _take_if_due(self) -> list | None:
         """(With ``_cv_lock`` held, gathering.) The queued frames for this caller to write, when the oldest has
-        waited ``post_batch_s``, or there are POST_FLUSH_COUNT, or the one queued found the connection quiet
-        that long, and no one else is writing; else None."""
+        waited ``post_batch_s``, or there are POST_FLUSH_COUNT or POST_FLUSH_BYTES, or the one queued found the
+        connection quiet that long, and no one else is writing; else None."""
         n, now = len(self._queue), time.perf_counter()
-        if ((n < POST_FLUSH_COUNT and now - self._queue_since < self._batch_s
+        if ((n < POST_FLUSH_COUNT and self._queued_bytes < POST_FLUSH_BYTES and now - self._queue_since < self._batch_s
              and (n > 1 or now - self._wrote_at < self._batch_s))
                 or not self._send_lock.acquire(blocking=False)):
             return None

@@ -14,6 +14,7 @@ import torch
 from rgpu.server.ops import fast_op
 from rgpu.server.ops.codec import CODE_BY_DTYPE, Decoder, GeneratorArg, descriptor, encode_result, flatten
 from rgpu.server.ops.graphs import Graphs
+from rgpu.server.ops.staging import RING_BYTES
 from rgpu.server.ops.uploads import Uploads
 from rgpu.server.ops.handles import DTYPE_BY_CODE, MAX_VIEWS, Entry, HandleTable, Poisoned, dtype_of
 from rgpu.ops_protocol import Msg
@@ -81,7 +82,7 @@ class Executor(BaseExecutor):
         self.graphs = Graphs(self.table, self._resolved, self.kind == "cuda")  # torch.compile(backend="rgpu")
         self.uploads = Uploads(self.table, self.kind == "cuda")  # big uploads in pieces, staged through pinned memory
         self.handlers = {Msg.GRAPH: self.graphs.define, Msg.RUN: self.graphs.run, Msg.UPLOAD_PART: self.uploads.part,
-                         Msg.UPLOAD_INFO: self.uploads.info,
+                         Msg.UPLOAD_INFO: self._upload_info,
                          Msg.GRAPH_FREE: self.graphs.free, Msg.GRAPH_INFO: self.graphs.info,
                          Msg.DEFINE: self._define, Msg.OP: self._op, Msg.CALL: self._call,
                          Msg.UPLOAD: self._upload, Msg.DOWNLOAD: self._download, Msg.EVENTS: self._events,
@@ -312,6 +313,10 @@ class Executor(BaseExecutor):
 
     def _upload(self, meta, buffers):
         _, events, desc = meta
+        # a batch in C++ (bigger whole uploads, rare, go through Python's pinned slots)
+        if (self.fast is not None and len(buffers) == 1 and buffers[0].nbytes <= RING_BYTES
+                and self.fast.upload(events, desc, buffers[0])):
+            return
         self.table.apply_events(events)
         try:
             dst = self.table.tensor(desc)
@@ -320,6 +325,11 @@ class Executor(BaseExecutor):
             dst = self.table.tensor(desc)
         if dst.numel():  # on a GPU through pinned staging: a copy from the frame's memory would wait for it
             self.uploads.whole(dst, buffers[0])
+
+    def _upload_info(self, meta, buffers):
+        info, bufs = self.uploads.info(meta, buffers)
+        info["pieces"]["whole in C++"] = self.fast.uploads if self.fast is not None else 0
+        return info, bufs
 
     def _download(self, meta, buffers):
         events, desc = meta[1], meta[2]
