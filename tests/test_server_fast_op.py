@@ -442,3 +442,21 @@ def test_garbage_in_an_op_message_is_an_error_on_either_path_never_a_crash(which
     assert p.cpp.handle([Msg.OP, [], p.define(aten.add.Tensor), [wire(101, torch.ones(4))] * 2, {},
                          [wire(99, torch.ones(4))["t"]]], [], False) is None   # and still runs ops
 
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(events=st.one_of(st.lists(st.one_of(st.sampled_from([Event.FREE, Event.COPY]), _small_int), max_size=6),
+                        _leaf),
+       desc=st.one_of(_descriptor, _leaf), nbytes=st.sampled_from([0, 3, 16, 32]))
+def test_garbage_in_an_upload_is_the_same_error_on_either_path_never_a_crash(events, desc, nbytes):
+    p = _fuzz_pair()
+    outcomes = []
+    for ex in (p.cpp, p.py):
+        try:
+            ex.handle([Msg.UPLOAD, events, desc], [memoryview(bytes(range(nbytes)))], False)
+            outcomes.append(None)
+        except Exception as exc:   # refused, by name: the session goes on
+            outcomes.append(type(exc))
+    assert outcomes[0] == outcomes[1]
+    assert sorted(p.cpp.table.entries) == sorted(p.py.table.entries)
+    p.upload(torch.ones(4))   # and still takes uploads
