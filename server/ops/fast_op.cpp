@@ -17,14 +17,13 @@
 #include <torch/extension.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
-#include <ATen/core/CachingHostAllocator.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include "fast_substitutes.h"
 #include "fast_table.h"
+#include "fast_upload.h"
 
 #include <chrono>
-#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -172,42 +171,10 @@ class FastOps {
     return true;
   }
 
-  // A whole upload (Msg.UPLOAD: a training step's batch) of ``data`` into the contiguous tensor ``desc``
-  // names, after the message's frees (``events``); false for the executor's Python (events that are not
-  // all frees, a poisoned or strided destination, a size that does not match), which then redoes it all
-  // (frees twice are none). On a GPU the bytes go into pinned memory from CUDA's caching host allocator
-  // and from there to the device on its current stream, after what came before; the block goes back to
-  // the allocator with an event, reused once the copy has read it. In Python (Uploads.whole, its ring)
-  // the step's first upload cost the GPU host 0.17 ms, its GPU idle meanwhile.
+  // A whole upload (Msg.UPLOAD: a training step's batch), after its frees (fast_upload.h); false for Python.
   bool upload(py::handle events, py::handle desc, py::handle data) {
-    Py_buffer view;
-    if (PyObject_GetBuffer(data.ptr(), &view, PyBUF_C_CONTIGUOUS) < 0) {
-      PyErr_Clear();
-      return false;
-    }
-    std::unique_ptr<Py_buffer, void (*)(Py_buffer*)> held(&view, PyBuffer_Release);
-    const auto n = static_cast<size_t>(view.len);
-    if (!table_.free_all(events.ptr())) return false;
-    at::Tensor dst;
-    try {
-      if (!table_.tensor(desc.ptr(), dst)) return false;
-    } catch (const py::error_already_set&) {  // poisoned: Python frees it first and says so
-      return false;
-    }
-    if (!dst.is_contiguous() || dst.nbytes() != n || dst.is_conj() || dst.is_neg()) return false;
+    if (!upload_whole(table_, events, desc, data)) return false;
     ++uploads;
-    if (n == 0) return true;
-    if (dst.device().is_cpu()) {
-      std::memcpy(dst.data_ptr(), view.buf, n);
-      return true;
-    }
-    at::HostAllocator* host = at::getHostAllocator(dst.device().type());
-    c10::Storage block(c10::Storage::use_byte_size_t(), n, host->allocate(n), host, false);
-    std::memcpy(block.mutable_data(), view.buf, n);  // out of the frame before it goes back
-    at::Tensor src;
-    strided_view(block, at::kByte, {static_cast<int64_t>(n)}, {1}, 0, src);
-    py::gil_scoped_release no_gil;
-    dst.view({-1}).view(at::kByte).copy_(src, /*non_blocking=*/true);
     return true;
   }
 
