@@ -180,8 +180,10 @@ def test_an_op_that_changes_its_arguments_layout_leaves_no_stale_view(change):
     m.op(aten.add.out, a, 1.0, out=V(43, [2, 3]))  # the descriptor still names storage 40, as laid out
     m.op(aten.mul_.Scalar, a, 2.0)
     m.check()
-    assert all(v.shape == (2, 3) and v.untyped_storage().data_ptr() == m.ex.table.entries[40].ptr
-               for v in m.ex.table.entries[40].views.values())
+    entry = m.ex.table.entries[40]
+    for (code, size, stride, offset), v in entry.views.items():   # each cached view still as its key says
+        assert (CODE_BY_DTYPE[v.dtype], v.shape, v.stride(), v.storage_offset()) == (code, size, stride, offset)
+        assert v.untyped_storage().data_ptr() == entry.ptr
 
 
 def test_an_output_bound_from_a_result_is_the_next_ops_view_and_takes_in_place_updates():
