@@ -367,35 +367,50 @@ def _writers(conn) -> list:
     return sends
 
 
+def _past_the_fast_start(conn) -> None:
+    """Posts enough for the connection's batches to be whole again (the clock frozen: never quiet after)."""
+    from rgpu.transport import connection
+
+    for i in range(2 * connection.POST_FLUSH_COUNT):
+        conn.post({"op": "note", "v": -1})
+    conn.flush(timeout=5)
+
+
 def test_the_io_thread_leaves_frames_younger_than_the_gathering_window_to_their_caller(echo_conn, monkeypatch):
     import time
 
     clock = _hand_clock(monkeypatch)  # frames age only when told
+    _past_the_fast_start(echo_conn)
     sends = _writers(echo_conn)
     for i in range(5):
         echo_conn.post({"op": "note", "v": i})
     time.sleep(0.05)                  # the I/O thread looks at them again and again meanwhile
-    # the first found the connection quiet and went at once; the rest are young: their caller's to write
-    assert sends == ["MainThread"] and len(echo_conn._queue) == 4
+    assert sends == [] and len(echo_conn._queue) == 5    # young: their caller's to write
     clock[0] += 1.0                   # now they sat long: the I/O thread writes them
     wait_until(lambda: not echo_conn._queue, timeout=5, what="the I/O thread writing what sat past post_batch_s")
-    assert sends == ["MainThread", "rgpu-io"]
-    assert echo_conn.call({"op": "sizes"}, []).meta["posts"] == 5
+    assert sends == ["rgpu-io"]
+    assert echo_conn.call({"op": "notes"}).meta["notes"][-5:] == [0, 1, 2, 3, 4]
 
 
-def test_a_post_on_a_quiet_connection_goes_at_once_and_the_ones_right_after_it_gather(echo_conn, monkeypatch):
+def test_a_post_on_a_quiet_connection_goes_at_once_and_the_next_batches_double_up_to_the_flush_count(
+        echo_conn, monkeypatch):
+    from rgpu.transport import connection
+
     clock = _hand_clock(monkeypatch)
     sends = _count_sends(echo_conn)
     assert echo_conn.call({"op": "sizes"}, []).meta["posts"] == 0   # a round trip, as a step's .item()
     written = len(sends)
     clock[0] += 2 * echo_conn._batch_s   # quiet since: the server is idle
-    for i in range(3):
+    n = 1 + 2 + 4 + 8 + 16 + connection.POST_FLUSH_COUNT + 5
+    for i in range(n):                   # no time passes: only the counts make batches due
         echo_conn.post({"op": "note", "v": i})
-    assert len(sends) == written + 1 and len(echo_conn._queue) == 2    # the first at once, then gathering
+    # a fast start: the first at once, then 2, 4, 8, 16, then whole batches; the last 5 gather
+    assert sends[written:] == [1, 2, 4, 8, 16, connection.POST_FLUSH_COUNT]   # frames (parts) per write
+    assert len(echo_conn._queue) == 5
     clock[0] += 2 * echo_conn._batch_s
-    echo_conn.post({"op": "note", "v": 3})   # the window has passed: the caller writes all three
-    assert len(sends) == written + 2 and not echo_conn._queue
-    assert echo_conn.call({"op": "notes"}).meta["notes"] == [0, 1, 2, 3]
+    echo_conn.post({"op": "note", "v": n})   # the window has passed: the caller writes all six
+    assert sends[-1] == 6 and not echo_conn._queue
+    assert echo_conn.call({"op": "notes"}).meta["notes"] == list(range(n + 1))
 
 
 def test_gathered_posts_that_reach_the_flush_bytes_are_written_at_once(echo_conn, monkeypatch):
@@ -403,16 +418,17 @@ def test_gathered_posts_that_reach_the_flush_bytes_are_written_at_once(echo_conn
     from rgpu.transport import connection
 
     _hand_clock(monkeypatch)             # no time passes: only the bytes can make the batch due
+    _past_the_fast_start(echo_conn)
     sends = _count_sends(echo_conn)
     echo_conn.post({"op": "note", "v": 0})
     echo_conn.post({"op": "note", "v": 1})
     written, queued = len(sends), len(echo_conn._queue)
-    assert queued >= 1                  # gathering (the first may have gone at once, the connection quiet)
+    assert queued == 2                  # gathering
     echo_conn.post({"op": "note", "v": 2}, [bytes(connection.POST_FLUSH_BYTES - 100)])
     assert len(echo_conn._queue) == queued + 1 and len(sends) == written   # not yet: below the bytes
     echo_conn.post({"op": "note", "v": 3}, [bytes(200)])
     assert not echo_conn._queue and len(sends) == written + 1     # due: the caller wrote them, in one send
-    assert echo_conn.call({"op": "notes"}).meta["notes"] == [0, 1, 2, 3]
+    assert echo_conn.call({"op": "notes"}).meta["notes"][-4:] == [0, 1, 2, 3]
 
 
 def test_the_io_thread_looks_less_often_while_the_caller_writes_its_own_and_still_writes_what_it_leaves(

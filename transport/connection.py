@@ -77,10 +77,13 @@ class Connection(Receiving):
         # along, and the I/O thread writes only what sat longer (the caller went quiet): a hand-off to
         # it per post cost the GPU host ~40 us of GIL hand-offs a post, a write per post a syscall each.
         # A post on a connection quiet for that long goes at once: the server is idle (a training
-        # step's first message, after the last one's .item()), and gathering would only delay it.
+        # step's first message, after the last one's .item()), and gathering would only delay it; the
+        # caller's next batches then go at 2, 4, 8... frames up to POST_FLUSH_COUNT, so the server has
+        # work at once while the client's stream builds up (a fast start).
         self._batch_s = None if self._posts_inline else getattr(transport, "post_batch_s", None)
         self._queue_since = 0.0                   # when the oldest queued frame was queued
         self._wrote_at = 0.0                      # when the last write ended: a quiet connection gathers nothing
+        self._flush_at = POST_FLUSH_COUNT         # frames the caller's next batch waits for (the fast start's)
         self._io_idle = False                     # the I/O thread waits for a first frame (a notify wakes it)
         self._urgent = False                      # a queued frame someone waits on (a request, a big post)
         self._flushing = 0                        # threads in flush()
@@ -258,13 +261,16 @@ class Connection(Receiving):
 
     def _take_if_due(self) -> list | None:
         """(With ``_cv_lock`` held, gathering.) The queued frames for this caller to write, when the oldest has
-        waited ``post_batch_s``, or there are POST_FLUSH_COUNT or POST_FLUSH_BYTES, or the one queued found the
-        connection quiet that long, and no one else is writing; else None."""
+        waited ``post_batch_s``, or there are ``_flush_at`` (1 when the one queued found the connection quiet
+        that long, doubling batch by batch up to POST_FLUSH_COUNT) or POST_FLUSH_BYTES, and no one else is
+        writing; else None."""
         n, now = len(self._queue), time.perf_counter()
-        if ((n < POST_FLUSH_COUNT and self._queued_bytes < POST_FLUSH_BYTES and now - self._queue_since < self._batch_s
-             and (n > 1 or now - self._wrote_at < self._batch_s))
+        if n == 1 and now - self._wrote_at >= self._batch_s:
+            self._flush_at = 1
+        if ((n < self._flush_at and self._queued_bytes < POST_FLUSH_BYTES and now - self._queue_since < self._batch_s)
                 or not self._send_lock.acquire(blocking=False)):
             return None
+        self._flush_at = min(2 * self._flush_at, POST_FLUSH_COUNT)
         return self._take_all()
 
     def _take_all(self) -> list:
