@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from typing import Callable, ClassVar, Sequence
 
 from . import wire
-from .buffers import BufferPool, as_bytes_view
+from .buffers import BufferPool, copied
 from .wire import (
     _KINDS, _LENGTH_STRUCTS, HEADER, KNOWN_FLAGS, MAGIC, Frame, Limits, decode_header, decode_lengths, encode_prefix, pack_meta,
     unpack_meta,
@@ -98,7 +98,7 @@ class Transport(ABC):
         """``send`` of one frame with packed metadata (a transport may write it more directly); ``buffers``
         are copied before it returns, never named (the caller may change them at once): here at the call,
         since a wrapping transport may hold the parts (the delay line)."""
-        views = [memoryview(bytearray(as_bytes_view(b))) for b in buffers] if buffers else ()
+        views = copied(buffers) if buffers else ()
         self.send([encode_prefix(kind, seq, 0, meta, [v.nbytes for v in views]), *views])
 
     def frame_parts(self, kind: int, seq: int, ack: int, meta, views: Sequence[memoryview], flags: int = 0) -> list:

@@ -36,6 +36,11 @@ def as_bytes_view(obj) -> memoryview:
         raise TypeError(f"cannot send a {type(obj).__name__}: expected bytes, memoryview, numpy array or CPU tensor") from None
 
 
+def copied(buffers) -> list[memoryview]:
+    """Each buffer's bytes, copied: what a sender keeps when its caller may change the buffers at once."""
+    return [memoryview(bytearray(as_bytes_view(b))) for b in buffers]
+
+
 _NUMPY_DTYPES = None  # torch dtypes numpy holds and a memoryview casts to bytes (filled on first use)
 
 

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 from rgpu.errors import ConnectionLost, ProtocolError, RemoteError, RgpuError, Timeout, VersionMismatch
 
 from .base import Transport
-from .buffers import BufferPool, as_bytes_view, writable_view
+from .buffers import BufferPool, as_bytes_view, copied, writable_view
 from .connection_recv import Future, Receiving, Reply
 from .wire import Limits, MsgKind, encode_prefix, pack_meta
 
@@ -109,7 +109,7 @@ class Connection(Receiving):
         no parts list, no prefix bytes object, the buffers copied once, into the ring (shm).
         """
         nbytes = sum([as_bytes_view(b).nbytes for b in buffers]) if buffers else 0
-        views = None if self._posts_inline or not buffers else [memoryview(bytearray(as_bytes_view(b))) for b in buffers]
+        views = None if self._posts_inline or not buffers else copied(buffers)   # copied at the call
         inline, gathered = False, None
         with self._cv_lock:
             seq = self._admit()
@@ -120,7 +120,7 @@ class Connection(Receiving):
                 inline = True                     # nothing ahead of us: write on this thread
             else:
                 if views is None:                 # copied here, under the lock, only when shm's queue is busy
-                    views = [memoryview(bytearray(as_bytes_view(b))) for b in buffers] if buffers else ()
+                    views = copied(buffers) if buffers else ()
                 self._enqueue(_packed_parts(seq, meta, views), nbytes, None, seq)
                 if self._batch_s is not None:
                     gathered = self._take_if_due()

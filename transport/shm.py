@@ -37,7 +37,7 @@ from rgpu.errors import ConnectionLost, ProtocolError
 
 from . import fastcopy, shm_fast
 from .base import Transport, spin_seconds
-from .buffers import as_bytes_view
+from .buffers import as_bytes_view, copied
 from .shm_memory import Heap, Segment
 from .shm_recv import Receiving
 from .shm_ring import (
@@ -227,7 +227,7 @@ class ShmTransport(Receiving, Transport):
                         self._tail = tail
                         return
         # too big for one record, no room now, or no C path: copies (never named), the usual way
-        self.send([_Out(kind, seq, 0, 0, meta, [memoryview(bytearray(as_bytes_view(b))) for b in buffers])])
+        self.send([_Out(kind, seq, 0, 0, meta, copied(buffers))])
 
     def _call_c(self, seq: int, meta: bytes, buffers, into, limits) -> tuple[int, object]:
         """A lone request written and its reply read in one C call (``rgpu_shm_call``): (bytes sent, frame).
