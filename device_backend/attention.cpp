@@ -13,12 +13,24 @@
 namespace rgpu {
 namespace {
 
+// CUDA's memory-efficient kernel reads rows as 128-bit vectors: the offset and every stride but the last
+// must be whole vectors ("query is not correctly aligned (strideM)" otherwise, natively too), and it takes
+// float, half and bfloat16 only.
+bool fits_the_kernel(const at::Tensor& t) {
+  if (t.scalar_type() != at::kFloat && t.scalar_type() != at::kHalf && t.scalar_type() != at::kBFloat16) return false;
+  const int64_t vector = 16 / static_cast<int64_t>(t.element_size());
+  if (t.storage_offset() % vector != 0) return false;
+  for (int64_t d = 0; d + 1 < t.dim(); ++d)
+    if (t.size(d) > 1 && t.stride(d) % vector != 0) return false;
+  return true;
+}
+
 int64_t choose(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                const std::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
                std::optional<double> scale, bool enable_gqa) {
   auto math = static_cast<int64_t>(at::SDPBackend::math);
   if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4 || (mask.has_value() && mask->defined()) ||
-      dropout_p > 0.0 || enable_gqa) {
+      dropout_p > 0.0 || enable_gqa || !fits_the_kernel(q) || !fits_the_kernel(k) || !fits_the_kernel(v)) {
     return math;
   }
   auto d = q.size(-1);

@@ -84,7 +84,7 @@ def _mix(device: str) -> list[torch.Tensor]:
         # composites whose intermediates live only on the boxed stack (freed once the op is posted)
         m = torch.fft.hfftn(d, s=(3, 10), dim=(0, 1), norm="ortho")
         # attention: returns ints and undefined tensors (max_q, cum_seq_q), which its backward takes back
-        q = d[:, :8].reshape(1, 1, 4, 8).detach().requires_grad_()
+        q = d[:, :8].reshape(1, 1, 4, 8).contiguous().detach().requires_grad_()   # aligned rows: fused
         att = torch.nn.functional.scaled_dot_product_attention(q, q * 0.5, q, is_causal=True)
         (grad,) = torch.autograd.grad(att.sum(), q)
         out += [a.clone(), c, d, e, f, g, h, k, m, (i % 5).bitwise_and(3), att.detach(), grad]

@@ -50,6 +50,24 @@ def test_attention_values_and_gradients_match_the_cpu(rgpu_device, case, dtype):
     assert fused == ("mask" not in kw)  # a mask takes the math path (see device_backend/attention.cpp)
 
 
+@pytest.mark.parametrize("case", ["rows 9 floats apart (a column slice)", "float64"])
+def test_attention_the_fused_kernel_cannot_read_takes_the_math_path_and_matches_the_cpu(rgpu_device, case):
+    """CUDA's memory-efficient kernel reads rows as 16-byte vectors and takes float, half and bfloat16 only
+    (natively too, a query like the first fails there): such inputs go the math path on every server alike."""
+    torch.manual_seed(0)
+    wide, dtype = (9, torch.float32) if case.startswith("rows") else (8, torch.float64)
+    base, k, v = torch.randn(2, 2, 6, wide), torch.randn(2, 2, 6, 8), torch.randn(2, 2, 6, 8)
+    got = {}
+    for device in ("rgpu", "cpu"):
+        q = base.to(device, dtype)[..., :8].detach().requires_grad_()
+        out = F.scaled_dot_product_attention(q, k.to(device, dtype), v.to(device, dtype), is_causal=True)
+        out.sum().backward()
+        got[device] = (out.detach().cpu(), q.grad.cpu(), type(out.grad_fn).__name__)
+    assert "FusedAttentionOverrideable" not in got["rgpu"][2]
+    for a, e in zip(got["rgpu"][:2], got["cpu"][:2]):
+        assert torch.allclose(a, e, atol=1e-5, rtol=1e-5), (case, (a - e).abs().max())
+
+
 CONVOLUTIONS = {
     "1-d, strided": lambda: nn.Conv1d(3, 4, 3, stride=2, padding=1),
     "2-d, grouped and dilated": lambda: nn.Conv2d(4, 6, 3, groups=2, dilation=2, padding=2),
