@@ -156,7 +156,7 @@ def express(plan: Plan, op, info: optable.OpInfo, index: int, empty_outs=()):
             return None
         resize.append((loc[1] if loc[0] == "a" else position[loc[1]], list(size)))
 
-    def leaf(spec, optional: bool, rtype: str = "Tensor"):
+    def leaf(spec, optional: bool, rtype: str):
         if type(spec) is not tuple or not spec or type(spec[0]) is not str:
             return None
         kind = spec[0]
@@ -178,7 +178,7 @@ def express(plan: Plan, op, info: optable.OpInfo, index: int, empty_outs=()):
     for spec, r in zip(specs, schema.returns):
         rtype = str(r.type)
         if rtype == "List[Tensor]" and type(spec) is list:
-            leaves = [leaf(s, False) for s in spec]
+            leaves = [leaf(s, False, rtype) for s in spec]   # a None in a list: no plan, as before
         elif rtype in ("Tensor", "Optional[Tensor]", "int", "SymInt"):
             leaves = leaf(spec, rtype == "Optional[Tensor]", rtype)
         else:

@@ -352,3 +352,20 @@ def test_small_uploads_are_posted_from_cpp_and_the_rest_from_python(start):
     pinned.zero_()
     assert _stats()["uploads"] == before + 1
     assert torch.equal(moved.cpu(), torch.arange(16384.0))
+
+
+def test_a_plan_in_cpp_terms_holds_int_and_undefined_results_but_not_a_none_in_a_list():
+    from rgpu.device_backend import meta, optable
+
+    f32 = meta.CODE[torch.float32]
+    attention = torch.ops.aten._scaled_dot_product_fused_attention_overrideable.default
+    out, lse = ("new", f32, (1, 1, 4, 8), (32, 32, 8, 1)), ("new", f32, (1, 1, 4), (4, 4, 1))
+    none, four = ("value", None), ("value", 4)
+    plan = meta.Plan((out, lse, none, none, four, four, none, none, none), [], True)
+    assert meta.express(plan, attention, optable.info(attention), 7) == (
+        7, True, [(0, f32, [1, 1, 4, 8], [32, 32, 8, 1]), (0, f32, [1, 1, 4], [4, 4, 1]), (5,), (5,), (4, 4), (4, 4),
+                  (5,), (5,), (5,)], [])
+    split = torch.ops.aten.split_with_sizes.default   # -> Tensor[]: a None among its items has no C++ terms
+    alias = ("alias", ("a", 0), f32, (2,), (1,), 0, False, False)
+    assert meta.express(meta.Plan([alias, none], [], False), split, optable.info(split), 0) is None
+    assert meta.express(meta.Plan([alias, alias], [], False), split, optable.info(split), 0) is not None
