@@ -282,11 +282,11 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::St
   py::gil_scoped_acquire gil;
   const auto& schema = op.schema();
   OpRecord& r = record_for(schema);
-  if (r.copy && g_enabled && g_send != nullptr && upload(stack)) {
+  if (r.copy && streaming() && upload(stack)) {
     ++g_uploads;
     return;
   }
-  if (!g_enabled || g_send == nullptr || r.never) {
+  if (!streaming() || r.never) {
     ++g_passes;
     return miss(op, stack, r, nullptr);
   }

@@ -156,7 +156,7 @@ def express(plan: Plan, op, info: optable.OpInfo, index: int, empty_outs=()):
             return None
         resize.append((loc[1] if loc[0] == "a" else position[loc[1]], list(size)))
 
-    def leaf(spec, optional: bool, rtype: str):
+    def leaf(spec, rtype: str):
         if type(spec) is not tuple or not spec or type(spec[0]) is not str:
             return None
         kind = spec[0]
@@ -171,16 +171,16 @@ def express(plan: Plan, op, info: optable.OpInfo, index: int, empty_outs=()):
             return (1, where)
         if kind == "alias" and not spec[6] and not spec[7]:  # math bits stay with Python
             return (2, where, spec[2], list(spec[3]), list(spec[4]), spec[5])
-        return (3,) if kind == "value" and spec[1] is None and optional else None
+        return (3,) if kind == "value" and spec[1] is None and rtype == "Optional[Tensor]" else None
 
     specs = () if plan.specs is None else (plan.specs,) if len(info.returns) == 1 else plan.specs
     returns = []
     for spec, r in zip(specs, schema.returns):
         rtype = str(r.type)
         if rtype == "List[Tensor]" and type(spec) is list:
-            leaves = [leaf(s, False, rtype) for s in spec]   # a None in a list: no plan, as before
+            leaves = [leaf(s, rtype) for s in spec]   # a None in a list: no plan
         elif rtype in ("Tensor", "Optional[Tensor]", "int", "SymInt"):
-            leaves = leaf(spec, rtype == "Optional[Tensor]", rtype)
+            leaves = leaf(spec, rtype)
         else:
             return None
         if leaves is None or (type(leaves) is list and None in leaves):
