@@ -20,6 +20,7 @@ from rgpu import config
 from rgpu.errors import ConnectionLost, ProtocolError, RgpuError, VersionMismatch
 from rgpu.transport import handshake, negotiate, tls
 from rgpu.transport.buffers import BufferPool, as_bytes_view
+from rgpu.transport.shm import SERVE_RAISED, SERVE_REPLY
 from rgpu.transport.tcp import TcpTransport
 from rgpu.transport.wire import Limits, MsgKind
 
@@ -77,37 +78,64 @@ _BYE, _POST, _REQUEST, _REPLY, _ERROR = MsgKind.BYE, MsgKind.POST, MsgKind.REQUE
 
 
 def _loop(transport, executor, session: Session, limits: Limits, pool: BufferPool) -> None:
-    """The frame loop: each POST and REQUEST through the executor in order, until BYE."""
+    """The frame loop: each POST and REQUEST through the executor in order, until BYE.
+
+    Where the transport has a frame loop in C (``serve``: shm's), frames run there and come back here
+    only when Python is needed: ``handle`` raised, an answer it cannot put, a frame it leaves to
+    ``recv_frame`` (a BYE, heap buffers, anything malformed), or nothing to read (``recv_frame`` sleeps).
+    """
     applied = 0
-    handle, recv_frame = executor.handle, transport.recv_frame
+    handle, recv_frame, serve = executor.handle, transport.recv_frame, transport.serve
     while True:
+        if serve is not None:
+            why, applied, detail = serve(handle, applied, limits)
+            if why == SERVE_RAISED:
+                _send_failure(transport, session, *detail, applied)
+                continue
+            if why == SERVE_REPLY:
+                seq, result = detail
+                _send_reply(transport, session, seq, result)
+                continue
         frame = recv_frame(limits, pool)
-        kind = frame.kind
-        if kind == _BYE:
-            break
-        if kind != _POST and kind != _REQUEST:
-            raise ProtocolError(f"kind: a client may not send {frame.kind.name} in a session")
-        wants_reply = kind == _REQUEST
         try:
-            result = handle(frame.meta, frame.buffers, wants_reply)
+            kind = frame.kind
+            if kind == _BYE:
+                break
+            if kind != _POST and kind != _REQUEST:
+                raise ProtocolError(f"kind: a client may not send {frame.kind.name} in a session")
+            try:
+                result = handle(frame.meta, frame.buffers, kind == _REQUEST)
+            except Exception as exc:
+                _send_failure(transport, session, frame.seq, exc, applied)
+                continue
             applied = frame.seq
-            if wants_reply:
-                meta, bufs = result if result is not None else (None, [])
-                try:  # a reply that cannot be encoded is the executor's failure, not the client's
-                    parts = transport.frame_parts(_REPLY, frame.seq, applied, meta, [as_bytes_view(b) for b in bufs])
-                except (ProtocolError, TypeError) as exc:
-                    raise RuntimeError(f"the reply cannot be sent: {exc}") from None
-                transport.send(parts)
-        except RgpuError as exc:
-            if isinstance(exc, (ConnectionLost, ProtocolError, VersionMismatch)):
-                raise
-            transport.send(transport.frame_parts(_ERROR, frame.seq, applied, error_meta(exc, frame.seq), []))
-        except Exception as exc:  # the op failed; the session goes on
-            if session.settings.debug:
-                log.debug("op failed:\n%s", traceback.format_exc())
-            transport.send(transport.frame_parts(_ERROR, frame.seq, applied, error_meta(exc, frame.seq), []))
+            if kind == _REQUEST:
+                _send_reply(transport, session, frame.seq, result)
         finally:
             frame.release()
+
+
+def _send_reply(transport, session: Session, seq: int, result) -> None:
+    """The answer to request ``seq`` (the last one applied), or its failure's when it cannot be sent."""
+    try:
+        meta, bufs = result if result is not None else (None, [])
+        try:  # a reply that cannot be encoded is the executor's failure, not the client's
+            parts = transport.frame_parts(_REPLY, seq, seq, meta, [as_bytes_view(b) for b in bufs])
+        except (ProtocolError, TypeError) as exc:
+            raise RuntimeError(f"the reply cannot be sent: {exc}") from None
+        transport.send(parts)
+    except Exception as exc:
+        _send_failure(transport, session, seq, exc, seq)
+
+
+def _send_failure(transport, session: Session, seq: int, exc: BaseException, applied: int) -> None:
+    """An ERROR for frame ``seq``: the op failed, the session goes on (a lost connection or a protocol
+    error ends it, as does anything that is not an Exception)."""
+    if isinstance(exc, (ConnectionLost, ProtocolError, VersionMismatch)) or not isinstance(exc, Exception):
+        raise exc
+    if session.settings.debug and not isinstance(exc, RgpuError):
+        log.debug("op failed:\n%s", "".join(traceback.format_exception(exc)))
+    transport.send(transport.frame_parts(_ERROR, seq, applied, error_meta(exc, seq), []))
 
 
 def _say_bye(transport, reason: str, error: str | None = None) -> None:

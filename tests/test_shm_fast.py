@@ -47,7 +47,7 @@ def test_c_and_python_write_the_same_bytes():
     rings = []
     for use_c in (True, False):
         client, server = shm_pair(use_c, use_c)
-        assert (client._c_put is not None) == use_c
+        assert (client._n_put is not None) == use_c
         for i in range(5):
             client.send(client.frame_parts(MsgKind.POST, i + 1, i, {"i": i}, [as_bytes_view(pattern(100 + i, i))]))
         client.send_meta(MsgKind.POST, 9, pack_meta({"op": 1}))
@@ -194,7 +194,7 @@ def test_a_call_while_another_request_is_pending_goes_through_the_future(conn_an
 def test_rgpu_shm_c_0_keeps_a_session_on_the_python_path(rgpu_server):
     fast = rgpu_server.connect("echo", transport="shm")
     slow = rgpu_server.connect("echo", transport="shm", shm_c=False)
-    assert fast.transport._c_call is not None and slow.transport._c_call is None
+    assert fast.transport._n_put is not None and slow.transport._n_put is None
     for conn in (fast, slow):
         back = [bytearray(64)]
         conn.call({"op": "echo"}, [pattern(64, 5)], reply_into=back)

@@ -57,6 +57,9 @@ class Transport(ABC):
     # C path); buffers as the caller gave them. (-1, None): nothing written, send it the usual way;
     # (n, None): read the reply as usual.
     call_alone: Callable | None = None
+    # serve(handle, applied, limits) -> (why, applied, detail): a server's frame loop in C where the
+    # transport has one (shm's); the worker runs frames it returns for the usual way (server/worker.py).
+    serve: Callable | None = None
 
     @abstractmethod
     def send(self, parts: Sequence[memoryview]) -> None:

@@ -30,7 +30,7 @@ from .wire import Limits, MsgKind, encode_prefix, pack_meta
 
 __all__ = ["Connection", "Future", "Reply"]
 
-_POST, _REQUEST = MsgKind.POST, MsgKind.REQUEST
+_POST, _REQUEST, _REPLY = MsgKind.POST, MsgKind.REQUEST, MsgKind.REPLY
 POST_FLUSH_COUNT = 32   # gathered posts the caller writes at once, whatever their age (transports with post_batch_s)
 # ... and gathered bytes: copying this many dwarfs a syscall, and holding them only kept the server waiting
 # (a training step's batch, 128 KiB, waited out the window at the step's start while the GPU sat idle)
@@ -157,7 +157,8 @@ class Connection(Receiving):
         """
         if self._pending or self._queue or self._dead or self._async_error is not None:
             return None
-        packed = pack_meta(meta) if self._transport_call is not None else None   # raises before anything is sent
+        call = self._transport_call
+        packed = pack_meta(meta) if call is not None else None   # raises before anything is sent
         with self._rcv_lock:
             if self._reading:
                 return None
@@ -170,25 +171,31 @@ class Connection(Receiving):
             stats = self.stats
             stats["messages"] += 1
             stats["round_trips"] += 1
-            sent, frame, into = self._write_inline(seq, self._write_request, seq, meta, packed, buffers, reply_into)
+            try:
+                self._sending_seq = seq
+                sent, frame = call(seq, packed, buffers, reply_into, self.limits) if call is not None else (-1, None)
+                into = None
+                if sent < 0:         # the usual way: the targets checked before sending
+                    views = [as_bytes_view(b) for b in buffers]
+                    into = [writable_view(b) for b in reply_into] if reply_into is not None else None
+                    self.transport.send(self.transport.frame_parts(_REQUEST, seq, 0, meta, views))
+                    sent = sum([v.nbytes for v in views])
+                elif frame is None and reply_into is not None:
+                    into = [writable_view(b) for b in reply_into]     # the reply comes the usual way
+            except RgpuError as exc:
+                self._fail(self._why_lost(exc))
+                raise self._dead from None
+            finally:
+                self._wrote_at = time.perf_counter()
+                self._send_lock.release()
             stats["bytes_out"] += sent
+            if frame is not None and frame.seq == seq and frame.kind is _REPLY and self._async_error is None:
+                for b in frame.buffers:          # the common case: the reply read in the same call
+                    stats["bytes_in"] += b.nbytes
+                return Reply(frame)
             return self._read_reply(seq, into, frame)
         finally:
             self._end_read()
-
-    def _write_request(self, seq: int, meta, packed: bytes | None, buffers: Sequence, reply_into):
-        """Write request ``seq`` (the caller holds the send lock): (bytes sent, its reply if the transport's
-        ``call_alone`` read it too, else None, the targets its reply is read into)."""
-        if packed is not None:
-            sent, frame = self._transport_call(seq, packed, buffers, reply_into, self.limits)
-            if sent >= 0:
-                if frame is not None or reply_into is None:
-                    return sent, frame, None
-                return sent, None, [writable_view(b) for b in reply_into]   # the reply comes the usual way
-        views = [as_bytes_view(b) for b in buffers]      # the usual way: the targets checked before sending
-        into = [writable_view(b) for b in reply_into] if reply_into is not None else None
-        self.transport.send(self.transport.frame_parts(_REQUEST, seq, 0, meta, views))
-        return sum([v.nbytes for v in views]), None, into
 
     def _submit(self, kind: MsgKind, meta, buffers: Sequence, fut: Future | None) -> int:
         views = [as_bytes_view(b) for b in buffers]

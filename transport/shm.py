@@ -31,6 +31,7 @@ import threading
 import time
 from typing import Callable, Sequence
 
+import msgpack
 import numpy as np
 
 from rgpu.errors import ConnectionLost, ProtocolError
@@ -41,13 +42,15 @@ from .buffers import as_bytes_view, copied
 from .shm_memory import Heap, Segment
 from .shm_recv import Receiving
 from .shm_ring import (
-    BACKSTOP_S, BLOB, CTL_MSG, DESC, INLINE_MAX, KIND_FRAME, KIND_WRAP, MAX_PLACED, MAX_SEGMENT, NO_SLOT, OP_DROP,
-    OP_SEGMENT, REC, REC_HEAD, RECORD_MAX, RING_BYTES, RINGS_OFF, SLOTS, SLOTS_OFF, _drain, _fence, _words,
+    BACKSTOP_S, BLOB, CTL_MSG, DESC, INLINE_MAX, KIND_FRAME, KIND_WRAP, KNOWN_KINDS, MAX_PLACED, MAX_SEGMENT, NO_SLOT,
+    OP_DROP, OP_SEGMENT, REC, REC_HEAD, RECORD_MAX, RING_BYTES, RINGS_OFF, SLOTS, SLOTS_OFF, _KINDS, _drain, _fence,
+    _words,
 )
-from .wire import HEADER, MAGIC, PROTOCOL_VERSION, MsgKind, encode_prefix, pack_meta
+from .wire import HEADER, MAGIC, PROTOCOL_VERSION, Frame, MsgKind, encode_prefix, pack_meta, unpacker
 
 
-_REQUEST = int(MsgKind.REQUEST)
+_POST, _REQUEST, _REPLY = int(MsgKind.POST), int(MsgKind.REQUEST), int(MsgKind.REPLY)
+SERVE_IDLE, SERVE_PYTHON, SERVE_RAISED, SERVE_REPLY = range(4)    # why the C loop of serve() returned
 
 
 def _peer_pid(sock: socket.socket) -> int:
@@ -142,7 +145,7 @@ class ShmTransport(Receiving, Transport):
         self._poll_space = select.poll()
         self._poll_space.register(self._space_out, select.POLLIN)
         self._poll_space.register(sock, select.POLLRDHUP)
-        self._c_put = self._c_wait = self._c_take = self._c_call = None
+        self._c_wait = self._c_take = self._n_put = None
         fast = shm_fast.load(use_c)
         if fast is not None:
             self._attach_c(fast, control, out)
@@ -155,12 +158,14 @@ class ShmTransport(Receiving, Transport):
         self._c_ring_any = shm_fast.ring(ffi, control.mm, out, self._data_out, self._space_in, inline_max=RECORD_MAX)
         self._c_frame = ffi.new("rgpu_frame *")
         self._c_frame_words = ffi.buffer(self._c_frame)
-        self._c_bufs = ffi.new("const char *[]", shm_fast.FAST_BUFS)
-        self._c_lens = ffi.new("uint64_t[]", shm_fast.FAST_BUFS)
-        self._c_from_buffer, self._c_buffer, self._c_null = ffi.from_buffer, ffi.buffer, ffi.NULL
-        self._c_put, self._c_wait, self._c_take, self._c_consume, self._c_call = (
-            lib.rgpu_shm_put, lib.rgpu_shm_wait, lib.rgpu_shm_take, lib.rgpu_shm_consume, lib.rgpu_shm_call)
-        self.call_alone = self._call_c
+        self._c_wait, self._c_take, self._c_consume = lib.rgpu_shm_wait, lib.rgpu_shm_take, lib.rgpu_shm_consume
+        # the calls that take and give Python objects (shm_native.c) get the structs by address
+        self._n_put, self._n_take, self._n_call = fast.native.put, fast.native.take, fast.native.call
+        self._n_serve = fast.native.serve
+        self._unpack, self._pack = unpacker(), msgpack.Packer(use_bin_type=True).pack
+        self._n_ring, self._n_ring_any, self._n_frame = (
+            int(ffi.cast("uintptr_t", p)) for p in (self._c_ring, self._c_ring_any, self._c_frame))
+        self.call_alone, self.serve = self._call_c, self._serve
 
     # ---- sending -------------------------------------------------------------------
 
@@ -172,7 +177,7 @@ class ShmTransport(Receiving, Transport):
             try:
                 if self._closed:
                     raise ConnectionLost("connection closed")
-                put = self._c_put
+                put = self._n_put
                 for out in _frames(parts):
                     if put is None or not self._put_c(out):
                         self._write_frame(out.prefix, out.views)
@@ -194,9 +199,8 @@ class ShmTransport(Receiving, Transport):
             try:
                 if self._closed:
                     raise ConnectionLost("connection closed")
-                if self._c_put is not None:
-                    null = self._c_null
-                    tail = self._c_put(self._c_ring, self._tail, kind, 0, seq, 0, meta, len(meta), 0, null, null)
+                if self._n_put is not None:
+                    tail = self._n_put(self._n_ring, self._tail, kind, 0, seq, 0, meta, ())
                     if tail >= 0:
                         self._tail = tail
                         return
@@ -212,21 +216,15 @@ class ShmTransport(Receiving, Transport):
                 raise self._lost(exc, "sending") from None
 
     def _send_copied(self, kind: int, seq: int, meta: bytes, buffers: Sequence) -> None:
-        if self._c_put is not None and len(buffers) <= shm_fast.FAST_BUFS:
+        if self._n_put is not None:
             with self._send_lock:
                 if self._closed:
                     raise ConnectionLost("connection closed")
-                try:
-                    keep, _ = self._c_buffers(buffers)      # alive until the call returns
-                except (TypeError, ValueError, BufferError):
-                    keep = None                             # not plain contiguous memory: copied below
-                if keep is not None:
-                    tail = self._c_put(self._c_ring_any, self._tail, kind, 0, seq, 0, meta, len(meta), len(keep),
-                                       self._c_bufs, self._c_lens)
-                    if tail >= 0:
-                        self._tail = tail
-                        return
-        # too big for one record, no room now, or no C path: copies (never named), the usual way
+                tail = self._n_put(self._n_ring_any, self._tail, kind, 0, seq, 0, meta, buffers)
+                if tail is not None and tail >= 0:
+                    self._tail = tail
+                    return
+        # too big for one record, no room now, not plain memory, or no C path: copies, the usual way
         self.send([_Out(kind, seq, 0, 0, meta, copied(buffers))])
 
     def _call_c(self, seq: int, meta: bytes, buffers, into, limits) -> tuple[int, object]:
@@ -238,57 +236,54 @@ class ShmTransport(Receiving, Transport):
         (n, None) means the reply is not here yet or is one for ``recv_frame``. The caller holds the
         connection's send lock and is its only reader.
         """
-        n = len(buffers)
-        if n > shm_fast.FAST_BUFS or (into is not None and len(into) != 1):
+        if into is not None and len(into) != 1:
             return -1, None
-        frame = self._c_frame
-        with self._send_lock, self._recv_lock:   # the scratch arrays are the transport's: filled under its locks
+        with self._send_lock, self._recv_lock:
             if self._closed:
                 raise ConnectionLost("connection closed")
-            try:
-                keep, nbytes = self._c_buffers(buffers)      # alive until the call returns
-                dest = self._c_from_buffer(into[0], require_writable=True) if into is not None else None
-            except (TypeError, ValueError, BufferError):
+            busy_s = self.busy_s if time.perf_counter() >= self._shared_until else 0.0
+            done = self._n_call(self._n_ring, self._n_frame, self._tail, self._head, _REQUEST, seq, meta, buffers,
+                                None if into is None else into[0], busy_s, self.spin_s, self.spin_yield,
+                                limits.max_meta_bytes, limits.max_buffers, limits.max_frame_bytes, KNOWN_KINDS,
+                                self._unpack)
+            if done is None:
                 return -1, None
-            got = self._c_call(self._c_ring, self._tail, self._head, _REQUEST, seq, meta, len(meta), n, self._c_bufs,
-                               self._c_lens, self._busy_s(time.perf_counter()), self.spin_s, self.spin_yield,
-                               limits.max_meta_bytes, limits.max_buffers, limits.max_frame_bytes,
-                               self._c_null if dest is None else dest, 0 if dest is None else len(dest), frame)
+            got, sent, self._tail, self._head, reply = done
             if got < 0:
                 return -1, None
-            self._tail = frame.tail
+            if reply is not None:
+                kind, rseq, ack, meta, copied_into = reply
+                return sent, Frame(_KINDS[kind], rseq, ack, meta, [as_bytes_view(into[0])] if copied_into else [])
             if got == 1:
-                out = self._recv_c(limits, None, [memoryview(self._c_buffer(dest))] if frame.copied else None)
-                if out is not None:
-                    return nbytes, out
-            if got:
-                self._head = frame.head     # past any wrap marker; recv_frame reads the rest
-            return nbytes, None
+                return sent, self._recv_c(limits, None)
+            return sent, None
+
+    def _serve(self, handle, applied: int, limits: Limits) -> tuple[int, int, object]:
+        """A server's frame loop in C (``shm_native.c`` ``serve``) for frames wholly in the ring: each POST
+        and REQUEST through ``handle(meta, buffers, wants_reply)``, a request's answer put back, until
+        Python is needed. Returns (why, applied, detail): ``SERVE_IDLE`` (nothing came within the
+        spin), ``SERVE_PYTHON`` (the next frame is for ``recv_frame``), ``SERVE_RAISED`` (detail: seq,
+        the exception ``handle`` raised), ``SERVE_REPLY`` (detail: seq, the answer, for ``send``)."""
+        with self._send_lock, self._recv_lock:
+            if self._closed:
+                raise ConnectionLost("connection closed")
+            frame = self._c_frame
+            frame.tail, frame.head = self._tail, self._head
+            busy_s = self.busy_s if time.perf_counter() >= self._shared_until else 0.0
+            try:
+                return self._n_serve(self._n_ring, self._n_frame, self._tail, self._head, handle, self._unpack,
+                                     self._pack, limits.max_meta_bytes, limits.max_buffers, limits.max_frame_bytes,
+                                     _POST, _REQUEST, _REPLY, busy_s, self.spin_s, self.spin_yield, applied)
+            finally:
+                self._tail, self._head = frame.tail, frame.head
 
     def _put_c(self, out: _Out) -> bool:
         """``out`` written and published by the C path, if it is a frame for the ring alone and the ring has room."""
-        n = len(out.views)
-        if n > shm_fast.FAST_BUFS:
-            return False
-        keep, _ = self._c_buffers(out.views)      # alive until the call returns
-        tail = self._c_put(self._c_ring, self._tail, out.kind, out.flags, out.seq, out.ack, out.meta, len(out.meta),
-                           n, self._c_bufs, self._c_lens)
-        if tail < 0:
-            return False     # too big for the ring alone, or no room now: the Python path places or waits
+        tail = self._n_put(self._n_ring, self._tail, out.kind, out.flags, out.seq, out.ack, out.meta, out.views)
+        if tail is None or tail < 0:
+            return False     # too big for the ring alone, no room now, or not plain memory: the Python path
         self._tail = tail
         return True
-
-    def _c_buffers(self, buffers) -> tuple[list, int]:
-        """``buffers`` (at most FAST_BUFS) into the C call's pointer and length arrays: (their cdata, which
-        must stay alive until the call returns, and their bytes). Raises what cffi's from_buffer raises."""
-        keep = [self._c_from_buffer(b) for b in buffers]
-        bufs, lens = self._c_bufs, self._c_lens
-        nbytes = 0
-        for i, b in enumerate(keep):
-            bufs[i] = b
-            lens[i] = size = len(b)
-            nbytes += size
-        return keep, nbytes
 
     def _write_frame(self, prefix: bytes, views: list) -> None:
         lengths = [v.nbytes for v in views]

@@ -27,6 +27,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 MODULE = "_rgpu_shm_fast"
+NATIVE = "_rgpu_shm_native"      # shm_native.c: the per-message calls, Python objects in and out
 CDEF = """
 typedef struct {
     volatile uint64_t *q;
@@ -95,8 +96,27 @@ def _build(source: str, folder: Path) -> Path:
     return target
 
 
-def _import(path: Path):
-    spec = importlib.util.spec_from_file_location(MODULE, path)
+def _build_native(folder: Path) -> Path:
+    """``shm_native.c`` as a CPython extension (setuptools builds it, as it builds cffi's)."""
+    from setuptools import Distribution, Extension
+
+    ext = Extension(NATIVE, [str(HERE / "shm_native.c")], include_dirs=[str(HERE)], extra_compile_args=["-O2"])
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="rgpu-shm-build-") as tmp:
+        dist = Distribution({"name": NATIVE, "ext_modules": [ext], "script_args": ["build_ext", "--build-lib", tmp,
+                                                                                     "--build-temp", tmp]})
+        dist.parse_command_line()
+        dist.run_commands()
+        built = Path(dist.get_command_obj("build_ext").get_ext_fullpath(NATIVE))
+        target = folder / built.name
+        partial = folder / f".{built.name}.{os.getpid()}"
+        partial.write_bytes(built.read_bytes())
+        os.replace(partial, target)
+    return target
+
+
+def _import(path: Path, name: str = MODULE):
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -115,10 +135,12 @@ def load(enabled: bool = True):
                 if platform.machine().lower() not in ("x86_64", "amd64"):
                     raise RuntimeError(f"shm's C path is x86-64 only; this is {platform.machine()}")
                 source = (HERE / "shm_fast.c").read_text()
-                folder = cache_dir() / _key(source)
+                folder = cache_dir() / _key(source + (HERE / "shm_native.c").read_text())
                 found = sorted(folder.glob(f"{MODULE}*.so")) if folder.is_dir() else []
-                _module = _import(found[0] if found else _build(source, folder))
-                _why_not = None
+                module = _import(found[0] if found else _build(source, folder))
+                found = sorted(folder.glob(f"{NATIVE}*.so")) if folder.is_dir() else []
+                module.native = _import(found[0] if found else _build_native(folder), NATIVE)
+                _module, _why_not = module, None
             except Exception as exc:   # no cffi, no compiler, a read-only cache: the Python path works
                 _module, _why_not = False, f"{type(exc).__name__}: {exc}"
     return _module or None

@@ -22,8 +22,8 @@ from .base import Into
 from .buffers import BufferPool, as_bytes_view
 from .shm_memory import Segment
 from .shm_ring import (
-    BACKSTOP_S, BLOB, CORE_CHECK_S, CTL_MSG, DESC, KIND_FRAME, KIND_WRAP, NO_SLOT, OP_DROP, OP_SEGMENT, REC,
-    REC_HEAD, RECORD_MAX, RING_BYTES, SHARED_CORE_S, SLOTS, _KINDS, _drain, _fence, _lengths, recv_fds,
+    BACKSTOP_S, BLOB, CORE_CHECK_S, CTL_MSG, DESC, KIND_FRAME, KIND_WRAP, KNOWN_KINDS, NO_SLOT, OP_DROP, OP_SEGMENT,
+    REC, REC_HEAD, RECORD_MAX, RING_BYTES, SHARED_CORE_S, SLOTS, _KINDS, _drain, _fence, _lengths, recv_fds,
 )
 from .wire import HEADER, KNOWN_FLAGS, MAGIC, PROTOCOL_VERSION, Frame, Limits, decode_header, decode_lengths, unpack_meta
 
@@ -231,8 +231,16 @@ class Receiving:
     def _recv(self, limits: Limits, pool: BufferPool, into: Into | None) -> Frame:
         if self._c_take is not None:
             self._wait_data()    # the spin (in C), the same-core check, the eventfd: as on the Python path
-            got = self._c_take(self._c_ring, self._head, limits.max_meta_bytes, limits.max_buffers,
-                               limits.max_frame_bytes, self._c_frame)
+            if into is None:     # the frame as Python objects, its record consumed, in one call
+                got = self._n_take(self._n_ring, self._n_frame, self._head, limits.max_meta_bytes,
+                                   limits.max_buffers, limits.max_frame_bytes, KNOWN_KINDS)
+                if type(got) is tuple:
+                    kind, seq, ack, meta, bufs = got
+                    self._head = self._c_frame.next
+                    return Frame(_KINDS[kind], seq, ack, unpack_meta(meta, limits) if meta else None, bufs)
+            else:
+                got = self._c_take(self._c_ring, self._head, limits.max_meta_bytes, limits.max_buffers,
+                                   limits.max_frame_bytes, self._c_frame)
             if got == 1:
                 frame = self._recv_c(limits, into)
                 if frame is not None:
@@ -271,11 +279,8 @@ class Receiving:
         self._consume(rec_len)
         return Frame(msg_kind, seq, ack, meta, bufs)
 
-    def _recv_c(self, limits: Limits, into: Into | None, copied: list | None = None) -> Frame | None:
-        """The frame ``rgpu_shm_take`` found and checked (wholly in the ring), or None for the Python path.
-
-        ``copied``: its one buffer is there already (``rgpu_shm_call`` copied it).
-        """
+    def _recv_c(self, limits: Limits, into: Into | None) -> Frame | None:
+        """The frame ``rgpu_shm_take`` found and checked (wholly in the ring), or None for the Python path."""
         words = self._c_frame_words
         _, nxt, seq, ack, kind, meta_len, nbufs, meta_off = FRAME_HEAD.unpack_from(words)
         msg_kind = _KINDS.get(kind)
@@ -284,9 +289,7 @@ class Receiving:
         ring = self._ring_in
         meta = unpack_meta(ring[meta_off:meta_off + meta_len], limits) if meta_len else None
         bufs = []
-        if copied is not None:
-            bufs = copied
-        elif nbufs:   # back to back from the first one's offset, as rgpu_shm_take checked
+        if nbufs:   # back to back from the first one's offset, as rgpu_shm_take checked
             places = FRAME_BUFS.unpack_from(words, FRAME_HEAD.size)
             bufs = _ring_buffers(ring, places[0], list(places[FAST_BUFS:FAST_BUFS + nbufs]), into, msg_kind, seq)
         self._head = nxt

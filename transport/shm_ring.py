@@ -48,6 +48,7 @@ MAX_SEGMENT = 16 << 30
 
 _FENCE = threading.Lock()
 _KINDS = {int(k): k for k in MsgKind}
+KNOWN_KINDS = sum(1 << k for k in _KINDS)      # the same as a bit per kind, for the C calls
 _LENGTHS: dict[int, struct.Struct] = {}
 
 

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# The 64 B round trip on the GPU host: rgpu over shm and tcp (the bench's row), each side's Python cost,
+# tcp with its reads sleeping, and the host's floor without rgpu (gpu/probe_rtt_floor.py).
+#
+#   OUT=/some/folder bash gpu/check_rtt.sh      (the device tool sets $OUT; about 2 minutes)
+#
+# Writes to $OUT: host.json, floor.json, transport_shm.json (rgpu bench transport --transport shm --sizes 64:
+# its rtt row carries rgpu tcp's in the same run), lone_call.log, rtt_variants.jsonl (shm and tcp with tcp's
+# reads polling and sleeping, RGPU_TCP_SPIN_US set in both processes), summary.txt, a log and .rc per step.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/rgpu-rtt}
+mkdir -p "$OUT"
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1
+PY=$(command -v python3 || command -v python)
+T0=$(date +%s)
+BUDGET=${BUDGET:-300}
+step() {  # step NAME TIMEOUT_S COMMAND...: output to $OUT/NAME.log, status to $OUT/NAME.rc
+  local name=$1 limit=$2; shift 2
+  local left=$(( BUDGET - ($(date +%s) - T0) ))
+  (( limit > left )) && limit=$left
+  echo "== $name ($(( $(date +%s) - T0 )) s, at most $limit s)"
+  if (( limit < 5 )); then echo "out of time" >"$OUT/$name.log"; echo skipped >"$OUT/$name.rc"; return; fi
+  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  echo $? >"$OUT/$name.rc"
+  tail -n 5 "$OUT/$name.log"
+}
+HERE=$PWD
+step install 90 "$PY" -m pip install --no-deps --no-build-isolation -e .
+cd /tmp   # the tree's ./rgpu would shadow the install
+step host 90 "$PY" -c '
+import json, os, sys
+from rgpu.transport import shm_fast
+m = shm_fast.load()
+print(json.dumps({"python": sys.version, "cores": len(os.sched_getaffinity(0)),
+                  "shm_c": "built" if m else f"not built: {shm_fast.why_not()}",
+                  "native": getattr(getattr(m, "native", None), "__file__", None)}))'
+tail -n 1 "$OUT/host.log" >"$OUT/host.json"
+step floor 60 bash -c "'$PY' '$HERE/gpu/probe_rtt_floor.py' --json >'$OUT/floor.json'"
+step transport_shm 90 bash -c "'$PY' -m rgpu bench transport --transport shm --sizes 64 --repeats 5 --json \
+  >'$OUT/transport_shm.json'"
+step lone_call 40 "$PY" "$HERE/gpu/diag_lone_call.py"
+D=$(mktemp -d)
+cat >"$D/sitecustomize.py" <<'PY'
+import os
+if os.environ.get("DIAG_TCP_SPIN_US"):   # the bench's server drops RGPU_* from its env: set it in both here
+    os.environ["RGPU_TCP_SPIN_US"] = os.environ["DIAG_TCP_SPIN_US"]
+PY
+for spin in "" 0; do
+  step "rtt_tcp_spin_${spin:-default}" 60 env PYTHONPATH="$D" DIAG_TCP_SPIN_US="$spin" "$PY" -c "
+import json, os, statistics, time
+from rgpu.bench import harness
+from rgpu.bench.transport import RgpuEcho
+split = harness.cpu_split()
+srv = harness.LocalServer(cpus=split[1] if split else None)
+if split:
+    os.sched_setaffinity(0, split[0])
+out = {'tcp_spin_us': os.environ.get('RGPU_TCP_SPIN_US', 'default')}
+for t in ('shm', 'tcp'):
+    b = RgpuEcho(t, srv.address, srv.token)
+    for _ in range(2000): b.ping()
+    runs = []
+    for _ in range(5):
+        times = []
+        for _ in range(3000):
+            t0 = time.perf_counter(); b.ping(); times.append(time.perf_counter() - t0)
+        times.sort()
+        runs.append(times[len(times) // 2] * 1e6)
+    out[t] = statistics.median(runs)
+    b.close()
+out['ratio'] = out['shm'] / out['tcp']
+srv.stop()
+print(json.dumps(out))"
+  tail -n 1 "$OUT/rtt_tcp_spin_${spin:-default}.log" >>"$OUT/rtt_variants.jsonl"
+done
+"$PY" - "$OUT" <<'PYEOF' >"$OUT/summary.txt" 2>&1
+import json, sys
+out = sys.argv[1]
+for name in ("host.json", "floor.json", "rtt_variants.jsonl"):
+    try:
+        print(name, open(f"{out}/{name}").read().strip())
+    except OSError as exc:
+        print(name, "missing", exc)
+try:
+    for r in json.load(open(f"{out}/transport_shm.json")):
+        print(f"{r['transport']} {r['metric']} {r.get('direction') or ''} {r.get('size')} {r['value']:.3f} {r['unit']} "
+              f"vs {r['baseline']:.3f} ({r['baseline_name']}) ratio {r['ratio']:.3f}")
+except (OSError, ValueError) as exc:
+    print("transport_shm: no rows", exc)
+print(open(f"{out}/lone_call.log").read()[-400:])
+PYEOF
+cat "$OUT/summary.txt"
+echo "done in $(( $(date +%s) - T0 )) s"
