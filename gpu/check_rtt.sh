@@ -73,10 +73,42 @@ srv.stop()
 print(json.dumps(out))"
   tail -n 1 "$OUT/rtt_tcp_spin_${spin:-default}.log" >>"$OUT/rtt_variants.jsonl"
 done
+# the bench alternates slices of shm and tcp pings with both sessions open: the same here, then each alone
+step rtt_interleaved 60 "$PY" -c "
+import json, os, statistics, time
+from rgpu.bench import harness
+from rgpu.bench.transport import RgpuEcho
+split = harness.cpu_split()
+srv = harness.LocalServer(cpus=split[1] if split else None)
+if split:
+    os.sched_setaffinity(0, split[0])
+ends = {t: RgpuEcho(t, srv.address, srv.token) for t in ('shm', 'tcp')}
+def run(b, k):
+    times = []
+    for _ in range(k):
+        t0 = time.perf_counter(); b.ping(); times.append(time.perf_counter() - t0)
+    times.sort()
+    return times[k // 2] * 1e6
+for warm in (200, 2000):
+    for b in ends.values():
+        for _ in range(warm): b.ping()
+    got = {t: [] for t in ends}
+    for _ in range(15):
+        for t, b in ends.items():
+            got[t].append(run(b, 1600))
+    out = {'warm': warm, 'mode': 'interleaved', **{t: statistics.median(v) for t, v in got.items()}}
+    out['ratio'] = out['shm'] / out['tcp']
+    print(json.dumps(out))
+out = {'mode': 'one after the other, both open', **{t: statistics.median([run(b, 3000) for _ in range(5)]) for t, b in ends.items()}}
+out['ratio'] = out['shm'] / out['tcp']
+print(json.dumps(out))
+for b in ends.values():
+    b.close()
+srv.stop()"
 "$PY" - "$OUT" <<'PYEOF' >"$OUT/summary.txt" 2>&1
 import json, sys
 out = sys.argv[1]
-for name in ("host.json", "floor.json", "rtt_variants.jsonl"):
+for name in ("host.json", "floor.json", "rtt_variants.jsonl", "rtt_interleaved.log"):
     try:
         print(name, open(f"{out}/{name}").read().strip())
     except OSError as exc:

@@ -186,7 +186,8 @@ class Connection(Receiving):
                 self._fail(self._why_lost(exc))
                 raise self._dead from None
             finally:
-                self._wrote_at = time.perf_counter()
+                if self._batch_s is not None:
+                    self._wrote_at = time.perf_counter()
                 self._send_lock.release()
             stats["bytes_out"] += sent
             if frame is not None and frame.seq == seq and frame.kind is _REPLY and self._async_error is None:
@@ -195,7 +196,10 @@ class Connection(Receiving):
                 return Reply(frame)
             return self._read_reply(seq, into, frame)
         finally:
-            self._end_read()
+            with self._rcv_lock:              # _end_read(), inline: a lone call is a few microseconds
+                self._reading = False
+                if self._waiters:
+                    self._rcv.notify_all()
 
     def _submit(self, kind: MsgKind, meta, buffers: Sequence, fut: Future | None) -> int:
         views = [as_bytes_view(b) for b in buffers]

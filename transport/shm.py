@@ -165,7 +165,7 @@ class ShmTransport(Receiving, Transport):
         self._unpack, self._pack = unpacker(), msgpack.Packer(use_bin_type=True).pack
         self._n_ring, self._n_ring_any, self._n_frame = (
             int(ffi.cast("uintptr_t", p)) for p in (self._c_ring, self._c_ring_any, self._c_frame))
-        self.call_alone, self.serve = self._call_c, self._serve
+        self.call_alone, self.serve = self._lone_call(), self._serve
 
     # ---- sending -------------------------------------------------------------------
 
@@ -227,36 +227,39 @@ class ShmTransport(Receiving, Transport):
         # too big for one record, no room now, not plain memory, or no C path: copies, the usual way
         self.send([_Out(kind, seq, 0, 0, meta, copied(buffers))])
 
-    def _call_c(self, seq: int, meta: bytes, buffers, into, limits) -> tuple[int, object]:
-        """A lone request written and its reply read in one C call (``rgpu_shm_call``): (bytes sent, frame).
+    def _lone_call(self):
+        """``call_alone``: a lone request written and its reply read in one C call (``shm_native.c``).
 
-        ``buffers`` and ``into`` (a list of one buffer, or None) are the caller's objects as they
-        are: whatever the C call cannot take straight (not contiguous, not writable, a tensor, too
-        many, too big, no room) makes it (-1, None), nothing written, for the usual path. Else
-        (n, None) means the reply is not here yet or is one for ``recv_frame``. The caller holds the
-        connection's send lock and is its only reader.
+        Its arguments: seq, packed meta, buffers and ``into`` (a list of one buffer, or None) as the
+        caller has them, the connection's limits; it returns (bytes sent, the reply's frame). Whatever
+        the C call cannot take straight (not contiguous, not writable, a tensor, too many, too big, no
+        room) makes it (-1, None), nothing written, for the usual path; (n, None) means the reply is not
+        here yet or is one for ``recv_frame``. The caller holds the connection's send lock and is its
+        only reader. A closure: a lone round trip is a few microseconds, and attribute lookups add up.
         """
-        if into is not None and len(into) != 1:
-            return -1, None
-        with self._send_lock, self._recv_lock:
-            if self._closed:
-                raise ConnectionLost("connection closed")
-            busy_s = self.busy_s if time.perf_counter() >= self._shared_until else 0.0
-            done = self._n_call(self._n_ring, self._n_frame, self._tail, self._head, _REQUEST, seq, meta, buffers,
-                                None if into is None else into[0], busy_s, self.spin_s, self.spin_yield,
-                                limits.max_meta_bytes, limits.max_buffers, limits.max_frame_bytes, KNOWN_KINDS,
-                                self._unpack)
-            if done is None:
+        n_call, ring, frame, unpack = self._n_call, self._n_ring, self._n_frame, self._unpack
+        send_lock, recv_lock, clock = self._send_lock, self._recv_lock, time.perf_counter
+
+        def call_alone(seq: int, meta: bytes, buffers, into, limits) -> tuple[int, object]:
+            if into is not None and len(into) != 1:
                 return -1, None
-            got, sent, self._tail, self._head, reply = done
-            if got < 0:
-                return -1, None
-            if reply is not None:
-                kind, rseq, ack, meta, copied_into = reply
-                return sent, Frame(_KINDS[kind], rseq, ack, meta, [as_bytes_view(into[0])] if copied_into else [])
-            if got == 1:
-                return sent, self._recv_c(limits, None)
-            return sent, None
+            with send_lock, recv_lock:
+                if self._closed:
+                    raise ConnectionLost("connection closed")
+                done = n_call(ring, frame, self._tail, self._head, _REQUEST, seq, meta, buffers,
+                              None if into is None else into[0],
+                              self.busy_s if clock() >= self._shared_until else 0.0, self.spin_s, self.spin_yield,
+                              limits.max_meta_bytes, limits.max_buffers, limits.max_frame_bytes, KNOWN_KINDS, unpack)
+                if done is None:
+                    return -1, None
+                got, sent, self._tail, self._head, reply = done
+                if got < 0:
+                    return -1, None
+                if reply is not None:
+                    kind, rseq, ack, meta, copied_into = reply
+                    return sent, Frame(_KINDS[kind], rseq, ack, meta, [as_bytes_view(into[0])] if copied_into else [])
+                return sent, self._recv_c(limits, None) if got == 1 else None
+        return call_alone
 
     def _serve(self, handle, applied: int, limits: Limits) -> tuple[int, int, object]:
         """A server's frame loop in C (``shm_native.c`` ``serve``) for frames wholly in the ring: each POST
