@@ -32,6 +32,9 @@ step host 90 "$PY" -c '
 import json, os, sys
 from rgpu.transport import shm_fast
 m = shm_fast.load()
+import timeit, time
+clock = open("/sys/devices/system/clocksource/clocksource0/current_clocksource").read().strip()
+print(json.dumps({"clocksource": clock, "perf_counter_ns": timeit.timeit(time.perf_counter, number=200000) / 2e5 * 1e9}))
 print(json.dumps({"python": sys.version, "cores": len(os.sched_getaffinity(0)),
                   "shm_c": "built" if m else f"not built: {shm_fast.why_not()}",
                   "native": getattr(getattr(m, "native", None), "__file__", None)}))'

@@ -243,7 +243,9 @@ class ShmTransport(Receiving, Transport):
         def call_alone(seq: int, meta: bytes, buffers, into, limits) -> tuple[int, object]:
             if into is not None and len(into) != 1:
                 return -1, None
-            with send_lock, recv_lock:
+            send_lock.acquire()           # not `with`: the pair costs a third more, a lone call is microseconds
+            recv_lock.acquire()
+            try:
                 if self._closed:
                     raise ConnectionLost("connection closed")
                 done = n_call(ring, frame, self._tail, self._head, _REQUEST, seq, meta, buffers,
@@ -259,6 +261,9 @@ class ShmTransport(Receiving, Transport):
                     kind, rseq, ack, meta, copied_into = reply
                     return sent, Frame(_KINDS[kind], rseq, ack, meta, [as_bytes_view(into[0])] if copied_into else [])
                 return sent, self._recv_c(limits, None) if got == 1 else None
+            finally:
+                recv_lock.release()
+                send_lock.release()
         return call_alone
 
     def _serve(self, handle, applied: int, limits: Limits) -> tuple[int, int, object]:

@@ -39,8 +39,8 @@ typedef struct {
     uint64_t seq, ack, kind, meta_len, nbufs;
     uint64_t meta_off;                  /* offsets into ring_in */
     uint64_t buf_off[FAST_BUFS], buf_len[FAST_BUFS];
-    uint64_t tail;                      /* rgpu_shm_call: our tail after the request */
-    uint64_t copied;                    /* rgpu_shm_call: the reply's one buffer is in ``into`` */
+    uint64_t tail;                      /* shm_native.c's serve: where our tail is */
+    uint64_t copied;                    /* shm_native.c's call: the reply's one buffer is in ``into`` */
 } rgpu_frame;
 
 static inline uint64_t load(volatile uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
@@ -205,29 +205,6 @@ void rgpu_shm_consume(const rgpu_ring *r, uint64_t head) {
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
     if (r->q[r->waiting_in])
         signal_fd(r->space_in);
-}
-
-/* A request and its reply in one call (a lone round trip): ``rgpu_shm_put``, then ``rgpu_shm_wait``
- * and ``rgpu_shm_take``; a reply of one buffer the size of ``into`` is copied there. Returns -1 or -2
- * as put does (nothing written); else the request is written (``f->tail``) and: 1, the reply is in
- * ``f`` (not consumed); 0, no reply within spin_s; 2, the next record is for the Python path. */
-int rgpu_shm_call(const rgpu_ring *r, uint64_t tail, uint64_t head, uint32_t kind, uint64_t seq,
-                  const char *meta, uint32_t meta_len, uint32_t nbufs, const char *const *bufs, const uint64_t *lens,
-                  double busy_s, double spin_s, int yield_core, uint32_t max_meta, uint32_t max_bufs,
-                  uint64_t max_frame, char *into, uint64_t into_len, rgpu_frame *f) {
-    int64_t t = rgpu_shm_put(r, tail, kind, 0, seq, 0, meta, meta_len, nbufs, bufs, lens);
-    if (t < 0)
-        return (int)t;
-    f->tail = (uint64_t)t;
-    f->copied = 0;
-    if (!rgpu_shm_wait(r, head, busy_s, spin_s, yield_core))
-        return 0;
-    int got = rgpu_shm_take(r, head, max_meta, max_bufs, max_frame, f);
-    if (got == 1 && into && f->nbufs == 1 && f->buf_len[0] == into_len) {
-        memcpy(into, r->ring_in + f->buf_off[0], into_len);
-        f->copied = 1;
-    }
-    return got;
 }
 
 /* tcp: poll ``fd`` for up to spin_s before its reader sleeps in recv (a reader asleep costs every

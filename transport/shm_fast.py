@@ -51,16 +51,12 @@ int rgpu_shm_wait(const rgpu_ring *r, uint64_t head, double busy_s, double spin_
 int rgpu_shm_take(const rgpu_ring *r, uint64_t head, uint32_t max_meta, uint32_t max_bufs, uint64_t max_frame,
                   rgpu_frame *f);
 void rgpu_shm_consume(const rgpu_ring *r, uint64_t head);
-int rgpu_shm_call(const rgpu_ring *r, uint64_t tail, uint64_t head, uint32_t kind, uint64_t seq,
-                  const char *meta, uint32_t meta_len, uint32_t nbufs, const char *const *bufs, const uint64_t *lens,
-                  double busy_s, double spin_s, int yield_core, uint32_t max_meta, uint32_t max_bufs,
-                  uint64_t max_frame, char *into, uint64_t into_len, rgpu_frame *f);
 int rgpu_fd_spin(int fd, double spin_s);
 """
 FAST_BUFS = 8
 # rgpu_frame as Python reads it: head, next, seq, ack, kind, meta length, buffers, meta offset; then
 # FAST_BUFS buffer offsets and FAST_BUFS lengths (read only when there are buffers); then
-# rgpu_shm_call's tail and copied (read as the struct's fields)
+# shm_native.c's tail and copied (read as the struct's fields)
 FRAME_HEAD = struct.Struct("<8Q")
 FRAME_BUFS = struct.Struct(f"<{2 * FAST_BUFS}Q")
 

@@ -129,13 +129,27 @@ static PyObject *py_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs
 }
 
 /* call(ring, frame, tail, head, kind, seq, meta, buffers, into, busy_s, spin_s, yield_core, max_meta,
- * max_bufs, max_frame, kinds, unpack): a lone request and its reply (rgpu_shm_call), the GIL let go
- * while it waits. None: a buffer is not plain contiguous memory or ``into`` not writable (nothing
- * written). Else (got, bytes sent, tail, head, reply): got as rgpu_shm_call gives it, tail and head
- * where the ends are now (the frame describes a record at ``head`` when got is 1 and reply None);
- * reply (kind, seq, ack, meta, copied) when it was read whole (a kind in ``kinds``, metadata that
- * ``unpack`` decodes, no buffers or its one buffer copied into ``into``) and consumed. */
+ * max_bufs, max_frame, kinds, unpack): a lone request written and its reply read (put, wait, take).
+ * None: a buffer is not plain contiguous memory or ``into`` not writable (nothing written). Else
+ * (got, bytes sent, tail, head, reply): got -1 or -2 as put gives it (nothing written), 0 (no reply
+ * within spin_s), 1 (the frame describes the reply at ``head``) or 2 (a record for the Python path
+ * at ``head``, or a reply of a kind outside ``kinds``); tail and head where the ends are now; reply
+ * (kind, seq, ack, meta, copied) when it was read whole (metadata ``unpack`` decodes, no buffers or
+ * its one buffer copied into ``into``) and consumed, else None. */
 static int has_timestamp_mark(const uint8_t *p, uint64_t n);
+
+/* Until the peer's tail passes ``head`` (rgpu_shm_wait's answer): the first busy_s with the GIL held,
+ * the rest of spin_s without it. An answer within busy_s (a round trip's, a streamed op's next) then
+ * costs no hand-off of the GIL and back, which on the GPU host was a tenth of a 64 B round trip. */
+static int wait_for_peer(const rgpu_ring *r, uint64_t head, double busy_s, double spin_s, int yield_core) {
+    int got = rgpu_shm_wait(r, head, busy_s, busy_s, 0);
+    if (!got && spin_s > busy_s) {
+        Py_BEGIN_ALLOW_THREADS
+        got = rgpu_shm_wait(r, head, 0, spin_s - busy_s, yield_core);
+        Py_END_ALLOW_THREADS
+    }
+    return got;
+}
 
 static PyObject *py_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     ARGS(17, "call");
@@ -158,21 +172,27 @@ static PyObject *py_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     }
     const rgpu_ring *r = (const rgpu_ring *)ring;
     rgpu_frame *f = (rgpu_frame *)frame;
-    int got;
-    Py_BEGIN_ALLOW_THREADS
-    got = rgpu_shm_call(r, tail, head, (uint32_t)kind, seq, meta, (uint32_t)meta_len, (uint32_t)h.n, h.ptrs,
-                        h.lens, busy_s, spin_s, (int)yield_core, (uint32_t)max_meta, (uint32_t)max_bufs, max_frame,
-                        has_into ? into.buf : NULL, has_into ? (uint64_t)into.len : 0, f);
-    Py_END_ALLOW_THREADS
+    int64_t t = rgpu_shm_put(r, tail, (uint32_t)kind, 0, seq, 0, meta, (uint32_t)meta_len, (uint32_t)h.n, h.ptrs,
+                             h.lens);
     uint64_t sent = 0;
     for (Py_ssize_t i = 0; i < h.n; i++)
         sent += h.lens[i];
     release_buffers(&h);
+    int got = (int)t;
+    f->copied = 0;
+    if (t >= 0) {
+        tail = (uint64_t)t;
+        got = wait_for_peer(r, head, busy_s, spin_s, (int)yield_core)
+            ? rgpu_shm_take(r, head, (uint32_t)max_meta, (uint32_t)max_bufs, max_frame, f) : 0;
+        if (got == 1 && has_into && f->nbufs == 1 && f->buf_len[0] == (uint64_t)into.len) {
+            memcpy(into.buf, r->ring_in + f->buf_off[0], (size_t)into.len);
+            f->copied = 1;
+        }
+    }
     if (has_into)
         PyBuffer_Release(&into);
     if (got < 0)
         return Py_BuildValue("(iKKKO)", got, 0ull, (unsigned long long)tail, (unsigned long long)head, Py_None);
-    tail = f->tail;
     if (got)
         head = f->head;                       /* past any wrap marker */
     if (got == 1 && (f->kind >= 64 || !((kinds >> f->kind) & 1)))
@@ -285,10 +305,7 @@ static PyObject *py_serve(PyObject *self, PyObject *const *args, Py_ssize_t narg
     for (;;) {
         f->tail = tail;
         f->head = head;
-        int waited;
-        Py_BEGIN_ALLOW_THREADS
-        waited = rgpu_shm_wait(r, head, busy_s, spin_s, (int)yield_core);
-        Py_END_ALLOW_THREADS
+        int waited = wait_for_peer(r, head, busy_s, spin_s, (int)yield_core);
         if (PyErr_CheckSignals() < 0)
             return NULL;
         int got = waited ? take_known(r, head, max_meta, max_bufs, max_frame, (1ull << post) | (1ull << request), f)
@@ -336,7 +353,8 @@ static PyObject *py_serve(PyObject *self, PyObject *const *args, Py_ssize_t narg
         uint64_t seq = f->seq, kind = f->kind;
         rgpu_shm_consume(r, f->next);
         head = f->head = f->next;
-        PyObject *result = PyObject_CallFunctionObjArgs(handle, meta, bufs, kind == request ? Py_True : Py_False, NULL);
+        PyObject *argv[3] = {meta, bufs, kind == request ? Py_True : Py_False};
+        PyObject *result = PyObject_Vectorcall(handle, argv, 3, NULL);
         Py_DECREF(meta);
         Py_DECREF(bufs);
         if (!result) {
