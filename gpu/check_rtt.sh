@@ -125,4 +125,7 @@ except (OSError, ValueError) as exc:
 print(open(f"{out}/lone_call.log").read()[-400:])
 PYEOF
 cat "$OUT/summary.txt"
+# the device tool returns a few files a call: everything in one archive beside the summary
+(cd "$OUT" && tar czf rtt.tar.gz --exclude=rtt.tar.gz --exclude=summary.txt . && find . -type f ! -name rtt.tar.gz \
+  ! -name summary.txt -delete)
 echo "done in $(( $(date +%s) - T0 )) s"
