@@ -4,30 +4,17 @@
 #
 #   OUT=/some/folder bash gpu/check_rtt.sh      (the device tool sets $OUT; about 2 minutes)
 #
-# Writes to $OUT: host.json, floor.json, transport_shm.json (rgpu bench transport --transport shm --sizes 64:
-# its rtt row carries rgpu tcp's in the same run), lone_call.log, rtt_variants.jsonl (shm and tcp with tcp's
-# reads polling and sleeping, RGPU_TCP_SPIN_US set in both processes), summary.txt, a log and .rc per step.
-set -u
-cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/rgpu-rtt}
-mkdir -p "$OUT"
-export PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1
-PY=$(command -v python3 || command -v python)
-T0=$(date +%s)
+# Writes $OUT/summary.txt and $OUT/rtt.tar.gz: every step's output (host.json, floor.json, transport_shm.json:
+# rgpu bench transport --transport shm --sizes 64, its rtt row carrying rgpu tcp's in the same run;
+# lone_call.json; rtt_variants.jsonl: shm and tcp with tcp's reads polling and sleeping, RGPU_TCP_SPIN_US set
+# in both processes; rtt_interleaved.json: both sessions open, slices alternating as the bench does), a
+# .err and .rc per step (gpu/steps.sh).
 BUDGET=${BUDGET:-300}
-step() {  # step NAME TIMEOUT_S COMMAND...: output to $OUT/NAME.log, status to $OUT/NAME.rc
-  local name=$1 limit=$2; shift 2
-  local left=$(( BUDGET - ($(date +%s) - T0) ))
-  (( limit > left )) && limit=$left
-  echo "== $name ($(( $(date +%s) - T0 )) s, at most $limit s)"
-  if (( limit < 5 )); then echo "out of time" >"$OUT/$name.log"; echo skipped >"$OUT/$name.rc"; return; fi
-  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
-  echo $? >"$OUT/$name.rc"
-  tail -n 5 "$OUT/$name.log"
-}
-HERE=$PWD
-step install 90 "$PY" -m pip install --no-deps --no-build-isolation -e .
-cd /tmp   # the tree's ./rgpu would shadow the install
+. "$(dirname "$0")/steps.sh"
+stamp install
+python3 -m pip install --no-deps --no-build-isolation -q "$REPO" >"$OUT/install.log" 2>&1
+PY=python3
+HERE=$REPO
 step host 90 "$PY" -c '
 import json, os, sys
 from rgpu.transport import shm_fast
@@ -38,10 +25,8 @@ print(json.dumps({"clocksource": clock, "perf_counter_ns": timeit.timeit(time.pe
 print(json.dumps({"python": sys.version, "cores": len(os.sched_getaffinity(0)),
                   "shm_c": "built" if m else f"not built: {shm_fast.why_not()}",
                   "native": getattr(getattr(m, "native", None), "__file__", None)}))'
-tail -n 1 "$OUT/host.log" >"$OUT/host.json"
-step floor 60 bash -c "'$PY' '$HERE/gpu/probe_rtt_floor.py' --json >'$OUT/floor.json'"
-step transport_shm 90 bash -c "'$PY' -m rgpu bench transport --transport shm --sizes 64 --repeats 5 --json \
-  >'$OUT/transport_shm.json'"
+step floor 60 "$PY" "$HERE/gpu/probe_rtt_floor.py" --json
+step transport_shm 90 "$PY" -m rgpu bench transport --transport shm --sizes 64 --repeats 5 --json
 step lone_call 40 "$PY" "$HERE/gpu/diag_lone_call.py"
 D=$(mktemp -d)
 cat >"$D/sitecustomize.py" <<'PY'
@@ -50,7 +35,7 @@ if os.environ.get("DIAG_TCP_SPIN_US"):   # the bench's server drops RGPU_* from 
     os.environ["RGPU_TCP_SPIN_US"] = os.environ["DIAG_TCP_SPIN_US"]
 PY
 for spin in "" 0; do
-  step "rtt_tcp_spin_${spin:-default}" 60 env PYTHONPATH="$D" DIAG_TCP_SPIN_US="$spin" "$PY" -c "
+  step "rtt_tcp_spin_${spin:-default}" 60 env PYTHONPATH="$D:$PYTHONPATH" DIAG_TCP_SPIN_US="$spin" "$PY" -c "
 import json, os, statistics, time
 from rgpu.bench import harness
 from rgpu.bench.transport import RgpuEcho
@@ -74,7 +59,7 @@ for t in ('shm', 'tcp'):
 out['ratio'] = out['shm'] / out['tcp']
 srv.stop()
 print(json.dumps(out))"
-  tail -n 1 "$OUT/rtt_tcp_spin_${spin:-default}.log" >>"$OUT/rtt_variants.jsonl"
+  tail -n 1 "$OUT/rtt_tcp_spin_${spin:-default}.json" >>"$OUT/rtt_variants.jsonl"
 done
 # the bench alternates slices of shm and tcp pings with both sessions open: the same here, then each alone
 step rtt_interleaved 60 "$PY" -c "
@@ -111,7 +96,7 @@ srv.stop()"
 "$PY" - "$OUT" <<'PYEOF' >"$OUT/summary.txt" 2>&1
 import json, sys
 out = sys.argv[1]
-for name in ("host.json", "floor.json", "rtt_variants.jsonl", "rtt_interleaved.log"):
+for name in ("host.json", "floor.json", "rtt_variants.jsonl", "rtt_interleaved.json"):
     try:
         print(name, open(f"{out}/{name}").read().strip())
     except OSError as exc:
@@ -122,10 +107,7 @@ try:
               f"vs {r['baseline']:.3f} ({r['baseline_name']}) ratio {r['ratio']:.3f}")
 except (OSError, ValueError) as exc:
     print("transport_shm: no rows", exc)
-print(open(f"{out}/lone_call.log").read()[-400:])
+print(open(f"{out}/lone_call.json").read()[-400:])
 PYEOF
 cat "$OUT/summary.txt"
-# the device tool returns a few files a call: everything in one archive beside the summary
-(cd "$OUT" && tar czf rtt.tar.gz --exclude=rtt.tar.gz --exclude=summary.txt . && find . -type f ! -name rtt.tar.gz \
-  ! -name summary.txt -delete)
-echo "done in $(( $(date +%s) - T0 )) s"
+pack rtt.tar.gz

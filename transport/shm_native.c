@@ -50,6 +50,14 @@ static int hold_buffers(PyObject *seq, held_buffers *h) {
     return 1;
 }
 
+/* A frame's metadata (bytes) and its buffers held: 1; 0 when a buffer is not plain contiguous memory
+ * (nothing held, no Python error); -1 on a Python error (the metadata is not bytes). */
+static int hold_frame(PyObject *meta_obj, PyObject *bufs, char **meta, Py_ssize_t *meta_len, held_buffers *h) {
+    if (PyBytes_AsStringAndSize(meta_obj, meta, meta_len) < 0)
+        return -1;
+    return hold_buffers(bufs, h);
+}
+
 static int as_u64(PyObject *o, uint64_t *v) {
     *v = PyLong_AsUnsignedLongLong(o);
     return !(*v == (uint64_t)-1 && PyErr_Occurred());
@@ -94,12 +102,10 @@ fail:
 static PyObject *py_put(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     ARGS(8, "put");
     U64(0, ring); U64(1, tail); U64(2, kind); U64(3, flags); U64(4, seq); U64(5, ack);
-    char *meta; Py_ssize_t meta_len;
-    if (PyBytes_AsStringAndSize(args[6], &meta, &meta_len) < 0)
-        return NULL;
-    held_buffers h;
-    if (!hold_buffers(args[7], &h))
-        Py_RETURN_NONE;
+    char *meta; Py_ssize_t meta_len; held_buffers h;
+    int held = hold_frame(args[6], args[7], &meta, &meta_len, &h);
+    if (held <= 0)
+        return held < 0 ? NULL : Py_NewRef(Py_None);
     int64_t t = rgpu_shm_put((const rgpu_ring *)ring, tail, (uint32_t)kind, (uint32_t)flags, seq, ack, meta,
                              (uint32_t)meta_len, (uint32_t)h.n, h.ptrs, h.lens);
     release_buffers(&h);
@@ -157,12 +163,10 @@ static PyObject *py_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     DBL(9, busy_s); DBL(10, spin_s); U64(11, yield_core); U64(12, max_meta); U64(13, max_bufs); U64(14, max_frame);
     U64(15, kinds);
     PyObject *unpack = args[16];
-    char *meta; Py_ssize_t meta_len;
-    if (PyBytes_AsStringAndSize(args[6], &meta, &meta_len) < 0)
-        return NULL;
-    held_buffers h;
-    if (!hold_buffers(args[7], &h))
-        Py_RETURN_NONE;
+    char *meta; Py_ssize_t meta_len; held_buffers h;
+    int held = hold_frame(args[6], args[7], &meta, &meta_len, &h);
+    if (held <= 0)
+        return held < 0 ? NULL : Py_NewRef(Py_None);
     Py_buffer into = {0};
     int has_into = args[8] != Py_None;
     if (has_into && PyObject_GetBuffer(args[8], &into, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
