@@ -20,7 +20,7 @@ from rgpu import config
 from rgpu.errors import ConnectionLost, ProtocolError, RgpuError, VersionMismatch
 from rgpu.transport import handshake, negotiate, tls
 from rgpu.transport.buffers import BufferPool, as_bytes_view
-from rgpu.transport.shm import SERVE_RAISED, SERVE_REPLY
+from rgpu.transport.shm_native import SERVE_RAISED, SERVE_REPLY
 from rgpu.transport.tcp import TcpTransport
 from rgpu.transport.wire import Limits, MsgKind
 
