@@ -3,9 +3,10 @@
  * shm_fast.c (through cffi) has the ring's work in C, but each frame still cost both
  * ends a few microseconds of Python around it: cffi takes and gives C values only, so
  * each buffer needed its from_buffer, each frame read its fields unpacked from a
- * struct, its meta sliced out, its buffers copied out, all in Python. These three
- * functions do that in C and hand back what Python needs (the GPU host's 64 B round
- * trip over shm was that Python: docs/perf/transport.md). Built and loaded beside
+ * struct, its meta sliced out, its buffers copied out, all in Python; and the
+ * server's loop around it was Python too. These functions (put, take, a lone call,
+ * the server's frame loop) do that in C and hand back what Python needs (the GPU
+ * host's 64 B round trip over shm was that Python: docs/perf/transport.md). Built and loaded beside
  * the cffi module (shm_fast.py); the ring and frame structs are the cffi module's,
  * passed by address. Whatever they decline (a buffer that is not plain contiguous
  * memory, a record for the Python path) they say so, writing and consuming nothing.
@@ -73,28 +74,34 @@ static int as_double(PyObject *o, double *v) {
 #define ARGS(count, fn) if (nargs != count) { \
         PyErr_Format(PyExc_TypeError, fn "() takes %d arguments (%zd given)", count, nargs); return NULL; }
 
-/* The frame ``f`` describes (taken, wholly in the ring): (kind, seq, ack, meta bytes, [buffers]),
- * each buffer a memoryview of a fresh bytearray; the record consumed. NULL on a Python error. */
-static PyObject *frame_tuple(const rgpu_ring *r, rgpu_frame *f, int with_buffers) {
-    PyObject *meta = PyBytes_FromStringAndSize((const char *)r->ring_in + f->meta_off, (Py_ssize_t)f->meta_len);
-    PyObject *bufs = PyList_New(with_buffers ? (Py_ssize_t)f->nbufs : 0);
-    if (!meta || !bufs)
-        goto fail;
-    for (uint64_t i = 0; with_buffers && i < f->nbufs; i++) {
+/* The buffers of the frame ``f`` describes (taken, wholly in the ring), copied out: a list of
+ * memoryviews of fresh bytearrays (the ring's space is the peer's again once consumed). */
+static PyObject *copied_buffers(const rgpu_ring *r, const rgpu_frame *f) {
+    PyObject *bufs = PyList_New((Py_ssize_t)f->nbufs);
+    for (uint64_t i = 0; bufs && i < f->nbufs; i++) {
         PyObject *b = PyByteArray_FromStringAndSize((const char *)r->ring_in + f->buf_off[i], (Py_ssize_t)f->buf_len[i]);
         PyObject *v = b ? PyMemoryView_FromObject(b) : NULL;
         Py_XDECREF(b);
         if (!v)
-            goto fail;
-        PyList_SET_ITEM(bufs, (Py_ssize_t)i, v);
+            Py_CLEAR(bufs);
+        else
+            PyList_SET_ITEM(bufs, (Py_ssize_t)i, v);
+    }
+    return bufs;
+}
+
+/* The frame ``f`` describes as (kind, seq, ack, meta bytes, [buffers]), its record consumed; NULL
+ * (nothing consumed) on a Python error. */
+static PyObject *frame_tuple(const rgpu_ring *r, rgpu_frame *f) {
+    PyObject *meta = PyBytes_FromStringAndSize((const char *)r->ring_in + f->meta_off, (Py_ssize_t)f->meta_len);
+    PyObject *bufs = meta ? copied_buffers(r, f) : NULL;
+    if (!bufs) {
+        Py_XDECREF(meta);
+        return NULL;
     }
     rgpu_shm_consume(r, f->next);
     return Py_BuildValue("(KKKNN)", (unsigned long long)f->kind, (unsigned long long)f->seq,
                          (unsigned long long)f->ack, meta, bufs);
-fail:
-    Py_XDECREF(meta);
-    Py_XDECREF(bufs);
-    return NULL;
 }
 
 /* put(ring, tail, kind, flags, seq, ack, meta, buffers) -> the new tail; -1 (not a frame for the
@@ -131,7 +138,7 @@ static PyObject *py_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     int got = take_known(r, head, max_meta, max_bufs, max_frame, kinds, f);
     if (got != 1)
         return PyLong_FromLong(got);
-    return frame_tuple(r, f, 1);
+    return frame_tuple(r, f);
 }
 
 /* call(ring, frame, tail, head, kind, seq, meta, buffers, into, busy_s, spin_s, yield_core, max_meta,
@@ -289,7 +296,7 @@ enum { SERVE_IDLE, SERVE_PYTHON, SERVE_RAISED, SERVE_REPLY };
 
 /* serve(ring, frame, tail, head, handle, unpack, pack, max_meta, max_bufs, max_frame, post, request,
  * reply, busy_s, spin_s, yield_core, applied) -> (why, applied, detail): a server's frame loop for
- * frames wholly in the ring, the GIL let go while it waits. Each POST or REQUEST goes through
+ * frames wholly in the ring, waiting as wait_for_peer does. Each POST or REQUEST goes through
  * ``handle(meta, buffers, wants_reply)`` (meta by ``unpack``, buffers copied out, the record consumed
  * first) and a request's answer back into the ring (meta by ``pack``, ack = ``applied``). It returns
  * when Python is needed: why 0, nothing came within spin_s; 1, the next record is for the Python
@@ -339,17 +346,7 @@ static PyObject *py_serve(PyObject *self, PyObject *const *args, Py_ssize_t narg
                 break;
             }
         }
-        PyObject *bufs = PyList_New((Py_ssize_t)f->nbufs);
-        for (uint64_t i = 0; bufs && i < f->nbufs; i++) {
-            PyObject *b = PyByteArray_FromStringAndSize((const char *)r->ring_in + f->buf_off[i],
-                                                        (Py_ssize_t)f->buf_len[i]);
-            PyObject *v = b ? PyMemoryView_FromObject(b) : NULL;
-            Py_XDECREF(b);
-            if (!v)
-                Py_CLEAR(bufs);
-            else
-                PyList_SET_ITEM(bufs, (Py_ssize_t)i, v);
-        }
+        PyObject *bufs = copied_buffers(r, f);
         if (!bufs) {
             Py_DECREF(meta);
             return NULL;
@@ -389,6 +386,7 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_rgpu_shm_native", NULL, -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, .m_name = "_rgpu_shm_native", .m_size = -1,
+                                     .m_methods = methods};
 
 PyMODINIT_FUNC PyInit__rgpu_shm_native(void) { return PyModule_Create(&module); }
