@@ -150,6 +150,7 @@ static PyObject *py_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs
  * (kind, seq, ack, meta, copied) when it was read whole (metadata ``unpack`` decodes, no buffers or
  * its one buffer copied into ``into``) and consumed, else None. */
 static int has_timestamp_mark(const uint8_t *p, uint64_t n);
+static PyObject *decode_meta(PyObject *spec, const char *p, Py_ssize_t n);
 
 /* Until the peer's tail passes ``head`` (rgpu_shm_wait's answer): the first busy_s with the GIL held,
  * the rest of spin_s without it. An answer within busy_s (a round trip's, a streamed op's next) then
@@ -210,13 +211,7 @@ static PyObject *py_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         got = 2;                              /* the Python path names the kind */
     const char *meta_p = (const char *)r->ring_in + f->meta_off;
     if (got == 1 && (f->nbufs == 0 || f->copied) && !has_timestamp_mark((const uint8_t *)meta_p, f->meta_len)) {
-        PyObject *reply_meta = Py_NewRef(Py_None);
-        if (f->meta_len) {
-            PyObject *raw = PyBytes_FromStringAndSize(meta_p, (Py_ssize_t)f->meta_len);
-            Py_DECREF(reply_meta);
-            reply_meta = raw ? PyObject_CallOneArg(unpack, raw) : NULL;
-            Py_XDECREF(raw);
-        }
+        PyObject *reply_meta = f->meta_len ? decode_meta(unpack, meta_p, (Py_ssize_t)f->meta_len) : Py_NewRef(Py_None);
         if (reply_meta) {
             rgpu_shm_consume(r, f->next);
             return Py_BuildValue("(iKKK(KKKNO))", got, (unsigned long long)sent, (unsigned long long)tail,
@@ -227,6 +222,26 @@ static PyObject *py_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     }
     return Py_BuildValue("(iKKKO)", got, (unsigned long long)sent, (unsigned long long)tail,
                          (unsigned long long)head, Py_None);
+}
+
+/* ``n`` bytes of metadata at ``p`` decoded by ``spec``, (function, option names, option values) as
+ * wire.unpack_spec gives it: function(bytes, **options) by vectorcall. NULL with a Python error. */
+static PyObject *decode_meta(PyObject *spec, const char *p, Py_ssize_t n) {
+    if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 3 || !PyTuple_Check(PyTuple_GET_ITEM(spec, 1))
+        || !PyTuple_Check(PyTuple_GET_ITEM(spec, 2)) || PyTuple_GET_SIZE(PyTuple_GET_ITEM(spec, 2)) > 8
+        || PyTuple_GET_SIZE(PyTuple_GET_ITEM(spec, 1)) != PyTuple_GET_SIZE(PyTuple_GET_ITEM(spec, 2))) {
+        PyErr_SetString(PyExc_TypeError, "unpack: (function, option names, option values) expected");
+        return NULL;
+    }
+    PyObject *raw = PyBytes_FromStringAndSize(p, n);
+    if (!raw)
+        return NULL;
+    PyObject *values = PyTuple_GET_ITEM(spec, 2), *argv[9] = {raw};
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(values); i++)
+        argv[1 + i] = PyTuple_GET_ITEM(values, i);
+    PyObject *meta = PyObject_Vectorcall(PyTuple_GET_ITEM(spec, 0), argv, 1, PyTuple_GET_ITEM(spec, 1));
+    Py_DECREF(raw);
+    return meta;
 }
 
 /* A byte pair msgpack decodes as a timestamp (extension -1) itself, without the ext_hook that
@@ -333,18 +348,11 @@ static PyObject *py_serve(PyObject *self, PyObject *const *args, Py_ssize_t narg
             why = SERVE_PYTHON;
             break;
         }
-        PyObject *meta = Py_None;
-        Py_INCREF(meta);
-        if (f->meta_len) {
-            PyObject *raw = PyBytes_FromStringAndSize(meta_p, (Py_ssize_t)f->meta_len);
-            Py_DECREF(meta);
-            meta = raw ? PyObject_CallOneArg(unpack, raw) : NULL;
-            Py_XDECREF(raw);
-            if (!meta) {
-                PyErr_Clear();             /* the Python path names what is wrong */
-                why = SERVE_PYTHON;
-                break;
-            }
+        PyObject *meta = f->meta_len ? decode_meta(unpack, meta_p, (Py_ssize_t)f->meta_len) : Py_NewRef(Py_None);
+        if (!meta) {
+            PyErr_Clear();                 /* the Python path names what is wrong */
+            why = SERVE_PYTHON;
+            break;
         }
         PyObject *bufs = copied_buffers(r, f);
         if (!bufs) {

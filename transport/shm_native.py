@@ -17,7 +17,7 @@ from . import shm_fast
 from .buffers import as_bytes_view
 from .shm_memory import Segment
 from .shm_ring import KNOWN_KINDS, RECORD_MAX, _KINDS
-from .wire import Frame, Limits, MsgKind, unpacker
+from .wire import Frame, Limits, MsgKind, unpack_spec
 
 _POST, _REQUEST, _REPLY = int(MsgKind.POST), int(MsgKind.REQUEST), int(MsgKind.REPLY)
 SERVE_IDLE, SERVE_PYTHON, SERVE_RAISED, SERVE_REPLY = range(4)    # why the C loop of serve() returned
@@ -38,7 +38,7 @@ class NativeCalls:
         # the calls that take and give Python objects (shm_native.c) get the structs by address
         self._n_put, self._n_take, self._n_call = fast.native.put, fast.native.take, fast.native.call
         self._n_serve = fast.native.serve
-        self._unpack, self._pack = unpacker(), msgpack.Packer(use_bin_type=True).pack
+        self._unpack, self._pack = unpack_spec(), msgpack.Packer(use_bin_type=True).pack
         self._n_ring, self._n_ring_any, self._n_frame = (
             int(ffi.cast("uintptr_t", p)) for p in (self._c_ring, self._c_ring_any, self._c_frame))
         self.call_alone, self.serve = self._lone_call(), self._serve

@@ -18,7 +18,6 @@ list, dict); extension types are refused. Nothing is ever unpickled or evaluated
 from __future__ import annotations
 
 import enum
-import functools
 import struct
 import threading
 from dataclasses import dataclass, field
@@ -141,17 +140,21 @@ def _has_foreign(value) -> bool:
     return False
 
 
-def unpacker() -> Callable[[bytes], Any]:
-    """msgpack's decode as ``unpack_meta`` calls it, for C code that checks the timestamp marks itself."""
-    return functools.partial(msgpack.unpackb, raw=False, use_list=True, strict_map_key=False, ext_hook=_refuse_ext)
+_UNPACK_OPTIONS = {"raw": False, "use_list": True, "strict_map_key": False, "ext_hook": _refuse_ext}
+
+
+def unpack_spec() -> tuple:
+    """msgpack's decode as ``unpack_meta`` calls it, for C code that checks the timestamp marks itself:
+    (function, option names, option values), called by vectorcall (a partial's merge of them cost as much
+    again as the decode of a small meta)."""
+    return msgpack.unpackb, tuple(_UNPACK_OPTIONS), tuple(_UNPACK_OPTIONS.values())
 
 
 def unpack_meta(data, limits: Limits) -> Any:
     if len(data) == 0:
         return None
     try:
-        meta = msgpack.unpackb(
-            data, raw=False, use_list=True, strict_map_key=False, ext_hook=_refuse_ext)
+        meta = msgpack.unpackb(data, **_UNPACK_OPTIONS)
     except ProtocolError:
         raise
     except Exception as exc:  # msgpack raises several unrelated types for bad input
