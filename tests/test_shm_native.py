@@ -20,6 +20,7 @@ from rgpu.server import worker
 from rgpu.server.routes import echo
 from rgpu.server.routes.base import Session
 from rgpu.transport import shm, shm_fast
+from rgpu.transport.shm_native import SERVE_IDLE
 from rgpu.transport.buffers import BufferPool, as_bytes_view
 from rgpu.transport.wire import Limits, MsgKind, pack_meta
 from transport_pairs import shm_pair
@@ -190,6 +191,25 @@ def test_buffers_that_are_not_plain_memory_are_copied_the_usual_way():
         assert client.call_alone(2, pack_meta(None), [strided], None, LIMITS) == (-1, None)
         f = server.recv_frame(LIMITS, BufferPool())
         assert f.meta == ["x"] and bytes(f.buffers[0]) == strided.tobytes()
+    finally:
+        client.close()
+        server.close()
+
+
+def test_a_server_whose_c_loop_spun_for_nothing_sleeps_at_once_in_recv_frame():
+    """The C loop's wait already spun: the wait that follows goes to sleep without spinning a second time."""
+    client, server = shm_pair()
+    try:
+        server.spin_s = 0.002
+        assert server.serve(lambda *args: None, 0, LIMITS)[0] == SERVE_IDLE
+        spins, wait = [], server._c_wait
+        server._c_wait = lambda ring, head, busy, spin, yield_core: spins.append(spin) or wait(ring, head, busy, spin,
+                                                                                             yield_core)
+        for seq in (1, 2):
+            post = client.frame_parts(POST, seq, 0, {"op": "note"}, [])
+            threading.Timer(0.05, client.send, (post,)).start()
+            assert server.recv_frame(LIMITS, BufferPool()).seq == seq
+        assert spins[0] == 0.0 and spins[1] > 0.001      # the second wait, after a frame, spins as usual
     finally:
         client.close()
         server.close()

@@ -133,6 +133,7 @@ class ShmTransport(Receiving, NativeCalls, Transport):
         self._send_lock = threading.Lock()
         self._recv_lock = threading.Lock()
         self._shared_until = self._core_checked = 0.0
+        self._spun = False                     # serve() found nothing within its spin: the next wait sleeps
         self._peer_pid = _peer_pid(sock)
         self._closed = False
         self._peer_gone = False

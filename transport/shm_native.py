@@ -94,9 +94,11 @@ class NativeCalls:
             frame.tail, frame.head = self._tail, self._head
             busy_s = self.busy_s if time.perf_counter() >= self._shared_until else 0.0
             try:
-                return self._n_serve(self._n_ring, self._n_frame, self._tail, self._head, handle, self._unpack,
-                                     self._pack, limits.max_meta_bytes, limits.max_buffers, limits.max_frame_bytes,
-                                     _POST, _REQUEST, _REPLY, busy_s, self.spin_s, self.spin_yield, applied)
+                got = self._n_serve(self._n_ring, self._n_frame, self._tail, self._head, handle, self._unpack,
+                                    self._pack, limits.max_meta_bytes, limits.max_buffers, limits.max_frame_bytes,
+                                    _POST, _REQUEST, _REPLY, busy_s, self.spin_s, self.spin_yield, applied)
+                self._spun = got[0] == SERVE_IDLE    # recv_frame then sleeps without spinning again
+                return got
             finally:
                 self._tail, self._head = frame.tail, frame.head
 

@@ -131,7 +131,8 @@ class Receiving:
         if q[tail] != head:
             return True
         now = time.perf_counter()
-        end = now + self.spin_s
+        end = now + (0.0 if self._spun else self.spin_s)   # the C loop of serve() spun just now: sleep
+        self._spun = False
         if deadline is not None:
             end = min(end, now + deadline - time.monotonic())
         busy_s = self._busy_s(now)
