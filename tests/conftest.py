@@ -5,6 +5,7 @@
     server.settings(**kw)  client Settings pointing at that server, read from no environment (tcp unless told)
     server.connect(route, **settings)  a Connection to it, closed when the server fixture ends
     echo_conn              a fresh echo-route tcp connection to ``rgpu_server``, closed after the test
+    shm_ends               a connected shm pair in this process (client, server), closed after the test
 
 The server's C++ op path (``server/ops/fast_op.py``) is built once, before the first test.
 
@@ -199,6 +200,17 @@ def start_server(tmp_path):
     yield start
     for server in started:
         server.stop()
+
+
+@pytest.fixture
+def shm_ends():
+    """A connected shm pair in this process (client, server), both on the C path where it builds; closed after."""
+    from transport_pairs import shm_pair
+
+    client, server = shm_pair()
+    yield client, server
+    client.close()
+    server.close()
 
 
 @pytest.fixture

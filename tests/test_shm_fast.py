@@ -25,13 +25,6 @@ pytestmark = pytest.mark.skipif(shm.available() is not None or shm_fast.load() i
 LIMITS = Limits()
 
 
-@pytest.fixture
-def ends():
-    client, server = shm_pair()
-    yield client, server
-    client.close()
-    server.close()
-
 
 def pattern(n: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
@@ -85,8 +78,8 @@ def reply_later(server, delay: float, meta, bufs):
     return serve(server, 1, lambda f: (MsgKind.REPLY, meta, bufs), delay)
 
 
-def test_a_lone_round_trip_is_one_call_and_the_reply_lands_in_place(ends):
-    client, server = ends
+def test_a_lone_round_trip_is_one_call_and_the_reply_lands_in_place(shm_ends):
+    client, server = shm_ends
     into = [memoryview(bytearray(64))]
     th = reply_later(server, 0, {"ok": 1}, [pattern(64, 3)])
     sent, frame = client.call_alone(7, pack_meta({"op": "echo"}), [as_bytes_view(pattern(64))], into, LIMITS)
@@ -99,8 +92,8 @@ def test_a_lone_round_trip_is_one_call_and_the_reply_lands_in_place(ends):
 
 @pytest.mark.parametrize("bufs", [[], [pattern(10), pattern(20, 1)], [pattern(2 << 20, 2)]],
                          ids=["no buffer", "two buffers", "a heap buffer"])
-def test_a_reply_after_the_spin_or_outside_the_ring_is_left_for_recv_frame(ends, bufs):
-    client, server = ends
+def test_a_reply_after_the_spin_or_outside_the_ring_is_left_for_recv_frame(shm_ends, bufs):
+    client, server = shm_ends
     client.spin_s = 0.0005
     th = reply_later(server, 0.05, {"n": len(bufs)}, bufs)
     sent, frame = client.call_alone(3, pack_meta(None), [], None, LIMITS)
@@ -112,15 +105,15 @@ def test_a_reply_after_the_spin_or_outside_the_ring_is_left_for_recv_frame(ends,
     got.release()
 
 
-def test_a_frame_too_big_for_the_ring_is_not_written_by_the_c_call(ends):
-    client, server = ends
+def test_a_frame_too_big_for_the_ring_is_not_written_by_the_c_call(shm_ends):
+    client, server = shm_ends
     sent, frame = client.call_alone(1, pack_meta(None), [as_bytes_view(pattern(1 << 20))], None, LIMITS)
     assert (sent, frame) == (-1, None)
     assert not server.readable(0)
 
 
-def test_a_malformed_record_from_a_c_peer_is_still_named_by_the_python_path(ends):
-    client, server = ends
+def test_a_malformed_record_from_a_c_peer_is_still_named_by_the_python_path(shm_ends):
+    client, server = shm_ends
     pos = client._reserve(64)
     shm.REC.pack_into(client._ring_out, pos, 64, shm.KIND_FRAME, shm.NO_SLOT, 0, 40, 0)
     client._ring_out[pos + shm.REC.size:pos + shm.REC.size + 40] = b"XXXX" + bytes(36)

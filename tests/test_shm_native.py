@@ -169,47 +169,36 @@ def test_garbage_metadata_ends_alike_on_both_paths_and_never_crashes(metas):
     same_on_both_paths(frames)
 
 
-def test_a_lone_call_whose_reply_the_c_call_leaves_alone_is_read_by_the_python_path():
-    client, server = shm_pair()
-    try:
-        into = [memoryview(bytearray(8))]
-        odd = {"s": "\xd7\xff"}                        # timestamp-like bytes: the Python path decides
-        server.send(server.frame_parts(MsgKind.REPLY, 5, 5, odd, [as_bytes_view(pattern(8, 1))]))
-        sent, frame = client.call_alone(5, pack_meta({"op": "echo"}), [pattern(8)], into, LIMITS)
-        assert sent == 8 and frame.meta == odd and bytes(frame.buffers[0]) == pattern(8, 1).tobytes()
-        server.recv_frame(LIMITS, BufferPool()).release()
-    finally:
-        client.close()
-        server.close()
+
+def test_a_lone_call_whose_reply_the_c_call_leaves_alone_is_read_by_the_python_path(shm_ends):
+    client, server = shm_ends
+    into = [memoryview(bytearray(8))]
+    odd = {"s": "\xd7\xff"}                        # timestamp-like bytes: the Python path decides
+    server.send(server.frame_parts(MsgKind.REPLY, 5, 5, odd, [as_bytes_view(pattern(8, 1))]))
+    sent, frame = client.call_alone(5, pack_meta({"op": "echo"}), [pattern(8)], into, LIMITS)
+    assert sent == 8 and frame.meta == odd and bytes(frame.buffers[0]) == pattern(8, 1).tobytes()
+    server.recv_frame(LIMITS, BufferPool()).release()
 
 
-def test_buffers_that_are_not_plain_memory_are_copied_the_usual_way():
-    client, server = shm_pair()
-    try:
-        strided = pattern(64)[::2]                     # not contiguous: put declines, send copies
-        client.send_meta(MsgKind.POST, 1, pack_meta(["x"]), [strided])
-        assert client.call_alone(2, pack_meta(None), [strided], None, LIMITS) == (-1, None)
-        f = server.recv_frame(LIMITS, BufferPool())
-        assert f.meta == ["x"] and bytes(f.buffers[0]) == strided.tobytes()
-    finally:
-        client.close()
-        server.close()
+def test_buffers_that_are_not_plain_memory_are_copied_the_usual_way(shm_ends):
+    client, server = shm_ends
+    strided = pattern(64)[::2]                     # not contiguous: put declines, send copies
+    client.send_meta(MsgKind.POST, 1, pack_meta(["x"]), [strided])
+    assert client.call_alone(2, pack_meta(None), [strided], None, LIMITS) == (-1, None)
+    f = server.recv_frame(LIMITS, BufferPool())
+    assert f.meta == ["x"] and bytes(f.buffers[0]) == strided.tobytes()
 
 
-def test_a_server_whose_c_loop_spun_for_nothing_sleeps_at_once_in_recv_frame():
+def test_a_server_whose_c_loop_spun_for_nothing_sleeps_at_once_in_recv_frame(shm_ends):
     """The C loop's wait already spun: the wait that follows goes to sleep without spinning a second time."""
-    client, server = shm_pair()
-    try:
-        server.spin_s = 0.002
-        assert server.serve(lambda *args: None, 0, LIMITS)[0] == SERVE_IDLE
-        spins, wait = [], server._c_wait
-        server._c_wait = lambda ring, head, busy, spin, yield_core: spins.append(spin) or wait(ring, head, busy, spin,
-                                                                                             yield_core)
-        for seq in (1, 2):
-            post = client.frame_parts(POST, seq, 0, {"op": "note"}, [])
-            threading.Timer(0.05, client.send, (post,)).start()
-            assert server.recv_frame(LIMITS, BufferPool()).seq == seq
-        assert spins[0] == 0.0 and spins[1] > 0.001      # the second wait, after a frame, spins as usual
-    finally:
-        client.close()
-        server.close()
+    client, server = shm_ends
+    server.spin_s = 0.002
+    assert server.serve(lambda *args: None, 0, LIMITS)[0] == SERVE_IDLE
+    spins, wait = [], server._c_wait
+    server._c_wait = lambda ring, head, busy, spin, yield_core: spins.append(spin) or wait(ring, head, busy, spin,
+                                                                                         yield_core)
+    for seq in (1, 2):
+        post = client.frame_parts(POST, seq, 0, {"op": "note"}, [])
+        threading.Timer(0.05, client.send, (post,)).start()
+        assert server.recv_frame(LIMITS, BufferPool()).seq == seq
+    assert spins[0] == 0.0 and spins[1] > 0.001      # the second wait, after a frame, spins as usual
