@@ -84,12 +84,7 @@ def _build(source: str, folder: Path) -> Path:
     ffi.set_source(MODULE, source, extra_compile_args=["-O2"])
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="rgpu-shm-build-") as tmp:
-        built = Path(ffi.compile(tmpdir=tmp, verbose=False))
-        target = folder / built.name
-        partial = folder / f".{built.name}.{os.getpid()}"
-        partial.write_bytes(built.read_bytes())
-        os.replace(partial, target)   # atomic: a concurrent build or import never sees half a file
-    return target
+        return _install(Path(ffi.compile(tmpdir=tmp, verbose=False)), folder)
 
 
 def _build_native(folder: Path) -> Path:
@@ -103,11 +98,15 @@ def _build_native(folder: Path) -> Path:
                                                                                      "--build-temp", tmp]})
         dist.parse_command_line()
         dist.run_commands()
-        built = Path(dist.get_command_obj("build_ext").get_ext_fullpath(NATIVE))
-        target = folder / built.name
-        partial = folder / f".{built.name}.{os.getpid()}"
-        partial.write_bytes(built.read_bytes())
-        os.replace(partial, target)
+        return _install(Path(dist.get_command_obj("build_ext").get_ext_fullpath(NATIVE)), folder)
+
+
+def _install(built: Path, folder: Path) -> Path:
+    """``built`` copied into the cache ``folder``: its path there."""
+    target = folder / built.name
+    partial = folder / f".{built.name}.{os.getpid()}"
+    partial.write_bytes(built.read_bytes())
+    os.replace(partial, target)   # atomic: a concurrent build or import never sees half a file
     return target
 
 

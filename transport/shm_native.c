@@ -195,7 +195,7 @@ static PyObject *py_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     if (t >= 0) {
         tail = (uint64_t)t;
         got = wait_for_peer(r, head, busy_s, spin_s, (int)yield_core)
-            ? rgpu_shm_take(r, head, (uint32_t)max_meta, (uint32_t)max_bufs, max_frame, f) : 0;
+            ? take_known(r, head, max_meta, max_bufs, max_frame, kinds, f) : 0;   /* 2: the Python path names it */
         if (got == 1 && has_into && f->nbufs == 1 && f->buf_len[0] == (uint64_t)into.len) {
             memcpy(into.buf, r->ring_in + f->buf_off[0], (size_t)into.len);
             f->copied = 1;
@@ -207,8 +207,6 @@ static PyObject *py_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         return Py_BuildValue("(iKKKO)", got, 0ull, (unsigned long long)tail, (unsigned long long)head, Py_None);
     if (got)
         head = f->head;                       /* past any wrap marker */
-    if (got == 1 && (f->kind >= 64 || !((kinds >> f->kind) & 1)))
-        got = 2;                              /* the Python path names the kind */
     const char *meta_p = (const char *)r->ring_in + f->meta_off;
     if (got == 1 && (f->nbufs == 0 || f->copied) && !has_timestamp_mark((const uint8_t *)meta_p, f->meta_len)) {
         PyObject *reply_meta = f->meta_len ? decode_meta(unpack, meta_p, (Py_ssize_t)f->meta_len) : Py_NewRef(Py_None);

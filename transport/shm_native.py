@@ -42,6 +42,7 @@ class NativeCalls:
         self._n_ring, self._n_ring_any, self._n_frame = (
             int(ffi.cast("uintptr_t", p)) for p in (self._c_ring, self._c_ring_any, self._c_frame))
         self.call_alone, self.serve = self._lone_call(), self._serve
+
     def _lone_call(self):
         """``call_alone``: a lone request written and its reply read in one C call (``shm_native.c``).
 
@@ -53,7 +54,7 @@ class NativeCalls:
         only reader. A closure: a lone round trip is a few microseconds, and attribute lookups add up.
         """
         n_call, ring, frame, unpack = self._n_call, self._n_ring, self._n_frame, self._unpack
-        send_lock, recv_lock, clock = self._send_lock, self._recv_lock, time.perf_counter
+        send_lock, recv_lock, clock, busy_s = self._send_lock, self._recv_lock, time.perf_counter, self._busy_s
 
         def call_alone(seq: int, meta: bytes, buffers, into, limits) -> tuple[int, object]:
             if into is not None and len(into) != 1:
@@ -65,7 +66,7 @@ class NativeCalls:
                     raise ConnectionLost("connection closed")
                 done = n_call(ring, frame, self._tail, self._head, _REQUEST, seq, meta, buffers,
                               None if into is None else into[0],
-                              self.busy_s if clock() >= self._shared_until else 0.0, self.spin_s, self.spin_yield,
+                              busy_s(clock()), self.spin_s, self.spin_yield,
                               limits.max_meta_bytes, limits.max_buffers, limits.max_frame_bytes, KNOWN_KINDS, unpack)
                 if done is None:
                     return -1, None
@@ -92,11 +93,11 @@ class NativeCalls:
                 raise ConnectionLost("connection closed")
             frame = self._c_frame
             frame.tail, frame.head = self._tail, self._head
-            busy_s = self.busy_s if time.perf_counter() >= self._shared_until else 0.0
             try:
                 got = self._n_serve(self._n_ring, self._n_frame, self._tail, self._head, handle, self._unpack,
                                     self._pack, limits.max_meta_bytes, limits.max_buffers, limits.max_frame_bytes,
-                                    _POST, _REQUEST, _REPLY, busy_s, self.spin_s, self.spin_yield, applied)
+                                    _POST, _REQUEST, _REPLY, self._busy_s(time.perf_counter()), self.spin_s,
+                                    self.spin_yield, applied)
                 self._spun = got[0] == SERVE_IDLE    # recv_frame then sleeps without spinning again
                 return got
             finally:
