@@ -65,7 +65,7 @@ TABLE: tuple[Setting, ...] = (
     Setting("token", "RGPU_TOKEN", None, _optional(str), "", "the shared secret; wins over the token file"),
     Setting("token_file", "RGPU_TOKEN_FILE", "~/.config/rgpu/token", str, "rgpu serve --token-file", "where the token lives (created 0600 by the first `rgpu serve`)"),
     Setting("transport", "RGPU_TRANSPORT", "auto", _choice("auto", "tcp", "shm", "ucx"), "rgpu bench transport --transport", "auto = shm on one host, ucx where RDMA is, else tcp"),
-    Setting("shm_c", "RGPU_SHM_C", True, _bool, "", "shm's hot path in C (built with cffi on first use, cached); 0: the Python path"),
+    Setting("shm_c", "RGPU_SHM_C", True, _bool, "", "shm's hot path in C (built with cffi and setuptools on first use, cached: the ring, the server's frame loop, a lone call); 0: the Python path"),
     Setting("shm_spin_us", "RGPU_SHM_SPIN_US", None, _optional(float), "", "how long a waiting shm end polls before it sleeps (µs, at most 50000); unset: 20000 on a machine of 8 cores or more (as CUDA's own synchronize keeps its core there), else 100"),
     Setting("tcp_spin_us", "RGPU_TCP_SPIN_US", None, _optional(float), "", "how long a tcp end polls its socket (without the GIL) before it sleeps in a read (µs, at most 50000); unset: 20000 on a machine of 8 cores or more, else 0"),
     Setting("tls", "RGPU_TLS", False, _bool, "rgpu serve --tls", "require TLS on the tcp transport"),
