@@ -158,7 +158,7 @@ def check_transport(ctx: Context) -> Check:
     if chosen == "shm":   # its hot path in C, or why it runs in Python (slower round trips, same results)
         from rgpu.transport import shm_fast
 
-        c_path = getattr(conn.transport, "call_alone", None) is not None
+        c_path = getattr(conn.transport, "lone_call", None) is not None
         data["shm_c"] = c_path
         detail += ("; shm's C path built" if c_path else
                    f"; shm runs its Python path ({'RGPU_SHM_C=0' if not s.shm_c else shm_fast.why_not()})")

@@ -1,21 +1,17 @@
-"""shm's C path (transport/shm_fast.c): the same records as the Python path, lone round trips in one call.
+"""shm's C path (transport/shm_fast.c): the same records as the Python path, its settings through a session.
 
 The contract and shm tests run every case on the C path, the Python path and a mix of the two
 (``transport_pairs``); these are what only the C path has.
 """
 from __future__ import annotations
 
-import threading
-import time
 
 import numpy as np
 import pytest
 
-from rgpu import config
-from rgpu.errors import ProtocolError, RemoteError
+from rgpu.errors import ProtocolError
 from rgpu.transport import base, shm, shm_fast
 from rgpu.transport.buffers import BufferPool, as_bytes_view
-from rgpu.transport.connection import Connection
 from rgpu.transport.wire import Limits, MsgKind, pack_meta
 from transport_pairs import shm_pair
 
@@ -73,45 +69,6 @@ def test_a_small_upload_posted_with_send_meta_is_one_ring_record_copied_at_the_c
         server.close()
 
 
-def reply_later(server, delay: float, meta, bufs):
-    """The server's side of one request: read it, wait ``delay``, answer with ``meta`` and ``bufs``."""
-    return serve(server, 1, lambda f: (MsgKind.REPLY, meta, bufs), delay)
-
-
-def test_a_lone_round_trip_is_one_call_and_the_reply_lands_in_place(shm_ends):
-    client, server = shm_ends
-    into = [memoryview(bytearray(64))]
-    th = reply_later(server, 0, {"ok": 1}, [pattern(64, 3)])
-    sent, frame = client.call_alone(7, pack_meta({"op": "echo"}), [as_bytes_view(pattern(64))], into, LIMITS)
-    th.join(10)
-    if frame is None:            # a slow machine: the reply came after the spin; it is read the usual way
-        frame = client.recv_frame(LIMITS, BufferPool(), lambda kind, seq, lengths: into)
-    assert sent >= 0 and frame.kind is MsgKind.REPLY and frame.seq == 7 and frame.meta == {"ok": 1}
-    assert frame.buffers[0] is into[0] and bytes(into[0]) == pattern(64, 3).tobytes()
-
-
-@pytest.mark.parametrize("bufs", [[], [pattern(10), pattern(20, 1)], [pattern(2 << 20, 2)]],
-                         ids=["no buffer", "two buffers", "a heap buffer"])
-def test_a_reply_after_the_spin_or_outside_the_ring_is_left_for_recv_frame(shm_ends, bufs):
-    client, server = shm_ends
-    client.spin_s = 0.0005
-    th = reply_later(server, 0.05, {"n": len(bufs)}, bufs)
-    sent, frame = client.call_alone(3, pack_meta(None), [], None, LIMITS)
-    assert sent >= 0 and frame is None
-    th.join(10)
-    got = client.recv_frame(LIMITS, BufferPool())
-    assert got.seq == 3 and got.meta == {"n": len(bufs)}
-    assert [bytes(b) for b in got.buffers] == [b.tobytes() for b in bufs]
-    got.release()
-
-
-def test_a_frame_too_big_for_the_ring_is_not_written_by_the_c_call(shm_ends):
-    client, server = shm_ends
-    sent, frame = client.call_alone(1, pack_meta(None), [as_bytes_view(pattern(1 << 20))], None, LIMITS)
-    assert (sent, frame) == (-1, None)
-    assert not server.readable(0)
-
-
 def test_a_malformed_record_from_a_c_peer_is_still_named_by_the_python_path(shm_ends):
     client, server = shm_ends
     pos = client._reserve(64)
@@ -123,66 +80,7 @@ def test_a_malformed_record_from_a_c_peer_is_still_named_by_the_python_path(shm_
         server.recv_frame(LIMITS, BufferPool())
 
 
-# ---- through a Connection: the lone call and what makes it step aside ---------------------------
-
-@pytest.fixture
-def conn_and_server():
-    client, server = shm_pair()
-    conn = Connection(client, config.settings(environ={}))
-    yield conn, server
-    conn.close(timeout=1)
-    server.close()
-
-
-def serve(server, n: int, answer, delay: float = 0.0):
-    """Answer ``n`` frames on a thread, each after ``delay``: ``answer(frame)`` -> (kind, meta, bufs), or None
-    for a post."""
-    def run():
-        for _ in range(n):
-            f = server.recv_frame(LIMITS, BufferPool())
-            time.sleep(delay)
-            out = answer(f)
-            if out is not None:
-                kind, meta, bufs = out
-                server.send(server.frame_parts(kind, f.seq, f.seq, meta, [as_bytes_view(b) for b in bufs]))
-            f.release()
-    th = threading.Thread(target=run, daemon=True)
-    th.start()
-    return th
-
-
-def test_lone_calls_return_the_servers_answers(conn_and_server):
-    conn, server = conn_and_server
-    th = serve(server, 50, lambda f: (MsgKind.REPLY, {"seq": f.seq}, list(f.buffers)))
-    back = [bytearray(32)]
-    for i in range(50):
-        reply = conn.call({"i": i}, [pattern(32, i)], reply_into=back)
-        assert reply.meta == {"seq": reply._frame.seq} and bytes(back[0]) == pattern(32, i).tobytes()
-    th.join(10)
-    assert conn.stats["round_trips"] == 50
-
-
-def test_an_error_reply_and_an_earlier_posts_error_are_raised_at_the_call(conn_and_server):
-    conn, server = conn_and_server
-    error = {"message": "boom", "op": "x", "type": "ValueError"}
-    th = serve(server, 3, lambda f: (MsgKind.ERROR, error, []) if f.meta.get("fail") else
-               (MsgKind.REPLY, {}, []) if f.kind is MsgKind.REQUEST else None)
-    with pytest.raises(RemoteError, match="boom"):
-        conn.call({"fail": True})
-    conn.post({"fail": True})               # its error comes back with no request waiting for it
-    with pytest.raises(RemoteError, match="boom"):
-        conn.call({"fine": True})
-    th.join(10)
-
-
-def test_a_call_while_another_request_is_pending_goes_through_the_future(conn_and_server):
-    conn, server = conn_and_server
-    th = serve(server, 2, lambda f: (MsgKind.REPLY, {"seq": f.seq}, []))
-    pending = conn.request({"first": True})
-    reply = conn.call({"second": True})
-    assert reply.meta == {"seq": pending.seq + 1} and pending.result(10).meta == {"seq": pending.seq}
-    th.join(10)
-
+# ---- through a session: RGPU_SHM_C and RGPU_SHM_SPIN_US (the lone call's own tests: test_shm_lone.py) ----
 
 def test_rgpu_shm_c_0_keeps_a_session_on_the_python_path(rgpu_server):
     fast = rgpu_server.connect("echo", transport="shm")

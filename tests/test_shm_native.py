@@ -1,4 +1,5 @@
-"""shm's per-message calls in C (transport/shm_native.c): the server's frame loop in the ring and a lone call.
+"""shm's per-message calls in C (transport/shm_native.c): the server's frame loop in the ring (the lone call:
+test_shm_lone.py).
 
 The worker's loop runs each message sequence twice, on a server end with the C loop and on one without
 (the Python path, the reference): the client must read the same frames from both, value by value, and
@@ -22,7 +23,7 @@ from rgpu.server.routes.base import Session
 from rgpu.transport import shm, shm_fast
 from rgpu.transport.shm_native import SERVE_IDLE
 from rgpu.transport.buffers import BufferPool, as_bytes_view
-from rgpu.transport.wire import Limits, MsgKind, pack_meta
+from rgpu.transport.wire import Limits, MsgKind
 from transport_pairs import shm_pair
 
 pytestmark = pytest.mark.skipif(shm.available() is not None or shm_fast.load() is None,
@@ -168,25 +169,6 @@ def test_garbage_metadata_ends_alike_on_both_paths_and_never_crashes(metas):
     frames = [(POST if i % 2 else REQ, None, [], raw) for i, raw in enumerate(metas)] + [(BYE, None, [], None)]
     same_on_both_paths(frames)
 
-
-
-def test_a_lone_call_whose_reply_the_c_call_leaves_alone_is_read_by_the_python_path(shm_ends):
-    client, server = shm_ends
-    into = [memoryview(bytearray(8))]
-    odd = {"s": "\xd7\xff"}                        # timestamp-like bytes: the Python path decides
-    server.send(server.frame_parts(MsgKind.REPLY, 5, 5, odd, [as_bytes_view(pattern(8, 1))]))
-    sent, frame = client.call_alone(5, pack_meta({"op": "echo"}), [pattern(8)], into, LIMITS)
-    assert sent == 8 and frame.meta == odd and bytes(frame.buffers[0]) == pattern(8, 1).tobytes()
-    server.recv_frame(LIMITS, BufferPool()).release()
-
-
-def test_buffers_that_are_not_plain_memory_are_copied_the_usual_way(shm_ends):
-    client, server = shm_ends
-    strided = pattern(64)[::2]                     # not contiguous: put declines, send copies
-    client.send_meta(MsgKind.POST, 1, pack_meta(["x"]), [strided])
-    assert client.call_alone(2, pack_meta(None), [strided], None, LIMITS) == (-1, None)
-    f = server.recv_frame(LIMITS, BufferPool())
-    assert f.meta == ["x"] and bytes(f.buffers[0]) == strided.tobytes()
 
 
 def test_a_server_whose_c_loop_spun_for_nothing_sleeps_at_once_in_recv_frame(shm_ends):

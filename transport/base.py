@@ -52,11 +52,10 @@ class Transport(ABC):
     # Whether a connection writes posts on the caller's thread when nothing is queued, instead
     # of handing them to its I/O thread (for transports whose write is a memory copy, no syscall).
     posts_inline: ClassVar[bool] = False
-    # call_alone(seq, packed meta, buffers, [reply buffer] or None, limits) -> (bytes sent, reply frame or
-    # None): a lone request written and its reply read in one call, set by a transport that has one (shm's
-    # C path); buffers as the caller gave them. (-1, None): nothing written, send it the usual way;
-    # (n, None): read the reply as usual.
-    call_alone: Callable | None = None
+    # lone_call(connection) -> lone(meta, buffers, reply_into) -> Reply or None: a connection's whole
+    # call() of a lone request (its Connection._call_alone) in one call, set by a transport that has one
+    # (shm's C path, shm_lone.c); None from it: nothing sent, the connection's request() does it.
+    lone_call: Callable | None = None
     # serve(handle, applied, limits) -> (why, applied, detail): a server's frame loop in C where the
     # transport has one (shm's); the worker runs frames it returns for the usual way (server/worker.py).
     serve: Callable | None = None

@@ -26,7 +26,7 @@ from rgpu.errors import ConnectionLost, ProtocolError, RemoteError, RgpuError, T
 from .base import Transport
 from .buffers import BufferPool, as_bytes_view, copied, writable_view
 from .connection_recv import Future, Receiving, Reply
-from .wire import Limits, MsgKind, encode_prefix, pack_meta
+from .wire import Frame, Limits, MsgKind, encode_prefix, pack_meta
 
 __all__ = ["Connection", "Future", "Reply"]
 
@@ -87,7 +87,9 @@ class Connection(Receiving):
         self._io_idle = False                     # the I/O thread waits for a first frame (a notify wakes it)
         self._urgent = False                      # a queued frame someone waits on (a request, a big post)
         self._flushing = 0                        # threads in flush()
-        self._transport_call = getattr(transport, "call_alone", None)
+        # call()'s lone request: in C over shm (its whole _call_alone), else _call_alone
+        lone_call = None if self._batch_s is not None else getattr(transport, "lone_call", None)
+        self._lone = self._call_alone if lone_call is None else lone_call(self)
         transport.on_block = self._drain_while_blocked
 
     @property
@@ -143,7 +145,7 @@ class Connection(Receiving):
 
     def call(self, meta: Any, buffers: Sequence = (), reply_into=None, timeout: float | None = None) -> Reply:
         if timeout is None and not self._request_timeout:
-            reply = self._call_alone(meta, buffers, reply_into)
+            reply = self._lone(meta, buffers, reply_into)
             if reply is not None:
                 return reply
         return self.request(meta, buffers, reply_into).result(timeout)
@@ -151,14 +153,13 @@ class Connection(Receiving):
     def _call_alone(self, meta: Any, buffers: Sequence, reply_into) -> Reply | None:
         """``call()`` when nothing else is in flight: write, then read until the reply, with no future.
 
-        A lone request's round trip (a 64 B echo over shm: the future's bookkeeping was most of it), in
-        one call of the transport where it has one (``call_alone``: shm's C path). None when another
-        thread reads or writes, a request is pending or frames are queued: ``request()`` then does it.
+        None when another thread reads or writes, a request is pending or frames are queued: ``request()``
+        then does it. A lone request's round trip is a few microseconds over shm, where the future's
+        bookkeeping was most of it; shm's C path has these same steps in C (``lone_call``, shm_lone.c).
         """
         if self._pending or self._queue or self._dead or self._async_error is not None:
             return None
-        call = self._transport_call
-        packed = pack_meta(meta) if call is not None else None   # raises before anything is sent
+        packed = pack_meta(meta)              # raises before anything is sent
         rcv_lock, cv_lock = self._rcv_lock, self._cv_lock    # acquire/release, not `with`: a third cheaper
         rcv_lock.acquire()
         reading, self._reading = self._reading, True
@@ -173,39 +174,41 @@ class Connection(Receiving):
                 seq = next(self._seq)
             finally:
                 cv_lock.release()
-            stats = self.stats
-            stats["messages"] += 1
-            stats["round_trips"] += 1
-            try:
-                self._sending_seq = seq
-                sent, frame = call(seq, packed, buffers, reply_into, self.limits) if call is not None else (-1, None)
-                into = None
-                if sent < 0:         # the usual way: the targets checked before sending
-                    views = [as_bytes_view(b) for b in buffers]
-                    into = [writable_view(b) for b in reply_into] if reply_into is not None else None
-                    self.transport.send(self.transport.frame_parts(_REQUEST, seq, 0, meta, views))
-                    sent = sum([v.nbytes for v in views])
-                elif frame is None and reply_into is not None:
-                    into = [writable_view(b) for b in reply_into]     # the reply comes the usual way
-            except RgpuError as exc:
-                self._fail(self._why_lost(exc))
-                raise self._dead from None
-            finally:
-                if self._batch_s is not None:
-                    self._wrote_at = time.perf_counter()
-                self._send_lock.release()
-            stats["bytes_out"] += sent
-            if frame is not None and frame.seq == seq and frame.kind is _REPLY and self._async_error is None:
-                for b in frame.buffers:          # the common case: the reply read in the same call
-                    stats["bytes_in"] += b.nbytes
-                return Reply(frame)
-            return self._read_reply(seq, into, frame)
+            self.stats["messages"] += 1
+            self.stats["round_trips"] += 1
+            return self._exchange_alone(seq, packed, buffers, reply_into)
         finally:
             rcv_lock.acquire()                # _end_read(), inline: a lone call is a few microseconds
             self._reading = False
             if self._waiters:
                 self._rcv.notify_all()
             rcv_lock.release()
+
+    def _exchange_alone(self, seq: int, packed: bytes, buffers: Sequence, reply_into) -> Reply:
+        """A lone call's write and read the usual way: this thread reads and holds the send lock (released here)."""
+        try:
+            self._sending_seq = seq
+            views = [as_bytes_view(b) for b in buffers]
+            into = [writable_view(b) for b in reply_into] if reply_into is not None else None  # checked first
+            self.transport.send([encode_prefix(_REQUEST, seq, 0, packed, [v.nbytes for v in views]), *views])
+        except RgpuError as exc:
+            raise self._lost(exc) from None
+        finally:
+            if self._batch_s is not None:
+                self._wrote_at = time.perf_counter()
+            self._send_lock.release()
+        self.stats["bytes_out"] += sum([v.nbytes for v in views])
+        return self._read_reply(seq, into)
+
+    def _read_alone(self, seq: int, reply_into, frame: Frame | None) -> Reply:
+        """A lone call's answer after shm's C path wrote it (this thread reads): ``frame``, if it read one, first."""
+        into = [writable_view(b) for b in reply_into] if reply_into is not None else None
+        return self._read_reply(seq, into, frame)
+
+    def _lost(self, exc: RgpuError) -> RgpuError:
+        """A write or read failed: the connection is lost; the error to raise."""
+        self._fail(self._why_lost(exc))
+        return self._dead
 
     def _submit(self, kind: MsgKind, meta, buffers: Sequence, fut: Future | None) -> int:
         views = [as_bytes_view(b) for b in buffers]

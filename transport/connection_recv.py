@@ -15,6 +15,7 @@ whose attributes it uses: the transport, ``_pending`` futures by seq, the reader
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from rgpu.errors import ConnectionLost, ProtocolError, RemoteError, RgpuError, SessionLost, Timeout
 
@@ -28,13 +29,14 @@ class Reply:
 
     __slots__ = ("meta", "buffers", "_frame")
 
-    def __init__(self, frame: Frame):
-        self.meta = frame.meta
-        self.buffers = frame.buffers
-        self._frame = frame
+    def __init__(self, meta: Any, buffers: list, frame: Frame | None = None):
+        self.meta = meta
+        self.buffers = buffers
+        self._frame = frame           # None: buffers the caller's own (shm's C path copied them into reply_into)
 
     def release(self) -> None:
-        self._frame.release()
+        if self._frame is not None:
+            self._frame.release()
 
 
 class Future:
@@ -98,7 +100,7 @@ class Receiving:
         if frame.kind is _ERROR:
             frame.release()
             raise _remote_error(frame.meta)
-        return Reply(frame)
+        return Reply(frame.meta, frame.buffers, frame)
 
     def _drain_while_blocked(self) -> bool | None:
         """The transport's ``on_block``: our write waits on the server; read the replies it may be blocked on."""
@@ -168,7 +170,7 @@ class Receiving:
         if frame.kind is _REPLY:  # the common case first
             fut = self._pending.pop(frame.seq, None)
             if fut is not None:
-                fut._reply = Reply(frame)
+                fut._reply = Reply(frame.meta, frame.buffers, frame)
                 fut.done = True
                 return
         if frame.kind is _REPLY or frame.kind is _ERROR:  # (a reply to no request: refused below)
@@ -184,7 +186,7 @@ class Receiving:
                 frame.release()
                 fut._error = _remote_error(frame.meta)
             else:
-                fut._reply = Reply(frame)
+                fut._reply = Reply(frame.meta, frame.buffers, frame)
             fut.done = True
         elif frame.kind == MsgKind.BYE:
             meta = frame.meta if isinstance(frame.meta, dict) else {}

@@ -28,6 +28,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 MODULE = "_rgpu_shm_fast"
 NATIVE = "_rgpu_shm_native"      # shm_native.c: the per-message calls, Python objects in and out
+NATIVE_SOURCES = ("shm_native.c", "shm_lone.c")    # one extension: shm_native.c includes shm_lone.c
 CDEF = """
 typedef struct {
     volatile uint64_t *q;
@@ -130,7 +131,7 @@ def load(enabled: bool = True):
                 if platform.machine().lower() not in ("x86_64", "amd64"):
                     raise RuntimeError(f"shm's C path is x86-64 only; this is {platform.machine()}")
                 source = (HERE / "shm_fast.c").read_text()
-                folder = cache_dir() / _key(source + (HERE / "shm_native.c").read_text())
+                folder = cache_dir() / _key(source + "".join((HERE / f).read_text() for f in NATIVE_SOURCES))
                 found = sorted(folder.glob(f"{MODULE}*.so")) if folder.is_dir() else []
                 module = _import(found[0] if found else _build(source, folder))
                 found = sorted(folder.glob(f"{NATIVE}*.so")) if folder.is_dir() else []

@@ -13,6 +13,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>          /* PyMemberDef: a slot's offset (shm_lone.c's Reply) */
 #include "shm_fast.c"
 
 typedef struct {
@@ -141,17 +142,6 @@ static PyObject *py_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     return frame_tuple(r, f);
 }
 
-/* call(ring, frame, tail, head, kind, seq, meta, buffers, into, busy_s, spin_s, yield_core, max_meta,
- * max_bufs, max_frame, kinds, unpack): a lone request written and its reply read (put, wait, take).
- * None: a buffer is not plain contiguous memory or ``into`` not writable (nothing written). Else
- * (got, bytes sent, tail, head, reply): got -1 or -2 as put gives it (nothing written), 0 (no reply
- * within spin_s), 1 (the frame describes the reply at ``head``) or 2 (a record for the Python path
- * at ``head``, or a reply of a kind outside ``kinds``); tail and head where the ends are now; reply
- * (kind, seq, ack, meta, copied) when it was read whole (metadata ``unpack`` decodes, no buffers or
- * its one buffer copied into ``into``) and consumed, else None. */
-static int has_timestamp_mark(const uint8_t *p, uint64_t n);
-static PyObject *decode_meta(PyObject *spec, const char *p, Py_ssize_t n);
-
 /* Until the peer's tail passes ``head`` (rgpu_shm_wait's answer): the first busy_s with the GIL held,
  * the rest of spin_s without it. An answer within busy_s (a round trip's, a streamed op's next) then
  * costs no hand-off of the GIL and back, which on the GPU host was a tenth of a 64 B round trip. */
@@ -163,63 +153,6 @@ static int wait_for_peer(const rgpu_ring *r, uint64_t head, double busy_s, doubl
         Py_END_ALLOW_THREADS
     }
     return got;
-}
-
-static PyObject *py_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    ARGS(17, "call");
-    U64(0, ring); U64(1, frame); U64(2, tail); U64(3, head); U64(4, kind); U64(5, seq);
-    DBL(9, busy_s); DBL(10, spin_s); U64(11, yield_core); U64(12, max_meta); U64(13, max_bufs); U64(14, max_frame);
-    U64(15, kinds);
-    PyObject *unpack = args[16];
-    char *meta; Py_ssize_t meta_len; held_buffers h;
-    int held = hold_frame(args[6], args[7], &meta, &meta_len, &h);
-    if (held <= 0)
-        return held < 0 ? NULL : Py_NewRef(Py_None);
-    Py_buffer into = {0};
-    int has_into = args[8] != Py_None;
-    if (has_into && PyObject_GetBuffer(args[8], &into, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
-        PyErr_Clear();
-        release_buffers(&h);
-        Py_RETURN_NONE;
-    }
-    const rgpu_ring *r = (const rgpu_ring *)ring;
-    rgpu_frame *f = (rgpu_frame *)frame;
-    int64_t t = rgpu_shm_put(r, tail, (uint32_t)kind, 0, seq, 0, meta, (uint32_t)meta_len, (uint32_t)h.n, h.ptrs,
-                             h.lens);
-    uint64_t sent = 0;
-    for (Py_ssize_t i = 0; i < h.n; i++)
-        sent += h.lens[i];
-    release_buffers(&h);
-    int got = (int)t;
-    f->copied = 0;
-    if (t >= 0) {
-        tail = (uint64_t)t;
-        got = wait_for_peer(r, head, busy_s, spin_s, (int)yield_core)
-            ? take_known(r, head, max_meta, max_bufs, max_frame, kinds, f) : 0;   /* 2: the Python path names it */
-        if (got == 1 && has_into && f->nbufs == 1 && f->buf_len[0] == (uint64_t)into.len) {
-            memcpy(into.buf, r->ring_in + f->buf_off[0], (size_t)into.len);
-            f->copied = 1;
-        }
-    }
-    if (has_into)
-        PyBuffer_Release(&into);
-    if (got < 0)
-        return Py_BuildValue("(iKKKO)", got, 0ull, (unsigned long long)tail, (unsigned long long)head, Py_None);
-    if (got)
-        head = f->head;                       /* past any wrap marker */
-    const char *meta_p = (const char *)r->ring_in + f->meta_off;
-    if (got == 1 && (f->nbufs == 0 || f->copied) && !has_timestamp_mark((const uint8_t *)meta_p, f->meta_len)) {
-        PyObject *reply_meta = f->meta_len ? decode_meta(unpack, meta_p, (Py_ssize_t)f->meta_len) : Py_NewRef(Py_None);
-        if (reply_meta) {
-            rgpu_shm_consume(r, f->next);
-            return Py_BuildValue("(iKKK(KKKNO))", got, (unsigned long long)sent, (unsigned long long)tail,
-                                 (unsigned long long)f->next, (unsigned long long)f->kind, (unsigned long long)f->seq,
-                                 (unsigned long long)f->ack, reply_meta, f->copied ? Py_True : Py_False);
-        }
-        PyErr_Clear();                        /* the Python path names what is wrong */
-    }
-    return Py_BuildValue("(iKKKO)", got, (unsigned long long)sent, (unsigned long long)tail,
-                         (unsigned long long)head, Py_None);
 }
 
 /* ``n`` bytes of metadata at ``p`` decoded by ``spec``, (function, option names, option values) as
@@ -384,10 +317,12 @@ static PyObject *py_serve(PyObject *self, PyObject *const *args, Py_ssize_t narg
     return Py_BuildValue("(iKN)", why, (unsigned long long)applied, detail ? detail : Py_NewRef(Py_None));
 }
 
+#include "shm_lone.c"
+
 static PyMethodDef methods[] = {
     {"put", (PyCFunction)(void (*)(void))py_put, METH_FASTCALL, "A frame into the ring."},
     {"take", (PyCFunction)(void (*)(void))py_take, METH_FASTCALL, "A frame out of the ring."},
-    {"call", (PyCFunction)(void (*)(void))py_call, METH_FASTCALL, "A lone request and its reply."},
+    {"lone_call", (PyCFunction)(void (*)(void))new_lone_call, METH_FASTCALL, "A connection's lone call over shm."},
     {"serve", (PyCFunction)(void (*)(void))py_serve, METH_FASTCALL, "A server's frame loop, in the ring."},
     {NULL, NULL, 0, NULL},
 };
@@ -395,4 +330,8 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, .m_name = "_rgpu_shm_native", .m_size = -1,
                                      .m_methods = methods};
 
-PyMODINIT_FUNC PyInit__rgpu_shm_native(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__rgpu_shm_native(void) {
+    if (intern_names() < 0 || PyType_Ready(&LoneCallType) < 0)
+        return NULL;
+    return PyModule_Create(&module);
+}

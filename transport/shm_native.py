@@ -1,5 +1,5 @@
 """ShmTransport's C path (``shm_fast.c`` through cffi, ``shm_native.c`` as a CPython extension): attaching
-them, a lone request and its reply in one call, the server's frame loop, a frame put in the ring.
+them, a connection's lone call in one call, the server's frame loop, a frame put in the ring.
 
 Everything here declines what it cannot do (not plain memory, too big for the ring alone, no room, a
 record it does not like) and the Python path of shm.py and shm_recv.py does it, naming any fault:
@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import time
 
-import msgpack
-
-from rgpu.errors import ConnectionLost
+from rgpu.errors import ConnectionLost, RgpuError
 
 from . import shm_fast
 from .buffers import as_bytes_view
+from .connection_recv import Reply
 from .shm_memory import Segment
 from .shm_ring import KNOWN_KINDS, RECORD_MAX, _KINDS
-from .wire import Frame, Limits, MsgKind, unpack_spec
+from .wire import Frame, Limits, MsgKind, meta_packer, pack_meta, unpack_spec
 
 _POST, _REQUEST, _REPLY = int(MsgKind.POST), int(MsgKind.REQUEST), int(MsgKind.REPLY)
 SERVE_IDLE, SERVE_PYTHON, SERVE_RAISED, SERVE_REPLY = range(4)    # why the C loop of serve() returned
@@ -36,51 +35,20 @@ class NativeCalls:
         self._c_frame_words = ffi.buffer(self._c_frame)
         self._c_wait, self._c_take, self._c_consume = lib.rgpu_shm_wait, lib.rgpu_shm_take, lib.rgpu_shm_consume
         # the calls that take and give Python objects (shm_native.c) get the structs by address
-        self._n_put, self._n_take, self._n_call = fast.native.put, fast.native.take, fast.native.call
-        self._n_serve = fast.native.serve
-        self._unpack, self._pack = unpack_spec(), msgpack.Packer(use_bin_type=True).pack
+        self._n_put, self._n_take = fast.native.put, fast.native.take
+        self._n_serve, self._n_lone_call = fast.native.serve, fast.native.lone_call
+        self._unpack, self._pack = unpack_spec(), meta_packer().pack
         self._n_ring, self._n_ring_any, self._n_frame = (
             int(ffi.cast("uintptr_t", p)) for p in (self._c_ring, self._c_ring_any, self._c_frame))
-        self.call_alone, self.serve = self._lone_call(), self._serve
+        self.lone_call, self.serve = self._lone_call, self._serve
 
-    def _lone_call(self):
-        """``call_alone``: a lone request written and its reply read in one C call (``shm_native.c``).
-
-        Its arguments: seq, packed meta, buffers and ``into`` (a list of one buffer, or None) as the
-        caller has them, the connection's limits; it returns (bytes sent, the reply's frame). Whatever
-        the C call cannot take straight (not contiguous, not writable, a tensor, too many, too big, no
-        room) makes it (-1, None), nothing written, for the usual path; (n, None) means the reply is not
-        here yet or is one for ``recv_frame``. The caller holds the connection's send lock and is its
-        only reader. A closure: a lone round trip is a few microseconds, and attribute lookups add up.
-        """
-        n_call, ring, frame, unpack = self._n_call, self._n_ring, self._n_frame, self._unpack
-        send_lock, recv_lock, clock, busy_s = self._send_lock, self._recv_lock, time.perf_counter, self._busy_s
-
-        def call_alone(seq: int, meta: bytes, buffers, into, limits) -> tuple[int, object]:
-            if into is not None and len(into) != 1:
-                return -1, None
-            send_lock.acquire()           # not `with`: the pair costs a third more, a lone call is microseconds
-            recv_lock.acquire()
-            try:
-                if self._closed:
-                    raise ConnectionLost("connection closed")
-                done = n_call(ring, frame, self._tail, self._head, _REQUEST, seq, meta, buffers,
-                              None if into is None else into[0],
-                              busy_s(clock()), self.spin_s, self.spin_yield,
-                              limits.max_meta_bytes, limits.max_buffers, limits.max_frame_bytes, KNOWN_KINDS, unpack)
-                if done is None:
-                    return -1, None
-                got, sent, self._tail, self._head, reply = done
-                if got < 0:
-                    return -1, None
-                if reply is not None:
-                    kind, rseq, ack, meta, copied_into = reply
-                    return sent, Frame(_KINDS[kind], rseq, ack, meta, [as_bytes_view(into[0])] if copied_into else [])
-                return sent, self._recv_c(limits, None) if got == 1 else None
-            finally:
-                recv_lock.release()
-                send_lock.release()
-        return call_alone
+    def _lone_call(self, conn):
+        """``lone_call``: ``conn``'s whole lone call over this transport in C (``shm_lone.c``): the
+        connection's checks, locks and reply as its ``_call_alone`` has them, the round trip in the ring,
+        and its ``_exchange_alone``, ``_read_alone`` and ``_lost`` for what is not the common case."""
+        return self._n_lone_call(conn, self, self._n_ring, self._n_frame, KNOWN_KINDS, _REQUEST, _REPLY,
+                                 self._unpack, meta_packer().pack, pack_meta, Reply, Frame, _KINDS, as_bytes_view,
+                                 RgpuError)
 
     def _serve(self, handle, applied: int, limits: Limits) -> tuple[int, int, object]:
         """A server's frame loop in C (``shm_native.c`` ``serve``) for frames wholly in the ring: each POST

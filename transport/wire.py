@@ -109,12 +109,17 @@ def _refuse_ext(code: int, data: bytes) -> Any:
 _packers = threading.local()  # Why: msgpack.packb builds a Packer per call (half the cost of a small op's meta)
 
 
+def meta_packer() -> msgpack.Packer:
+    """msgpack's Packer as ``pack_meta`` encodes: one per user (a Packer's buffer is not shareable)."""
+    return msgpack.Packer(use_bin_type=True)
+
+
 def pack_meta(meta: Any) -> bytes:
     if meta is None:
         return b""  # no metadata block at all: decodes back to None
     packer = getattr(_packers, "p", None)
     if packer is None:
-        packer = _packers.p = msgpack.Packer(use_bin_type=True)
+        packer = _packers.p = meta_packer()
     try:
         return packer.pack(meta)  # resets its buffer on failure too
     except (TypeError, ValueError, OverflowError) as exc:
