@@ -16,7 +16,7 @@ mkdir -p "$OUT"
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1
 PY=$(command -v python3 || command -v python)   # the GPU host has python3, maybe no `python`
 T0=$(date +%s)
-BUDGET=${BUDGET:-230}   # seconds for the whole script: no step runs past it
+BUDGET=${BUDGET:-260}   # seconds for the whole script: no step runs past it
 step() {  # step NAME TIMEOUT_S COMMAND...: output to $OUT/NAME.log, status to $OUT/NAME.rc
   local name=$1 limit=$2; shift 2
   local left=$(( BUDGET - ($(date +%s) - T0) ))
@@ -58,8 +58,8 @@ step copy 25 bash -c "'$PY' -m rgpu.bench.transport_fast --copy --repeats 5 --js
 
 # the shm tests where pytest (and the suite's own needs) are there; skipped, with the reason, otherwise
 if "$PY" -c "import pytest, hypothesis" 2>/dev/null; then
-  step tests 90 "$PY" -m pytest -q -p no:cacheprovider tests/test_transport_shm.py tests/test_transport_contract.py \
-    tests/test_transport_select.py
+  step tests 120 "$PY" -m pytest -q -p no:cacheprovider tests/test_transport_shm.py tests/test_transport_contract.py \
+    tests/test_transport_select.py tests/test_shm_lone.py
 else
   echo "pytest or hypothesis missing: shm tests not run here" >"$OUT/tests.log"; echo skipped >"$OUT/tests.rc"
 fi

@@ -9,7 +9,8 @@
   says ``posts_inline`` (shm: a write is a memory copy), each is written at once.
 - ``request()`` writes on the caller's thread when nothing is queued (a thread
   hand-off costs a cross-core wake-up each way); ``call()`` of a lone request
-  writes and reads on the caller's thread with no future at all.
+  writes and reads on the caller's thread with no future at all (over shm, the
+  whole of it in one C call: ``shm_lone.c``).
 - Replies, futures, a failed post's error and the reading while a write is blocked
   are the receiving half, ``connection_recv.py``.
 """
@@ -190,6 +191,7 @@ class Connection(Receiving):
             self._sending_seq = seq
             views = [as_bytes_view(b) for b in buffers]
             into = [writable_view(b) for b in reply_into] if reply_into is not None else None  # checked first
+            # plain parts, which every transport's send takes; the buffers stay untouched until the reply
             self.transport.send([encode_prefix(_REQUEST, seq, 0, packed, [v.nbytes for v in views]), *views])
         except RgpuError as exc:
             raise self._lost(exc) from None
@@ -320,8 +322,7 @@ class Connection(Receiving):
             self._sending_seq = seq
             return write(*args)
         except RgpuError as exc:
-            self._fail(self._why_lost(exc))
-            raise self._dead from None
+            raise self._lost(exc) from None
         finally:
             self._wrote_at = time.perf_counter()
             self._send_lock.release()
@@ -378,7 +379,7 @@ class Connection(Receiving):
                     self._sending_seq = batch[-1][3]
                     self.transport.send([p for parts, _, _, _ in batch for p in parts])
                 except RgpuError as exc:
-                    self._fail(self._why_lost(exc))
+                    self._lost(exc)
                     return
                 self._wrote_at = time.perf_counter()
             for _, _, written, _ in batch:

@@ -27,14 +27,14 @@ typedef struct {
     Py_ssize_t reply_slots[3];          /* where Reply's meta, buffers and _frame are in its objects */
 } LoneCall;
 
-#define LONE_OBJECTS(X) X(conn) X(transport) X(cdict) X(tdict) X(pending) X(queue) X(seq) X(stats) X(limits) X(rcv_acquire) \
-    X(rcv_release) X(notify_all) X(cv_acquire) X(cv_release) X(send_acquire) X(send_release) X(t_send_acquire) \
-    X(t_send_release) X(t_recv_acquire) X(t_recv_release) X(unpack) X(pack) X(pack_meta) X(reply_type) X(frame_type) \
-    X(kinds) X(as_bytes_view) X(rgpu_error)
+#define LONE_OBJECTS(X) X(conn) X(transport) X(cdict) X(tdict) X(pending) X(queue) X(seq) X(stats) X(limits) \
+    X(rcv_acquire) X(rcv_release) X(notify_all) X(cv_acquire) X(cv_release) X(send_acquire) X(send_release) \
+    X(t_send_acquire) X(t_send_release) X(t_recv_acquire) X(t_recv_release) X(unpack) X(pack) X(pack_meta) \
+    X(reply_type) X(frame_type) X(kinds) X(as_bytes_view) X(rgpu_error)
 
 static PyObject *s_reading, *s_dead, *s_async_error, *s_waiters, *s_sending_seq, *s_closed, *s_tail, *s_head,
     *s_shared_until, *s_busy_s, *s_spin_s, *s_spin_yield, *s_exchange_alone, *s_read_alone, *s_lost, *s_recv_c,
-    *s_messages, *s_round_trips, *s_bytes_out, *s_bytes_in, *s_acquire, *s_release, *s_notify_all;
+    *s_messages, *s_round_trips, *s_bytes_out, *s_bytes_in;
 
 static int intern_names(void) {
     struct { PyObject **name; const char *text; } names[] = {
@@ -43,8 +43,7 @@ static int intern_names(void) {
         {&s_shared_until, "_shared_until"}, {&s_busy_s, "busy_s"}, {&s_spin_s, "spin_s"},
         {&s_spin_yield, "spin_yield"}, {&s_exchange_alone, "_exchange_alone"}, {&s_read_alone, "_read_alone"},
         {&s_lost, "_lost"}, {&s_recv_c, "_recv_c"}, {&s_messages, "messages"}, {&s_round_trips, "round_trips"},
-        {&s_bytes_out, "bytes_out"}, {&s_bytes_in, "bytes_in"}, {&s_acquire, "acquire"},
-        {&s_release, "release"}, {&s_notify_all, "notify_all"},
+        {&s_bytes_out, "bytes_out"}, {&s_bytes_in, "bytes_in"},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!(*names[i].name = PyUnicode_InternFromString(names[i].text)))
@@ -66,10 +65,19 @@ static void restore_error(PyObject *exc) {    /* the error fetch_error took, rai
 #endif
 }
 
-static int call0(PyObject *fn) {              /* a lock's acquire or release, a condition's notify_all */
+static int call0(PyObject *fn) {              /* a lock's acquire, a condition's notify_all */
     PyObject *r = PyObject_CallNoArgs(fn);
     Py_XDECREF(r);
     return r ? 0 : -1;
+}
+
+/* A held lock let go; an error already set stays (a release that fails is reported as unraisable). */
+static void release(PyObject *fn) {
+    PyObject *exc = fetch_error(), *r = PyObject_CallNoArgs(fn);
+    if (!r)
+        PyErr_WriteUnraisable(fn);
+    Py_XDECREF(r);
+    restore_error(exc);
 }
 
 /* The connection's and the transport's per-call state is read and written in their instance dicts
@@ -136,22 +144,17 @@ static int begin_read(LoneCall *L) {
     int reading = flag(L->cdict, s_reading, 0);
     if (!reading && PyDict_SetItem(L->cdict, s_reading, Py_True) < 0)
         reading = -1;
-    PyObject *exc = fetch_error();
-    int released = call0(L->rcv_release);
-    restore_error(exc);
-    return reading < 0 || released < 0 ? -1 : !reading;
+    release(L->rcv_release);
+    return reading < 0 ? -1 : !reading;
 }
 
 /* ``_end_read()``: ``_reading`` cleared, waiting threads woken. An error already set is kept. */
 static void end_read(LoneCall *L) {
     PyObject *exc = fetch_error();
     if (call0(L->rcv_acquire) == 0) {
-        int waiters = PyDict_SetItem(L->cdict, s_reading, Py_False) < 0 ? -1 : flag(L->cdict, s_waiters, 0);
-        if (waiters > 0)
+        if (PyDict_SetItem(L->cdict, s_reading, Py_False) == 0 && flag(L->cdict, s_waiters, 0) > 0)
             call0(L->notify_all);
-        PyObject *inner = fetch_error();
-        call0(L->rcv_release);
-        restore_error(inner);
+        release(L->rcv_release);
     }
     if (exc) {
         PyErr_Clear();                        /* the call's own error is the one to raise */
@@ -169,23 +172,15 @@ static int claim_send(LoneCall *L, uint64_t *seq) {
         PyObject *got = PyObject_CallOneArg(L->send_acquire, Py_False);
         busy = got ? !PyObject_IsTrue(got) : -1;
         Py_XDECREF(got);
-        if (!busy) {
-            PyObject *n = PyIter_Next(L->seq);
-            if (!n || !as_u64(n, seq)) {
-                busy = -1;
-                PyObject *exc = fetch_error();
-                call0(L->send_release);
-                restore_error(exc);
-            }
-            Py_XDECREF(n);
-        }
     }
-    PyObject *exc = fetch_error();
-    int released = call0(L->cv_release);
-    restore_error(exc);
-    if (released < 0 && !busy)
-        call0(L->send_release);
-    return busy < 0 || released < 0 ? -1 : !busy;
+    PyObject *n = busy ? NULL : PyIter_Next(L->seq);
+    if (!busy && !(n && as_u64(n, seq))) {
+        busy = -1;
+        release(L->send_release);
+    }
+    Py_XDECREF(n);
+    release(L->cv_release);
+    return busy < 0 ? -1 : !busy;
 }
 
 /* ---- the transport's side: the round trip in the ring -------------------------------------------- */
@@ -270,14 +265,13 @@ static int locked_round_trip(LoneCall *L, uint64_t seq, PyObject *packed, PyObje
     if (call0(L->t_send_acquire) < 0)
         return -1;
     if (call0(L->t_recv_acquire) < 0) {
-        call0(L->t_send_release);
+        release(L->t_send_release);
         return -1;
     }
     int r = ring_round_trip(L, seq, packed, buffers, into, rt);
-    PyObject *exc = fetch_error();
-    int released = call0(L->t_recv_release) | call0(L->t_send_release);
-    restore_error(exc);
-    return released < 0 && r >= 0 ? -1 : r;
+    release(L->t_recv_release);
+    release(L->t_send_release);
+    return r;
 }
 
 /* Reply(meta, bufs), its slots filled in place: its __init__ is a Python call, a tenth of the lone call. */
@@ -358,14 +352,12 @@ static PyObject *exchange(LoneCall *L, uint64_t seq, PyObject *packed, PyObject 
     PyObject *n = r ? NULL : PyLong_FromUnsignedLongLong(seq);
     if (!r)                                   /* nothing written: the usual way, which releases the send lock */
         return n ? PyObject_CallMethodObjArgs(L->conn, s_exchange_alone, n, packed, buffers, reply_into, NULL) : NULL;
-    PyObject *exc = fetch_error();
-    call0(L->send_release);
-    restore_error(exc);
+    release(L->send_release);
     PyObject *result = NULL;
     if (r > 0 && add_count(L->stats, s_bytes_out, rt.sent) == 0)
         result = answer(L, seq, reply_into, into, &rt);
     else if (PyErr_ExceptionMatches(L->rgpu_error)) {   /* the transport failed: the connection is lost */
-        exc = raised();
+        PyObject *exc = raised();
         PyObject *why = PyObject_CallMethodOneArg(L->conn, s_lost, exc);
         Py_DECREF(exc);
         if (why)
