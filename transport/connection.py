@@ -26,12 +26,13 @@ from rgpu.errors import ConnectionLost, ProtocolError, RemoteError, RgpuError, T
 
 from .base import Transport
 from .buffers import BufferPool, as_bytes_view, copied, writable_view
+from .connection_lone import LoneCalls
 from .connection_recv import Future, Receiving, Reply
-from .wire import Frame, Limits, MsgKind, encode_prefix, pack_meta
+from .wire import Limits, MsgKind, encode_prefix
 
 __all__ = ["Connection", "Future", "Reply"]
 
-_POST, _REQUEST, _REPLY = MsgKind.POST, MsgKind.REQUEST, MsgKind.REPLY
+_POST, _REQUEST = MsgKind.POST, MsgKind.REQUEST
 POST_FLUSH_COUNT = 32   # gathered posts the caller writes at once, whatever their age (transports with post_batch_s)
 # ... and gathered bytes: copying this many dwarfs a syscall, and holding them only kept the server waiting
 # (a training step's batch, 128 KiB, waited out the window at the step's start while the GPU sat idle)
@@ -44,7 +45,7 @@ def _packed_parts(seq: int, meta: bytes, views) -> list:
     return [encode_prefix(_POST, seq, 0, meta, [v.nbytes for v in views]), *views]
 
 
-class Connection(Receiving):
+class Connection(LoneCalls, Receiving):
     def __init__(self, transport: Transport, settings, welcome: dict | None = None,
                  limits: Limits | None = None, pool: BufferPool | None = None):
         self.transport = transport
@@ -150,62 +151,6 @@ class Connection(Receiving):
             if reply is not None:
                 return reply
         return self.request(meta, buffers, reply_into).result(timeout)
-
-    def _call_alone(self, meta: Any, buffers: Sequence, reply_into) -> Reply | None:
-        """``call()`` when nothing else is in flight: write, then read until the reply, with no future.
-
-        None when another thread reads or writes, a request is pending or frames are queued: ``request()``
-        then does it. A lone request's round trip is a few microseconds over shm, where the future's
-        bookkeeping was most of it; shm's C path has these same steps in C (``lone_call``, shm_lone.c).
-        """
-        if self._pending or self._queue or self._dead or self._async_error is not None:
-            return None
-        packed = pack_meta(meta)              # raises before anything is sent
-        rcv_lock, cv_lock = self._rcv_lock, self._cv_lock    # acquire/release, not `with`: a third cheaper
-        rcv_lock.acquire()
-        reading, self._reading = self._reading, True
-        rcv_lock.release()
-        if reading:
-            return None
-        try:
-            cv_lock.acquire()
-            try:
-                if self._queue or self._pending or self._dead or not self._send_lock.acquire(blocking=False):
-                    return None
-                seq = next(self._seq)
-            finally:
-                cv_lock.release()
-            self.stats["messages"] += 1
-            self.stats["round_trips"] += 1
-            return self._exchange_alone(seq, packed, buffers, reply_into)
-        finally:
-            rcv_lock.acquire()                # _end_read(), inline: a lone call is a few microseconds
-            self._reading = False
-            if self._waiters:
-                self._rcv.notify_all()
-            rcv_lock.release()
-
-    def _exchange_alone(self, seq: int, packed: bytes, buffers: Sequence, reply_into) -> Reply:
-        """A lone call's write and read the usual way: this thread reads and holds the send lock (released here)."""
-        try:
-            self._sending_seq = seq
-            views = [as_bytes_view(b) for b in buffers]
-            into = [writable_view(b) for b in reply_into] if reply_into is not None else None  # checked first
-            # plain parts, which every transport's send takes; the buffers stay untouched until the reply
-            self.transport.send([encode_prefix(_REQUEST, seq, 0, packed, [v.nbytes for v in views]), *views])
-        except RgpuError as exc:
-            raise self._lost(exc) from None
-        finally:
-            if self._batch_s is not None:
-                self._wrote_at = time.perf_counter()
-            self._send_lock.release()
-        self.stats["bytes_out"] += sum([v.nbytes for v in views])
-        return self._read_reply(seq, into)
-
-    def _read_alone(self, seq: int, reply_into, frame: Frame | None) -> Reply:
-        """A lone call's answer after shm's C path wrote it (this thread reads): ``frame``, if it read one, first."""
-        into = [writable_view(b) for b in reply_into] if reply_into is not None else None
-        return self._read_reply(seq, into, frame)
 
     def _lost(self, exc: RgpuError) -> RgpuError:
         """A write or read failed: the connection is lost; the error to raise."""

@@ -1,0 +1,80 @@
+"""A connection's lone call: ``call()`` with nothing else in flight, written and read on the caller's thread.
+
+``LoneCalls`` is mixed into ``Connection`` (``connection.py``), whose attributes it uses: the queue, the
+pending requests, the reader election (``_rcv_lock``, ``_rcv``, ``_reading``, ``_waiters``), the send
+lock, the sequence and the stats. A lone request needs no future: its round trip is a few microseconds
+over shm, where the future's bookkeeping was most of it. Over shm the whole of it runs in one C call
+(``shm_lone.c``, the same steps on the same objects); this is the reference, and every other
+transport's path, and the C call hands the rare cases to ``_exchange_alone`` and ``_read_alone``.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+from rgpu.errors import RgpuError
+
+from .buffers import as_bytes_view, writable_view
+from .connection_recv import Reply
+from .wire import Frame, MsgKind, encode_prefix, pack_meta
+
+_REQUEST = MsgKind.REQUEST
+
+
+class LoneCalls:
+    """Connection's lone call (the attributes it uses are set in its ``__init__``)."""
+
+    def _call_alone(self, meta: Any, buffers: Sequence, reply_into) -> Reply | None:
+        """``call()`` when nothing else is in flight: write, then read until the reply, with no future.
+
+        None when another thread reads or writes, a request is pending or frames are queued: ``request()``
+        then does it.
+        """
+        if self._pending or self._queue or self._dead or self._async_error is not None:
+            return None
+        packed = pack_meta(meta)              # raises before anything is sent
+        rcv_lock, cv_lock = self._rcv_lock, self._cv_lock    # acquire/release, not `with`: a third cheaper
+        rcv_lock.acquire()
+        reading, self._reading = self._reading, True
+        rcv_lock.release()
+        if reading:
+            return None
+        try:
+            cv_lock.acquire()
+            try:
+                if self._queue or self._pending or self._dead or not self._send_lock.acquire(blocking=False):
+                    return None
+                seq = next(self._seq)
+            finally:
+                cv_lock.release()
+            self.stats["messages"] += 1
+            self.stats["round_trips"] += 1
+            return self._exchange_alone(seq, packed, buffers, reply_into)
+        finally:
+            rcv_lock.acquire()                # _end_read(), inline: a lone call is a few microseconds
+            self._reading = False
+            if self._waiters:
+                self._rcv.notify_all()
+            rcv_lock.release()
+
+    def _exchange_alone(self, seq: int, packed: bytes, buffers: Sequence, reply_into) -> Reply:
+        """A lone call's write and read the usual way: this thread reads and holds the send lock (released here)."""
+        try:
+            self._sending_seq = seq
+            views = [as_bytes_view(b) for b in buffers]
+            into = [writable_view(b) for b in reply_into] if reply_into is not None else None  # checked first
+            # plain parts, which every transport's send takes; the buffers stay untouched until the reply
+            self.transport.send([encode_prefix(_REQUEST, seq, 0, packed, [v.nbytes for v in views]), *views])
+        except RgpuError as exc:
+            raise self._lost(exc) from None
+        finally:
+            if self._batch_s is not None:
+                self._wrote_at = time.perf_counter()
+            self._send_lock.release()
+        self.stats["bytes_out"] += sum([v.nbytes for v in views])
+        return self._read_reply(seq, into)
+
+    def _read_alone(self, seq: int, reply_into, frame: Frame | None) -> Reply:
+        """A lone call's answer after shm's C path wrote it (this thread reads): ``frame``, if it read one, first."""
+        into = [writable_view(b) for b in reply_into] if reply_into is not None else None
+        return self._read_reply(seq, into, frame)
