@@ -4,12 +4,13 @@
  * ends a few microseconds of Python around it: cffi takes and gives C values only, so
  * each buffer needed its from_buffer, each frame read its fields unpacked from a
  * struct, its meta sliced out, its buffers copied out, all in Python; and the
- * server's loop around it was Python too. These functions (put, take, a lone call,
- * the server's frame loop) do that in C and hand back what Python needs (the GPU
- * host's 64 B round trip over shm was that Python: docs/perf/transport.md). Built and loaded beside
- * the cffi module (shm_fast.py); the ring and frame structs are the cffi module's,
- * passed by address. Whatever they decline (a buffer that is not plain contiguous
- * memory, a record for the Python path) they say so, writing and consuming nothing.
+ * server's loop around it was Python too. These functions (put, take, the server's
+ * frame loop; a connection's lone call, shm_lone.c, included below) do that in C and
+ * hand back what Python needs (the GPU host's 64 B round trip over shm was that Python:
+ * docs/perf/transport.md). Built and loaded beside the cffi module (shm_fast.py); the
+ * ring and frame structs are the cffi module's, passed by address. Whatever they
+ * decline (a buffer that is not plain contiguous memory, a record for the Python path)
+ * they say so, writing and consuming nothing.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
