@@ -10,7 +10,7 @@ import torch
 
 from rgpu import config
 from rgpu.errors import ConnectionLost, RemoteError, Timeout
-from rgpu.transport import handshake, tcp
+from rgpu.transport import handshake, shm, tcp
 from rgpu.transport.client import connect
 from rgpu.transport.connection import Connection, Future
 from rgpu.transport.tcp import TcpTransport
@@ -44,6 +44,24 @@ def run_threads(target, n, timeout=60.0):
 
 def sampled_sum(buf, stride=4099) -> int:
     return int(np.frombuffer(buf, np.uint8)[::stride].sum(dtype=np.uint64))
+
+
+@pytest.fixture(params=["tcp", "shm"])
+def echo_conn(request, rgpu_server):
+    """An echo-route connection over tcp, then over shm (whose lone call runs in C where it builds)."""
+    if request.param == "shm" and shm.available() is not None:
+        pytest.skip(f"shm: {shm.available()}")
+    c = rgpu_server.connect("echo", transport=request.param)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def tcp_conn(rgpu_server):
+    """An echo-route connection over tcp: what tcp alone does (posts gathered, the I/O thread's window)."""
+    c = rgpu_server.connect("echo", transport="tcp")
+    yield c
+    c.close()
 
 
 # ---- posts and requests --------------------------------------------------------------------
@@ -324,15 +342,15 @@ def _count_sends(conn) -> list:
     return sends
 
 
-def test_small_posts_over_tcp_are_gathered_into_few_writes_and_a_request_takes_them_along(echo_conn):
-    assert echo_conn.transport_name == "tcp" and echo_conn._batch_s
-    sends = _count_sends(echo_conn)
+def test_small_posts_over_tcp_are_gathered_into_few_writes_and_a_request_takes_them_along(tcp_conn):
+    assert tcp_conn.transport_name == "tcp" and tcp_conn._batch_s
+    sends = _count_sends(tcp_conn)
     for i in range(200):
-        echo_conn.post({"op": "note", "v": i})
-    reply = echo_conn.call({"op": "sizes"}, [b"x"])
+        tcp_conn.post({"op": "note", "v": i})
+    reply = tcp_conn.call({"op": "sizes"}, [b"x"])
     assert reply.meta == {"sizes": [1], "posts": 200}   # every post applied before the request
     assert len(sends) < 50                                # 200 posts and a request: a few writes, not 201
-    assert echo_conn.call({"op": "notes"}).meta["notes"] == list(range(200))   # in order
+    assert tcp_conn.call({"op": "notes"}).meta["notes"] == list(range(200))   # in order
 
 
 def test_gathered_posts_reach_the_server_by_themselves_when_the_caller_goes_quiet(echo_conn):
@@ -376,93 +394,93 @@ def _past_the_fast_start(conn) -> None:
     conn.flush(timeout=5)
 
 
-def test_the_io_thread_leaves_frames_younger_than_the_gathering_window_to_their_caller(echo_conn, monkeypatch):
+def test_the_io_thread_leaves_frames_younger_than_the_gathering_window_to_their_caller(tcp_conn, monkeypatch):
     import time
 
     clock = _hand_clock(monkeypatch)  # frames age only when told
-    _past_the_fast_start(echo_conn)
-    sends = _writers(echo_conn)
+    _past_the_fast_start(tcp_conn)
+    sends = _writers(tcp_conn)
     for i in range(5):
-        echo_conn.post({"op": "note", "v": i})
+        tcp_conn.post({"op": "note", "v": i})
     time.sleep(0.05)                  # the I/O thread looks at them again and again meanwhile
-    assert sends == [] and len(echo_conn._queue) == 5    # young: their caller's to write
+    assert sends == [] and len(tcp_conn._queue) == 5    # young: their caller's to write
     clock[0] += 1.0                   # now they sat long: the I/O thread writes them
-    wait_until(lambda: not echo_conn._queue, timeout=5, what="the I/O thread writing what sat past post_batch_s")
+    wait_until(lambda: not tcp_conn._queue, timeout=5, what="the I/O thread writing what sat past post_batch_s")
     assert sends == ["rgpu-io"]
-    assert echo_conn.call({"op": "notes"}).meta["notes"][-5:] == [0, 1, 2, 3, 4]
+    assert tcp_conn.call({"op": "notes"}).meta["notes"][-5:] == [0, 1, 2, 3, 4]
 
 
 def test_a_post_on_a_quiet_connection_goes_at_once_and_the_next_batches_double_up_to_the_flush_count(
-        echo_conn, monkeypatch):
+        tcp_conn, monkeypatch):
     from rgpu.transport import connection
 
     clock = _hand_clock(monkeypatch)
-    sends = _count_sends(echo_conn)
-    assert echo_conn.call({"op": "sizes"}, []).meta["posts"] == 0   # a round trip, as a step's .item()
+    sends = _count_sends(tcp_conn)
+    assert tcp_conn.call({"op": "sizes"}, []).meta["posts"] == 0   # a round trip, as a step's .item()
     written = len(sends)
-    clock[0] += 2 * echo_conn._batch_s   # quiet since: the server is idle
+    clock[0] += 2 * tcp_conn._batch_s   # quiet since: the server is idle
     n = 1 + 2 + 4 + 8 + 16 + connection.POST_FLUSH_COUNT + 5
     for i in range(n):                   # no time passes: only the counts make batches due
-        echo_conn.post({"op": "note", "v": i})
+        tcp_conn.post({"op": "note", "v": i})
     # a fast start: the first at once, then 2, 4, 8, 16, then whole batches; the last 5 gather
     assert sends[written:] == [1, 2, 4, 8, 16, connection.POST_FLUSH_COUNT]   # frames (parts) per write
-    assert len(echo_conn._queue) == 5
-    clock[0] += 2 * echo_conn._batch_s
-    echo_conn.post({"op": "note", "v": n})   # the window has passed: the caller writes all six
-    assert sends[-1] == 6 and not echo_conn._queue
-    assert echo_conn.call({"op": "notes"}).meta["notes"] == list(range(n + 1))
+    assert len(tcp_conn._queue) == 5
+    clock[0] += 2 * tcp_conn._batch_s
+    tcp_conn.post({"op": "note", "v": n})   # the window has passed: the caller writes all six
+    assert sends[-1] == 6 and not tcp_conn._queue
+    assert tcp_conn.call({"op": "notes"}).meta["notes"] == list(range(n + 1))
 
 
-def test_gathered_posts_that_reach_the_flush_bytes_are_written_at_once(echo_conn, monkeypatch):
+def test_gathered_posts_that_reach_the_flush_bytes_are_written_at_once(tcp_conn, monkeypatch):
     """A batch upload (128 KiB at a step's start) does not wait out the window: its copy dwarfs a syscall."""
     from rgpu.transport import connection
 
     _hand_clock(monkeypatch)             # no time passes: only the bytes can make the batch due
-    _past_the_fast_start(echo_conn)
-    sends = _count_sends(echo_conn)
-    echo_conn.post({"op": "note", "v": 0})
-    echo_conn.post({"op": "note", "v": 1})
-    written, queued = len(sends), len(echo_conn._queue)
+    _past_the_fast_start(tcp_conn)
+    sends = _count_sends(tcp_conn)
+    tcp_conn.post({"op": "note", "v": 0})
+    tcp_conn.post({"op": "note", "v": 1})
+    written, queued = len(sends), len(tcp_conn._queue)
     assert queued == 2                  # gathering
-    echo_conn.post({"op": "note", "v": 2}, [bytes(connection.POST_FLUSH_BYTES - 100)])
-    assert len(echo_conn._queue) == queued + 1 and len(sends) == written   # not yet: below the bytes
-    echo_conn.post({"op": "note", "v": 3}, [bytes(200)])
-    assert not echo_conn._queue and len(sends) == written + 1     # due: the caller wrote them, in one send
-    assert echo_conn.call({"op": "notes"}).meta["notes"][-4:] == [0, 1, 2, 3]
+    tcp_conn.post({"op": "note", "v": 2}, [bytes(connection.POST_FLUSH_BYTES - 100)])
+    assert len(tcp_conn._queue) == queued + 1 and len(sends) == written   # not yet: below the bytes
+    tcp_conn.post({"op": "note", "v": 3}, [bytes(200)])
+    assert not tcp_conn._queue and len(sends) == written + 1     # due: the caller wrote them, in one send
+    assert tcp_conn.call({"op": "notes"}).meta["notes"][-4:] == [0, 1, 2, 3]
 
 
 def test_the_io_thread_looks_less_often_while_the_caller_writes_its_own_and_still_writes_what_it_leaves(
-        echo_conn, monkeypatch):
+        tcp_conn, monkeypatch):
     from rgpu.transport import connection
 
     clock = _hand_clock(monkeypatch)  # the I/O thread's waits are real all the same
-    timeouts, plain_wait, sends = [], echo_conn._cv.wait, _writers(echo_conn)
+    timeouts, plain_wait, sends = [], tcp_conn._cv.wait, _writers(tcp_conn)
 
     def wait(timeout=None):
         if timeout is not None and threading.current_thread().name == "rgpu-io":
             timeouts.append(timeout)
         return plain_wait(timeout)
-    echo_conn._cv.wait = wait
-    window = echo_conn._batch_s
-    echo_conn.post({"op": "note", "v": -1})    # the I/O thread starts, and the connection is no longer quiet
-    echo_conn.flush(timeout=5)
+    tcp_conn._cv.wait = wait
+    window = tcp_conn._batch_s
+    tcp_conn.post({"op": "note", "v": -1})    # the I/O thread starts, and the connection is no longer quiet
+    tcp_conn.flush(timeout=5)
     for i in range(6):                         # the caller writes its own batches, round after round
         seen = len(timeouts)
-        echo_conn.post({"op": "note", "v": i})            # queued: the idle I/O thread is woken for it
+        tcp_conn.post({"op": "note", "v": i})            # queued: the idle I/O thread is woken for it
         wait_until(lambda: len(timeouts) > seen, timeout=5, what="the I/O thread's timed wait")
         clock[0] += 2 * window
-        echo_conn.post({"op": "note", "v": i})            # the oldest sat past the window: the caller writes both
-        assert not echo_conn._queue
-        wait_until(lambda: echo_conn._io_idle, timeout=5, what="the I/O thread back in its idle wait")
+        tcp_conn.post({"op": "note", "v": i})            # the oldest sat past the window: the caller writes both
+        assert not tcp_conn._queue
+        wait_until(lambda: tcp_conn._io_idle, timeout=5, what="the I/O thread back in its idle wait")
     assert all(b > a for a, b in zip(timeouts, timeouts[1:4])), timeouts   # each look further off
     assert max(timeouts) <= window + connection.IO_SLACK_MAX_S + 1e-9
     assert "rgpu-io" not in sends
-    echo_conn.post({"op": "note", "v": 6})     # a caller that goes quiet: the I/O thread writes what it left
-    echo_conn.post({"op": "note", "v": 7})
+    tcp_conn.post({"op": "note", "v": 6})     # a caller that goes quiet: the I/O thread writes what it left
+    tcp_conn.post({"op": "note", "v": 7})
     clock[0] += 1.0
-    wait_until(lambda: not echo_conn._queue, timeout=5, what="the I/O thread writing what the caller left")
+    wait_until(lambda: not tcp_conn._queue, timeout=5, what="the I/O thread writing what the caller left")
     assert sends[-1] == "rgpu-io"
-    assert echo_conn.call({"op": "sizes"}, []).meta["posts"] == 15
+    assert tcp_conn.call({"op": "sizes"}, []).meta["posts"] == 15
 
 
 def test_the_old_hand_off_to_the_io_thread_still_works_where_a_transport_gathers_nothing(rgpu_server, monkeypatch):
