@@ -40,7 +40,6 @@ typedef struct {
     uint64_t meta_off;                  /* offsets into ring_in */
     uint64_t buf_off[FAST_BUFS], buf_len[FAST_BUFS];
     uint64_t tail;                      /* shm_native.c's serve: where our tail is */
-    uint64_t copied;                    /* shm_native.c's call: the reply's one buffer is in ``into`` */
 } rgpu_frame;
 
 static inline uint64_t load(volatile uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }

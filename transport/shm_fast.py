@@ -42,7 +42,7 @@ typedef struct {
 typedef struct {
     uint64_t head, next, seq, ack, kind, meta_len, nbufs, meta_off;
     uint64_t buf_off[8], buf_len[8];
-    uint64_t tail, copied;
+    uint64_t tail;
 } rgpu_frame;
 void rgpu_shm_publish(const rgpu_ring *r, uint64_t tail);
 int64_t rgpu_shm_put(const rgpu_ring *r, uint64_t tail, uint32_t kind, uint32_t flags, uint64_t seq, uint64_t ack,
@@ -57,7 +57,7 @@ int rgpu_fd_spin(int fd, double spin_s);
 FAST_BUFS = 8
 # rgpu_frame as Python reads it: head, next, seq, ack, kind, meta length, buffers, meta offset; then
 # FAST_BUFS buffer offsets and FAST_BUFS lengths (read only when there are buffers); then
-# shm_native.c's tail and copied (read as the struct's fields)
+# shm_native.c's tail (read as the struct's field)
 FRAME_HEAD = struct.Struct("<8Q")
 FRAME_BUFS = struct.Struct(f"<{2 * FAST_BUFS}Q")
 

@@ -231,24 +231,24 @@ static int ring_round_trip(LoneCall *L, uint64_t seq, PyObject *packed, PyObject
         return t < 0 ? 0 : -1;
     }
     rgpu_frame *f = L->frame;
-    f->copied = 0;
+    int copied = 0;
     int got = wait_for_peer(L->ring, head, busy_s, spin_s, L->spin_yield)
         ? take_known(L->ring, head, L->max_meta, L->max_bufs, L->max_frame, L->known_kinds, f) : 0;
     if (got == 1 && into && f->nbufs == 1 && f->buf_len[0] == (uint64_t)target.len) {
         memcpy(target.buf, L->ring->ring_in + f->buf_off[0], (size_t)target.len);
-        f->copied = 1;
+        copied = 1;
     }
     if (into)
         PyBuffer_Release(&target);
     if (got)
         head = f->head;                       /* past any wrap marker */
     const char *meta_p = (const char *)L->ring->ring_in + f->meta_off;
-    if (got == 1 && (f->nbufs == 0 || f->copied) && !has_timestamp_mark((const uint8_t *)meta_p, f->meta_len)) {
+    if (got == 1 && (f->nbufs == 0 || copied) && !has_timestamp_mark((const uint8_t *)meta_p, f->meta_len)) {
         rt->meta = f->meta_len ? decode_meta(L->unpack, meta_p, (Py_ssize_t)f->meta_len) : Py_NewRef(Py_None);
         if (rt->meta) {
             rgpu_shm_consume(L->ring, f->next);
             head = f->next;
-            rt->kind = f->kind, rt->seq = f->seq, rt->ack = f->ack, rt->copied = (int)f->copied;
+            rt->kind = f->kind, rt->seq = f->seq, rt->ack = f->ack, rt->copied = copied;
         } else {
             PyErr_Clear();                    /* the Python path names what is wrong */
         }
