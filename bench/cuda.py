@@ -53,6 +53,16 @@ class _Server:
         self.proc.wait(10)
 
 
+def _runtime_rows(args, env: dict, native: bool) -> list[dict]:
+    """The translated runtime's rows (``cuda_runtime.py``), or none where it cannot run here."""
+    from . import cuda_runtime
+    try:
+        return cuda_runtime.rows(args, env, native)
+    except Exception as exc:   # no runtime built, no nvcc: the driver's rows still stand
+        print(f"rgpu bench cuda: the runtime's rows skipped: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return []
+
+
 def rows(args=None) -> list[dict]:
     from rgpu.cuda_intercept.build import build
     from rgpu.cuda_intercept.cli import environment
@@ -75,6 +85,7 @@ def rows(args=None) -> list[dict]:
             got["rgpu"].append(_figures(exe, rgpu_env))
             if native:
                 got["native"].append(_figures(exe, native_env))
+        runtime_rows = _runtime_rows(args, rgpu_env, native)
     finally:
         if server:
             server.stop()
@@ -87,7 +98,7 @@ def rows(args=None) -> list[dict]:
                     "unit": unit, "size": (64 << 20) if "htod" in key else LAUNCHES if "launch" in key else 0,
                     "value": value, "baseline_name": "native driver, same binary" if native else "none (no GPU here)",
                     "baseline": base, "ratio": value / base if base else None, "spread": [min(vals), max(vals)]})
-    return out
+    return out + runtime_rows
 
 
 def main(argv=None) -> int:
