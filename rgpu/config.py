@@ -65,6 +65,7 @@ TABLE: tuple[Setting, ...] = (
     Setting("token", "RGPU_TOKEN", None, _optional(str), "", "the shared secret; wins over the token file"),
     Setting("token_file", "RGPU_TOKEN_FILE", "~/.config/rgpu/token", str, "rgpu serve --token-file", "where the token lives (created 0600 by the first `rgpu serve`)"),
     Setting("transport", "RGPU_TRANSPORT", "auto", _choice("auto", "tcp", "shm", "ucx"), "rgpu bench transport --transport", "auto = shm on one host, ucx where RDMA is, else tcp"),
+    Setting("native", "RGPU_NATIVE", "auto", _choice("auto", "off"), "", "auto: the C and C++ twins (shm's hot path, the server's op path, the device's fast path) where they build (`rgpu build` builds them ahead; else first use does); off: every Python reference path (the device's own C++ part still loads)"),
     Setting("shm_c", "RGPU_SHM_C", True, _bool, "", "shm's hot path in C (built with cffi and setuptools on first use, cached: the ring, the server's frame loop, a lone call); 0: the Python path"),
     Setting("shm_spin_us", "RGPU_SHM_SPIN_US", None, _optional(float), "", "how long a waiting shm end polls before it sleeps (µs, at most 50000); unset: 20000 on a machine of 8 cores or more (as CUDA's own synchronize keeps its core there), else 100"),
     Setting("tcp_spin_us", "RGPU_TCP_SPIN_US", None, _optional(float), "", "how long a tcp end polls its socket (without the GIL) before it sleeps in a read (µs, at most 50000); unset: 20000 on a machine of 8 cores or more, else 0"),
@@ -112,6 +113,7 @@ class Settings:
     devices: int
     cuda_driver: str
     tf32: bool
+    native: str
     shm_c: bool
     shm_spin_us: float | None
     tcp_spin_us: float | None

@@ -10,6 +10,8 @@
     ├── Timeout                   no answer within the configured time
     ├── RemoteError               the server ran the call and it failed (names the op and the message)
     ├── ConfigError               a setting or flag has a value rgpu cannot use
+    ├── BuildError                (rgpu/native.py) a C or C++ part did not build; carries the compiler's
+    │                             last lines, or the command that installs a compiler
     ├── CudaDriverError           (server/cuda_driver/base.py) a driver call on the server failed; carries the
     │                             CUresult; the cuda route turns it into the reply's code, never an ERROR frame
     └── CudaCallError             (cuda_intercept/registry.py) a call the interceptor answers with a CUresult;
@@ -72,6 +74,17 @@ class RemoteError(RgpuError):
 
 class ConfigError(RgpuError):
     """A setting or flag has a value rgpu cannot use."""
+
+
+class BuildError(RgpuError):
+    """A C or C++ part did not build: ``output`` holds the compiler's last lines, ``install`` the command
+    that installs a compiler where none was found."""
+
+    def __init__(self, message: str, *, output: str = "", install: str | None = None):
+        self.output = "\n".join(output.strip().splitlines()[-25:])
+        self.install = install
+        text = message + (f"; install one with: {install}" if install else "")
+        super().__init__(text + (f"\n{self.output}" if self.output else ""))
 
 
 _LOST = {errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED, errno.ENOTCONN, errno.ESHUTDOWN, errno.EBADF}

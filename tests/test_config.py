@@ -33,6 +33,7 @@ SAMPLES = {
     "RGPU_DEVICES": ("3", 3),
     "RGPU_CUDA_DRIVER": ("fake", "fake"),
     "RGPU_TF32": ("1", True),
+    "RGPU_NATIVE": ("off", "off"),
     "RGPU_SIM_RTT_MS": ("2.5", 2.5),
     "RGPU_POST_BATCH_COUNT": ("64", 64),
     "RGPU_POST_BATCH_BYTES": ("1M", MiB),

@@ -1,0 +1,240 @@
+"""rgpu's one native build: the cache, the build key, the lock, the install and the reason a build failed.
+
+Every C and C++ part (the device's C++ part, the server's op path, shm's C
+modules, the CUDA route's libraries, the server's launch batcher) is built
+through this module, by ``rgpu build`` ahead of time or on first use:
+
+    cache_root()            $XDG_CACHE_HOME/rgpu, else ~/.cache/rgpu (read when called)
+    key(*parts)             a short hash of sources, generated text, compiler and versions
+    cached(name, key, ...)  build once into <cache>/native/<name>/<key>/ under an fcntl lock
+                            (concurrent processes build once), installed atomically, with a
+                            progress line on stderr and the time it took
+    build_library(...)      plain C sources to a shared library (soname, version node)
+    attempt(name, build)    build() or None (RGPU_NATIVE=off, or it failed); why_not(name) says why
+
+A failed build raises ``BuildError`` with the compiler's last lines. It sits at
+the bottom layer: the standard library, ``rgpu.config`` and ``rgpu.errors`` only
+(torch, cffi and setuptools are imported by the parts that need them).
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
+
+from . import config
+from .errors import BuildError
+
+T = TypeVar("T")
+
+_failed: dict[str, str] = {}          # part name -> why its build (or load) failed in this process
+_built: list[tuple[str, float]] = []  # (part name, seconds) of every compile this process ran
+
+
+def cache_root() -> Path:
+    """``$XDG_CACHE_HOME/rgpu``, else ``~/.cache/rgpu``; read when called."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")) / "rgpu"
+
+
+def enabled() -> bool:
+    """Whether native parts are used at all (``RGPU_NATIVE=auto``); ``off``: every Python reference path."""
+    return config.settings().native != "off"
+
+
+def key(*parts: str | bytes | os.PathLike) -> str:
+    """A 16-hex-digit hash of ``parts``: texts, bytes, or paths (hashed by name and content)."""
+    h = hashlib.sha256()
+    for part in parts:
+        if isinstance(part, os.PathLike):
+            part = Path(part)
+            h.update(part.name.encode() + b"\0" + part.read_bytes())
+        else:
+            h.update(part.encode() if isinstance(part, str) else part)
+        h.update(b"\0\1")
+    return h.hexdigest()[:16]
+
+
+def compiler() -> str:
+    """``$CC``, else the first of cc, gcc, clang on PATH; a ``BuildError`` naming how to install one if none."""
+    cc = os.environ.get("CC")
+    if cc:
+        return cc
+    for name in ("cc", "gcc", "clang"):
+        found = shutil.which(name)
+        if found:
+            return found
+    raise BuildError("no C compiler found ($CC unset; no cc, gcc or clang on PATH)", install=_install_hint())
+
+
+@functools.lru_cache(maxsize=None)
+def compiler_identity(cc: str) -> str:
+    """The first line of ``cc --version`` (part of a build key, so a new compiler rebuilds)."""
+    try:
+        out = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"{cc}: {exc}"
+    return f"{cc}: {out.splitlines()[0] if out else ''}"
+
+
+def _install_hint() -> str:
+    if sys.platform == "darwin":
+        return "xcode-select --install"
+    for tool, command in (("apt-get", "sudo apt-get install -y build-essential"), ("dnf", "sudo dnf install -y gcc"),
+                          ("yum", "sudo yum install -y gcc"), ("apk", "apk add build-base"),
+                          ("pacman", "sudo pacman -S base-devel"), ("conda", "conda install -c conda-forge c-compiler")):
+        if shutil.which(tool):
+            return command
+    return "install gcc or clang, or set $CC"
+
+
+def why_not(name: str) -> str | None:
+    """Why part ``name`` failed to build or load in this process, or None when it did not fail."""
+    return _failed.get(name)
+
+
+def builds() -> list[tuple[str, float]]:
+    """(part, seconds) of every compile this process ran, in order (``rgpu build`` tells built from cached)."""
+    return list(_built)
+
+
+def attempt(name: str, build: Callable[[], T]) -> T | None:
+    """``build()``, or None where ``RGPU_NATIVE=off`` or it raises; ``why_not(name)`` then says which.
+
+    For the parts with a Python twin: a failed build never stops rgpu, the Python path runs instead.
+    """
+    if not enabled():
+        _failed[name] = "RGPU_NATIVE=off"
+        return None
+    try:
+        result = build()
+    except Exception as exc:   # no compiler, no cffi, a read-only cache: the Python twin works
+        _failed[name] = f"{type(exc).__name__}: {exc}"
+        return None
+    _failed.pop(name, None)
+    return result
+
+
+@contextlib.contextmanager
+def locked(folder: Path) -> Iterator[None]:
+    """An exclusive inter-process lock on ``folder`` (a ``.lock`` file beside it), held for the block."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f".{folder.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+@contextlib.contextmanager
+def progress(name: str, what: str) -> Iterator[None]:
+    """A first-use build's two lines on stderr (``rgpu: building <what> ...``, ``... built in 41.2 s``)."""
+    print(f"rgpu: building {what} ...", file=sys.stderr, flush=True)
+    start = time.monotonic()
+    yield
+    seconds = time.monotonic() - start
+    _built.append((name, seconds))
+    print(f"rgpu: ... built in {seconds:.1f} s", file=sys.stderr, flush=True)
+
+
+def install(built: Path, target: Path) -> Path:
+    """``built`` copied to ``target`` atomically: a concurrent build or load never sees half a file."""
+    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    shutil.copyfile(built, partial)
+    os.chmod(partial, 0o755)
+    os.replace(partial, target)
+    return target
+
+
+def cached(name: str, build_key: str, outputs: Sequence[str], produce: Callable[[Path], object], *, what: str,
+           folder: Path | None = None, force: bool = False) -> Path:
+    """The folder that holds ``outputs``, each built once by ``produce(staging)`` and installed atomically.
+
+    ``folder`` defaults to ``<cache>/native/<name>/<build_key>/``. ``produce`` writes every name of
+    ``outputs`` into the empty ``staging`` folder; it runs under an inter-process lock, after a second
+    look, so concurrent processes build once. ``force`` rebuilds. Raises what ``produce`` raises.
+    """
+    folder = Path(folder) if folder is not None else cache_root() / "native" / name / build_key
+    stamp = folder / f".{name}.key"   # the key in a folder the caller named (in the cache it is the path)
+
+    def current() -> bool:
+        return all((folder / o).exists() for o in outputs) and stamp.exists() and stamp.read_text() == build_key
+
+    if not force and current():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    with locked(folder):
+        if force or not current():
+            with progress(name, what), tempfile.TemporaryDirectory(prefix=f".build-{name}-", dir=folder) as tmp:
+                produce(Path(tmp))
+                for o in outputs:
+                    install(Path(tmp) / o, folder / o)
+                (Path(tmp) / stamp.name).write_text(build_key)
+                os.replace(Path(tmp) / stamp.name, stamp)   # last: the outputs are whole before it says so
+    return folder
+
+
+def run_compiler(command: Sequence[str], what: str) -> None:
+    """Run one compiler command; a ``BuildError`` with its last lines when it fails."""
+    try:
+        done = subprocess.run(list(command), capture_output=True, text=True)
+    except FileNotFoundError:
+        raise BuildError(f"{what}: compiler {command[0]!r} not found", install=_install_hint()) from None
+    if done.returncode != 0:
+        raise BuildError(f"{what}: the compiler failed (exit {done.returncode})", output=done.stdout + done.stderr)
+
+
+def build_library(name: str, sources: Iterable[str | os.PathLike], *, out_dir: str | os.PathLike | None = None,
+                  soname: str | None = None, version_node: str | None = None,
+                  include_dirs: Iterable[str | os.PathLike] = (), library_dirs: Iterable[str | os.PathLike] = (),
+                  libraries: Iterable[str] = (), rpath: Iterable[str | os.PathLike] = (),
+                  extra_cflags: Iterable[str] = (), extra_ldflags: Iterable[str] = (),
+                  generated: Mapping[str, str] | None = None, key_extra: str = "", force: bool = False) -> Path:
+    """Plain C ``sources`` (and ``generated``: file name -> C text) compiled into one shared library; its path.
+
+    ``cc -O2 -fPIC -shared`` (``$CC``, else cc, gcc, clang), ``-Wl,-soname,<soname>`` when given, and a
+    version script ``<version_node> { global: *; };`` when given, so every export carries that node.
+    The file is named ``soname`` (else ``lib<name>.so``) and lands in ``<cache>/native/<name>/<key>/``,
+    or in ``out_dir``; the key hashes the sources, the ``.h`` files beside them, ``generated``, the
+    flags, the compiler's identity and ``key_extra``. Generated ``.h`` files are on the include path,
+    generated ``.c`` files compiled. Raises ``BuildError`` with the compiler's last lines.
+    """
+    sources = [Path(s).resolve() for s in sources]
+    generated = dict(generated or {})
+    include_dirs, library_dirs = [str(d) for d in include_dirs], [str(d) for d in library_dirs]
+    libraries, rpath = list(libraries), [str(r) for r in rpath]
+    extra_cflags, extra_ldflags = list(extra_cflags), list(extra_ldflags)
+    cc = compiler()
+    filename = soname or f"lib{name}.so"
+    headers = sorted({h for s in sources for h in s.parent.glob("*.h")})
+    build_key = key(*sources, *headers, *(f"{n}\0{t}" for n, t in sorted(generated.items())), compiler_identity(cc),
+                    repr((filename, version_node, include_dirs, library_dirs, libraries, rpath, extra_cflags,
+                          extra_ldflags)), key_extra)
+
+    def produce(staging: Path) -> None:
+        gen = staging / "generated"
+        gen.mkdir()
+        for n, text in generated.items():
+            (gen / n).write_text(text)
+        command = [cc, "-O2", "-fPIC", "-shared", *extra_cflags, f"-I{gen}", *(f"-I{d}" for d in include_dirs),
+                   *(str(s) for s in sources), *(str(gen / n) for n in generated if n.endswith(".c")),
+                   "-o", str(staging / filename)]
+        if soname:
+            command.append(f"-Wl,-soname,{soname}")
+        if version_node:
+            script = staging / "exports.map"
+            script.write_text(f"{version_node} {{ global: *; }};\n")
+            command.append(f"-Wl,--version-script={script}")
+        command += [*(f"-L{d}" for d in library_dirs), *(f"-Wl,-rpath,{r}" for r in rpath),
+                    *(f"-l{lib}" for lib in libraries), *extra_ldflags]
+        run_compiler(command, f"building {filename}")
+
+    folder = cached(name, build_key, [filename], produce, what=f"{filename} (once)",
+                    folder=Path(out_dir) if out_dir is not None else None, force=force)
+    return folder / filename
