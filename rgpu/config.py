@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -66,7 +67,6 @@ TABLE: tuple[Setting, ...] = (
     Setting("token_file", "RGPU_TOKEN_FILE", "~/.config/rgpu/token", str, "rgpu serve --token-file", "where the token lives (created 0600 by the first `rgpu serve`)"),
     Setting("transport", "RGPU_TRANSPORT", "auto", _choice("auto", "tcp", "shm", "ucx"), "rgpu bench transport --transport", "auto = shm on one host, ucx where RDMA is, else tcp"),
     Setting("native", "RGPU_NATIVE", "auto", _choice("auto", "off"), "", "auto: the C and C++ twins (shm's hot path, the server's op path, the device's fast path) where they build (`rgpu build` builds them ahead; else first use does); off: every Python reference path (the device's own C++ part still loads)"),
-    Setting("shm_c", "RGPU_SHM_C", True, _bool, "", "shm's hot path in C (built with cffi and setuptools on first use, cached: the ring, the server's frame loop, a lone call); 0: the Python path"),
     Setting("shm_spin_us", "RGPU_SHM_SPIN_US", None, _optional(float), "", "how long a waiting shm end polls before it sleeps (µs, at most 50000); unset: 20000 on a machine of 8 cores or more (as CUDA's own synchronize keeps its core there), else 100"),
     Setting("tcp_spin_us", "RGPU_TCP_SPIN_US", None, _optional(float), "", "how long a tcp end polls its socket (without the GIL) before it sleeps in a read (µs, at most 50000); unset: 20000 on a machine of 8 cores or more, else 0"),
     Setting("tls", "RGPU_TLS", False, _bool, "rgpu serve --tls", "require TLS on the tcp transport"),
@@ -74,7 +74,6 @@ TABLE: tuple[Setting, ...] = (
     Setting("tls_key", "RGPU_TLS_KEY", None, _optional(str), "rgpu serve --tls-key", "server private key (PEM)"),
     Setting("tls_ca", "RGPU_TLS_CA", None, _optional(str), "", "client: CA bundle to trust for the server certificate"),
     Setting("tls_fingerprint", "RGPU_TLS_FINGERPRINT", None, _optional(str), "", "client: SHA-256 fingerprint of the server certificate to pin"),
-    Setting("server_c", "RGPU_SERVER_C", True, _bool, "", "server: the ops route's common op in C++ (built with torch on first use, cached); 0: all in Python"),
     Setting("device", "RGPU_DEVICE", "auto", _choice("auto", "cuda", "cpu"), "rgpu serve --device", "where the server runs ops: cuda when there is a GPU, else cpu"),
     Setting("devices", "RGPU_DEVICES", 1, int, "rgpu serve --devices", "number of CPU devices the cpu executor exposes (rgpu:0..N-1)"),
     Setting("cuda_driver", "RGPU_CUDA_DRIVER", "auto", _choice("auto", "real", "fake"), "rgpu serve --cuda-driver", "driver behind the cuda route: real on a GPU host, else fake"),
@@ -92,8 +91,12 @@ TABLE: tuple[Setting, ...] = (
     Setting("max_sessions", "RGPU_MAX_SESSIONS", 32, int, "rgpu serve --max-sessions", "sessions the server runs at once"),
     Setting("spare_workers", "RGPU_SPARE_WORKERS", 1, int, "rgpu serve --spare-workers", "worker processes kept started so a new session begins at once"),
     Setting("debug", "RGPU_DEBUG", False, _bool, "", "debug logging (the hot path is quiet otherwise)"),
-    Setting("fast_path", "RGPU_FAST_PATH", True, _bool, "", "device ops whose plan is known stream from C++ without entering Python's fallback"),
 )
+
+# Each native twin's own switch, before RGPU_NATIVE (deprecated, read for one release): field -> variable.
+# The fields stay, for tests and diagnostics that run one twin each way: on where RGPU_NATIVE is auto.
+TWINS = {"shm_c": "RGPU_SHM_C", "server_c": "RGPU_SERVER_C", "fast_path": "RGPU_FAST_PATH"}
+_warned: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -169,9 +172,25 @@ def settings(environ: dict[str, str] | None = None, **overrides: Any) -> Setting
             values[s.field] = s.parse(raw)
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"{s.env}={raw!r}: {exc}") from None
+    for name, var in TWINS.items():
+        values[name] = values["native"] != "off" and _deprecated_twin(env, var)
     values.update({k: v for k, v in overrides.items() if v is not None})
     assert {f.name for f in fields(Settings)} == set(values), "TABLE and Settings disagree"
     return Settings(**values)
+
+
+def _deprecated_twin(env, var: str) -> bool:
+    raw = env.get(var)
+    if raw is None:
+        return True
+    if var not in _warned:
+        _warned.add(var)
+        warnings.warn(f"{var} is deprecated: RGPU_NATIVE=off turns every native twin off", FutureWarning,
+                      stacklevel=3)
+    try:
+        return _bool(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{var}={raw!r}: {exc}") from None
 
 
 def markdown_table() -> str:

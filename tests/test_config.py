@@ -20,8 +20,6 @@ SAMPLES = {
     "RGPU_TOKEN": ("secret", "secret"),
     "RGPU_TOKEN_FILE": ("/tmp/t", "/tmp/t"),
     "RGPU_TRANSPORT": ("shm", "shm"),
-    "RGPU_SHM_C": ("0", False),
-    "RGPU_SERVER_C": ("0", False),
     "RGPU_SHM_SPIN_US": ("2000", 2000.0),
     "RGPU_TCP_SPIN_US": ("500", 500.0),
     "RGPU_TLS": ("yes", True),
@@ -47,7 +45,6 @@ SAMPLES = {
     "RGPU_MAX_SESSIONS": ("4", 4),
     "RGPU_SPARE_WORKERS": ("0", 0),
     "RGPU_DEBUG": ("on", True),
-    "RGPU_FAST_PATH": ("0", False),
 }
 
 BAD = {
@@ -74,6 +71,21 @@ def test_every_variable_in_the_table_is_read_and_parsed(item):
 def test_a_bad_value_is_a_config_error_naming_the_variable(env, raw):
     with pytest.raises(ConfigError, match=f"^{env}="):
         config.settings(environ={env: raw})
+
+
+def test_rgpu_native_off_turns_every_native_twin_off_and_auto_leaves_them_on():
+    on, off = config.settings(environ={}), config.settings(environ={"RGPU_NATIVE": "off"})
+    assert all(getattr(on, f) for f in config.TWINS) and not any(getattr(off, f) for f in config.TWINS)
+
+
+@pytest.mark.parametrize("field, env", list(config.TWINS.items()))
+def test_each_twins_old_switch_still_works_for_a_release_with_a_warning(field, env, monkeypatch):
+    monkeypatch.setattr(config, "_warned", set())
+    with pytest.warns(FutureWarning, match=f"{env} is deprecated"):
+        assert getattr(config.settings(environ={env: "0"}), field) is False
+    assert getattr(config.settings(environ={env: "1", "RGPU_NATIVE": "off"}), field) is False
+    with pytest.raises(ConfigError, match=f"^{env}="):
+        config.settings(environ={env: "maybe"})
 
 
 def test_keyword_overrides_win_over_the_environment_and_none_is_no_override():
