@@ -3,6 +3,7 @@
     PROGRAMS                   the program names: saxpy, reduce, streams, constant, graph
     build(name, variant)       the executable, built once per source and flags (a cache under the pytest temp root)
     cuda_program(name, variant) the same, as a pytest fixture factory's value (``cuda_programs`` fixture)
+    fatbin_of(exe), kernels_fatbin(exe)  its .nv_fatbin section; the container holding its kernels
     parse(stdout)              {label: numpy array} from the programs' "label v v v ..." lines
     check(name, stdout)        assert a run's output equals numpy's computation of the same thing
 
@@ -104,6 +105,23 @@ def fatbin_of(exe: Path) -> bytes:
         if name == b".nv_fatbin":
             return data[offset:offset + size]
     raise ValueError(f"{exe} has no .nv_fatbin section")
+
+
+def kernels_fatbin(exe: Path) -> bytes:
+    """The fatbin container of the program's own kernels (the section's last non-empty one: nvcc
+    puts an empty or runtime-internal container before it; each has its own registration)."""
+    import struct
+    section, found, off = fatbin_of(exe), [], 0
+    while off + 16 <= len(section):
+        magic, _, header, size = struct.unpack_from("<IHHQ", section, off)
+        if magic != 0xBA55ED50:
+            break
+        if size:
+            found.append(section[off:off + header + size])
+        off = (off + header + size + 7) // 8 * 8
+    if not found:
+        raise ValueError(f"{exe}: no fatbin container with entries")
+    return found[-1]
 
 
 # ---- what each program must print ---------------------------------------------------------------
