@@ -28,8 +28,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
+from typing import TypeVar
 
 from . import config
 from .errors import BuildError
@@ -75,11 +76,11 @@ def compiler() -> str:
     raise BuildError("no C compiler found ($CC unset; no cc, gcc or clang on PATH)", install=_install_hint())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def compiler_identity(cc: str) -> str:
     """The first line of ``cc --version`` (part of a build key, so a new compiler rebuilds)."""
     try:
-        out = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+        out = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30, check=False).stdout
     except (OSError, subprocess.SubprocessError) as exc:
         return f"{cc}: {exc}"
     return f"{cc}: {out.splitlines()[0] if out else ''}"
@@ -106,17 +107,18 @@ def builds() -> list[tuple[str, float]]:
     return list(_built)
 
 
-def attempt(name: str, build: Callable[[], T]) -> T | None:
+def attempt(name: str, build: Callable[[], T], *, wanted: bool | None = None) -> T | None:
     """``build()``, or None where ``RGPU_NATIVE=off`` or it raises; ``why_not(name)`` then says which.
 
     For the parts with a Python twin: a failed build never stops rgpu, the Python path runs instead.
+    ``wanted``: the caller's own decision (from its settings) instead of reading ``RGPU_NATIVE`` here.
     """
-    if not enabled():
+    if not (enabled() if wanted is None else wanted):
         _failed[name] = "RGPU_NATIVE=off"
         return None
     try:
         result = build()
-    except Exception as exc:   # no compiler, no cffi, a read-only cache: the Python twin works
+    except Exception as exc:  # noqa: BLE001  (no compiler, no cffi, a read-only cache: the Python twin works)
         _failed[name] = f"{type(exc).__name__}: {exc}"
         return None
     _failed.pop(name, None)
@@ -183,7 +185,7 @@ def cached(name: str, build_key: str, outputs: Sequence[str], produce: Callable[
 def run_compiler(command: Sequence[str], what: str) -> None:
     """Run one compiler command; a ``BuildError`` with its last lines when it fails."""
     try:
-        done = subprocess.run(list(command), capture_output=True, text=True)
+        done = subprocess.run(list(command), capture_output=True, text=True, check=False)
     except FileNotFoundError:
         raise BuildError(f"{what}: compiler {command[0]!r} not found", install=_install_hint()) from None
     if done.returncode != 0:

@@ -80,7 +80,7 @@ def test_a_malformed_record_from_a_c_peer_is_still_named_by_the_python_path(shm_
         server.recv_frame(LIMITS, BufferPool())
 
 
-# ---- through a session: RGPU_SHM_C and RGPU_SHM_SPIN_US (the lone call's own tests: test_shm_lone.py) ----
+# ---- through a session: RGPU_NATIVE (shm_c) and RGPU_SHM_SPIN_US (the lone call's own tests: test_shm_lone.py) ----
 
 def test_rgpu_shm_c_0_keeps_a_session_on_the_python_path(rgpu_server):
     fast = rgpu_server.connect("echo", transport="shm")

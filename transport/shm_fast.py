@@ -6,29 +6,32 @@ target of a fifth of tcp's). In C the ring's writes, waits and reads cost well
 under a microsecond each, and a waiting thread spins without the GIL.
 
 ``load()`` returns the compiled module or None (no cffi, no C compiler,
-``RGPU_SHM_C=0``, not x86-64); ``why_not()`` says which. Either end may have
+``RGPU_NATIVE=off``, not x86-64); ``why_not()`` says which. Either end may have
 it or not: the records are the same, so the Python path stays the reference.
-Built into ``$XDG_CACHE_HOME/rgpu/shm/<key>/`` (``~/.cache``), key: the C
-source, Python and cffi versions.
+``build()`` (``rgpu build``, or the first ``load()``) builds both modules with
+``rgpu.native`` into ``<cache>/native/shm/<key>/``; key: the C sources, the cdef,
+the compiler, Python and cffi versions.
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.util
-import os
 import platform
+import shutil
 import struct
 import sys
-import tempfile
+import sysconfig
 import threading
 from pathlib import Path
 
 import numpy as np
 
+from rgpu import native
+
 HERE = Path(__file__).resolve().parent
 MODULE = "_rgpu_shm_fast"
 NATIVE = "_rgpu_shm_native"      # shm_native.c: the per-message calls, Python objects in and out
 NATIVE_SOURCES = ("shm_native.c", "shm_lone.c")    # one extension: shm_native.c includes shm_lone.c
+SUFFIX = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
 CDEF = """
 typedef struct {
     volatile uint64_t *q;
@@ -67,48 +70,40 @@ _why_not = "not loaded yet"
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")) / "rgpu" / "shm"
+    """Where the builds live: one folder per key."""
+    return native.cache_root() / "native" / "shm"
 
 
-def _key(source: str) -> str:
+def build(force: bool = False) -> Path:
+    """Both modules built (or found) in the cache: their folder (a ``BuildError`` when they cannot be built)."""
     import cffi
 
-    text = "\n".join((source, CDEF, sys.version, cffi.__version__, platform.machine()))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        raise RuntimeError(f"shm's C path is x86-64 only; this is {platform.machine()}")
+    sources = [HERE / "shm_fast.c", *(HERE / f for f in NATIVE_SOURCES)]
+    key = native.key(*sources, CDEF, sys.version, cffi.__version__, platform.machine(),
+                     native.compiler_identity(native.compiler()))
+    return native.cached("shm", key, [MODULE + SUFFIX, NATIVE + SUFFIX], _produce, folder=cache_dir() / key,
+                         what="shm's C path (once for this Python)", force=force)
 
 
-def _build(source: str, folder: Path) -> Path:
+def _produce(staging: Path) -> None:
+    """``shm_fast.c`` through cffi and ``shm_native.c`` as a CPython extension (setuptools builds it, as it builds
+    cffi's), both written into ``staging``."""
     import cffi
+    from setuptools import Distribution, Extension
 
     ffi = cffi.FFI()
     ffi.cdef(CDEF)
-    ffi.set_source(MODULE, source, extra_compile_args=["-O2"])
-    folder.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="rgpu-shm-build-") as tmp:
-        return _install(Path(ffi.compile(tmpdir=tmp, verbose=False)), folder)
-
-
-def _build_native(folder: Path) -> Path:
-    """``shm_native.c`` as a CPython extension (setuptools builds it, as it builds cffi's)."""
-    from setuptools import Distribution, Extension
-
+    ffi.set_source(MODULE, (HERE / "shm_fast.c").read_text(), extra_compile_args=["-O2"])
+    shutil.copyfile(ffi.compile(tmpdir=str(staging / "cffi"), verbose=False), staging / (MODULE + SUFFIX))
     ext = Extension(NATIVE, [str(HERE / "shm_native.c")], include_dirs=[str(HERE)], extra_compile_args=["-O2"])
-    folder.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="rgpu-shm-build-") as tmp:
-        dist = Distribution({"name": NATIVE, "ext_modules": [ext], "script_args": ["build_ext", "--build-lib", tmp,
-                                                                                     "--build-temp", tmp]})
-        dist.parse_command_line()
-        dist.run_commands()
-        return _install(Path(dist.get_command_obj("build_ext").get_ext_fullpath(NATIVE)), folder)
-
-
-def _install(built: Path, folder: Path) -> Path:
-    """``built`` copied into the cache ``folder``: its path there."""
-    target = folder / built.name
-    partial = folder / f".{built.name}.{os.getpid()}"
-    partial.write_bytes(built.read_bytes())
-    os.replace(partial, target)   # atomic: a concurrent build or import never sees half a file
-    return target
+    tmp = str(staging / "ext")
+    dist = Distribution({"name": NATIVE, "ext_modules": [ext], "script_args": ["build_ext", "--build-lib", tmp,
+                                                                                 "--build-temp", tmp]})
+    dist.parse_command_line()
+    dist.run_commands()
+    shutil.copyfile(dist.get_command_obj("build_ext").get_ext_fullpath(NATIVE), staging / (NATIVE + SUFFIX))
 
 
 def _import(path: Path, name: str = MODULE):
@@ -116,6 +111,13 @@ def _import(path: Path, name: str = MODULE):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def _load():
+    folder = build()
+    module = _import(folder / (MODULE + SUFFIX))
+    module.native = _import(folder / (NATIVE + SUFFIX), NATIVE)
+    return module
 
 
 def load(enabled: bool = True):
@@ -126,19 +128,9 @@ def load(enabled: bool = True):
     if _module is not None:
         return _module or None
     with _lock:
-        if _module is None:
-            try:
-                if platform.machine().lower() not in ("x86_64", "amd64"):
-                    raise RuntimeError(f"shm's C path is x86-64 only; this is {platform.machine()}")
-                source = (HERE / "shm_fast.c").read_text()
-                folder = cache_dir() / _key(source + "".join((HERE / f).read_text() for f in NATIVE_SOURCES))
-                found = sorted(folder.glob(f"{MODULE}*.so")) if folder.is_dir() else []
-                module = _import(found[0] if found else _build(source, folder))
-                found = sorted(folder.glob(f"{NATIVE}*.so")) if folder.is_dir() else []
-                module.native = _import(found[0] if found else _build_native(folder), NATIVE)
-                _module, _why_not = module, None
-            except Exception as exc:   # no cffi, no compiler, a read-only cache: the Python path works
-                _module, _why_not = False, f"{type(exc).__name__}: {exc}"
+        if _module is None:   # no cffi, no compiler, a read-only cache, RGPU_NATIVE=off: the Python path works
+            _module = native.attempt("shm", _load, wanted=True) or False   # the caller's settings said yes
+            _why_not = native.why_not("shm")
     return _module or None
 
 
