@@ -83,6 +83,7 @@ def rows(args=None) -> list[dict]:
     import rgpu
     from rgpu.device_backend import session
 
+    rgpu.register()  # the rgpu command loaded rgpu as a parent, which registers nothing
     n = getattr(args, "ops", None) or OPS
     x = torch.ones(4, device="rgpu")
     y = x

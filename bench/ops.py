@@ -38,6 +38,7 @@ def rows(args=None) -> list[dict]:
     import rgpu
     from rgpu.device_backend import session
 
+    rgpu.register()  # the rgpu command loaded rgpu as a parent, which registers nothing
     repeats = 3 if getattr(args, "quick", False) else getattr(args, "repeats", 5) or 5
     native = "cuda" if torch.cuda.is_available() else "cpu"
     torch.backends.cuda.matmul.allow_tf32 = False

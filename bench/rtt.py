@@ -20,9 +20,11 @@ DEFAULT_RTTS = "1,10,30,100"
 def rows(args=None) -> list[dict]:
     import torch
 
+    import rgpu
     from rgpu.device_backend import session
     from rgpu.transport.delay import set_rtt
 
+    rgpu.register()  # the rgpu command loaded rgpu as a parent, which registers nothing
     repeats = 3 if getattr(args, "quick", False) else harness.repeats_of(args, 7)
     rtts = [float(v) for v in str(getattr(args, "sim_rtt", None) or DEFAULT_RTTS).split(",") if v.strip()]
     x = torch.ones(64, device="rgpu")

@@ -72,6 +72,7 @@ def rows(args=None, profile: str | None = None) -> list[dict]:
     import rgpu
     from rgpu import config
 
+    rgpu.register()  # the rgpu command loaded rgpu as a parent, which registers nothing
     quick = getattr(args, "quick", False)
     p = PRESETS["small" if quick else "bench"]
     if getattr(args, "pin", False):

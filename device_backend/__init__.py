@@ -1,7 +1,10 @@
-"""``rgpu.device_backend``: the "rgpu" PrivateUse1 device; ``register()`` is cheap, the rest starts on first use."""
+"""``rgpu.device_backend``: the "rgpu" PrivateUse1 device; ``register()`` is cheap, the rest starts on first use.
+
+Importing this package registers nothing and imports no torch; ``startup`` is its top.
+"""
 from __future__ import annotations
 
-from .registration import register, register_with_torch
+from .startup import register, register_with_torch
 
 
 def stats(reset: bool = False) -> dict:

@@ -2,12 +2,11 @@
 
 ``register()`` renames PrivateUse1 to "rgpu", installs ``torch.rgpu`` and the
 Python boxed fallback. The first op on the device reaches the fallback, which
-loads the C++ part (allocator, guard, hooks, metadata kernels), connects, and
-then claims the composite ops that the server should run whole (``CLAIMED``).
+starts the session (``startup.start``: the C++ part, the connection, the
+composite ops the server should run whole).
 """
 from __future__ import annotations
 
-import importlib.util
 import sys
 import time
 
@@ -142,80 +141,22 @@ def _placeholder_guard(torch) -> None:
         build.load()
 
 
-def register_with_torch() -> None:
-    """``register()`` now if torch is imported, else the moment it is (``import rgpu`` stays torch-free)."""
-    if "torch" in sys.modules:
-        register()
-    elif not any(isinstance(f, _TorchWatcher) for f in sys.meta_path):
-        sys.meta_path.insert(0, _TorchWatcher())
-
-
-class _TorchWatcher:
-    """A meta-path finder that runs ``register()`` right after ``import torch`` finishes."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name != "torch":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec("torch")
-        if spec is None or spec.loader is None:
-            return spec
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            register()
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-def fast_path(s, on: bool) -> None:
-    """A session starts: with ``on``, C++ (fast_path.cpp) streams the ops whose plan it knows.
-
-    Why the Python fallback's registration goes: PyTorch takes one fallback per
-    dispatch key, and the C++ one hands Python every call it cannot replay itself.
-    Once installed, it stays; a session with the fast path off passes every call on.
-    """
-    global _fallback_lib
-    from . import fallback
-
-    if on and _fallback_lib is not None:
-        _fallback_lib._destroy()
-        _fallback_lib = None
-    if _fallback_lib is None:
-        s.C.fast_install(fallback.from_cpp)
-    # C++ posts under the session's lock, as post_op does; small uploads too (their bytes copied at the post)
-    s.C.fast_session(s.lock, s.conn.post_packed, on, s.conn.settings.post_copy_bytes)
-
-
-def claim_composites(C=None, fast: bool = False) -> None:
-    """Register the fallback as the PrivateUse1 kernel of ``optable.CLAIMED`` ops (once, at session start).
-
-    With ``fast``, the kernel is the C++ fast path's (it hands Python what it cannot replay).
-    """
-    import torch
-
-    from . import fallback, optable
-
-    lib = torch.library.Library("aten", "IMPL")
-    names = set(optable.CLAIMED)
-    for full in torch._C._dispatch_get_all_op_names():  # "aten::_foreach_add_.Scalar"
-        ns, _, qualified = full.partition("::")
-        if ns == "aten" and qualified.startswith(optable.CLAIMED_PREFIXES):
-            names.add(qualified if "." in qualified else f"{qualified}.default")
-    if fast:  # after fast_path(): the C++ kernel hands its misses to fallback.from_cpp
-        C.fast_claim([q if not q.endswith(".default") else q[:-8] for q in sorted(names)])
-        return
-    for qualified in sorted(names):
-        name, overload = qualified.split(".")
-        op = getattr(getattr(torch.ops.aten, name), overload)
-        lib.impl(qualified if overload != "default" else name, _kernel(fallback.fallback, op), "PrivateUse1")
+def keep(lib) -> None:
+    """Keep a ``torch.library.Library`` registration alive for the process."""
     _libs.append(lib)
 
 
-def _kernel(fallback, op):
-    return lambda *args, **kwargs: fallback(op, *args, **kwargs)
+def has_python_fallback() -> bool:
+    """Whether the Python fallback is PrivateUse1's registered fallback (until the C++ one takes its place)."""
+    return _fallback_lib is not None
+
+
+def drop_python_fallback() -> None:
+    """Unregister the Python fallback, so that the C++ fast path's can be installed (PyTorch takes one per key)."""
+    global _fallback_lib
+    if _fallback_lib is not None:
+        _fallback_lib._destroy()
+        _fallback_lib = None
 
 
 def _patch_printing(torch) -> None:

@@ -2,22 +2,24 @@
 
 Owns the connection, the op index (each op's name and schema sent once, then
 an integer), the allocator's event log that rides along with every message,
-and the bulk transfers (``transfers.py``). ``use()`` swaps in another connection (tests run the executor in-process).
+and the bulk transfers (``transfers.py``). A leaf: ``startup`` builds the
+session and installs it here (``startup.use`` swaps in another connection:
+tests run the executor in-process); ``get()`` starts it through ``starter``.
 """
 from __future__ import annotations
 
-import atexit
-import sys
 import threading
+from typing import Callable
 
 import torch
 
+from rgpu.errors import RgpuError
 from rgpu.ops_protocol import Msg
 
-from . import build
 from .transfers import Transfers
 
-_lock = threading.RLock()
+lock = threading.RLock()  # held while a session starts or is swapped
+starter: "Callable[[], object] | None" = None  # startup.start, set by register()
 _session: "Session | None" = None
 
 
@@ -84,48 +86,29 @@ def current() -> Session | None:
 
 
 def get() -> Session:
-    """The session, started (C++ part loaded, server connected) on first use."""
+    """The session, started on first use (by ``starter``: ``startup.start``, which ``register()`` sets)."""
     s = _session
     if s is not None:
         return s
-    with _lock:
+    with lock:
         if _session is None:
-            C = build.load()
-            from rgpu.transport.client import connect
-
-            use(connect("ops", options={"torch": torch.__version__, "python": sys.version.split()[0]}), C)
+            if starter is None:
+                raise RgpuError("the rgpu device is not registered: call rgpu.register() (import rgpu does)")
+            starter()
         return _session
 
 
-def use(conn, C=None) -> Session:
-    """Make ``conn`` the session's connection (closing the previous one)."""
+def install(s: Session) -> Session | None:
+    """Make ``s`` the session (``startup.use``); the previous one, if any, is returned for closing."""
     global _session
-    from . import registration
-
-    with _lock:
-        old, _session = _session, Session(conn, C or build.load())
-        fast = fast_path()
-        registration.fast_path(_session, fast)
-        if old is not None:
-            old.close()
-            from . import meta
-
-            meta.clear()
-        else:
-            registration.claim_composites(_session.C, fast)
-            atexit.register(lambda: _session is not None and _session.close())
-            atexit.register(registration.settle_autograd_at_exit)  # runs first (last in, first out)
-        from . import torch_rgpu
-
-        torch_rgpu.send_pending_seeds(_session)
-    return _session
+    old, _session = _session, s
+    return old
 
 
-def fast_path() -> bool:
-    """Whether ops whose plan is known stream from C++ (``RGPU_FAST_PATH``, read when a session starts)."""
-    from rgpu import config
-
-    return config.settings().fast_path
+def close_current() -> None:
+    """At exit: the session's last events go, its connection closes."""
+    if _session is not None:
+        _session.close()
 
 
 def stats(reset: bool = False) -> dict:

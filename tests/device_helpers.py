@@ -41,10 +41,10 @@ def rgpu_device(rgpu_server):
     """The device session, connected to the test server's ops route; yields the session."""
     import torch  # noqa: F401  (registers the device through rgpu's import hook)
 
-    from rgpu.device_backend import session
+    from rgpu.device_backend import session, startup
 
     if session.current() is None:
-        session.use(rgpu_server.connect("ops"))
+        startup.use(rgpu_server.connect("ops"))
     return session.current()
 
 

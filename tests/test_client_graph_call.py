@@ -18,7 +18,7 @@ from rgpu.ops_protocol import Msg
 @pytest.fixture
 def start(rgpu_device, rgpu_server, monkeypatch):  # noqa: F811
     """``start(fast)``: a new device session on the test server, recorded, dynamo reset; counts Python's calls."""
-    from rgpu.device_backend import session
+    from rgpu.device_backend import startup
 
     python_calls = []
     call = rcompile.ShippedGraph._call
@@ -33,14 +33,14 @@ def start(rgpu_device, rgpu_server, monkeypatch):  # noqa: F811
         torch._dynamo.reset()
         monkeypatch.setenv("RGPU_FAST_PATH", "1" if fast else "0")
         rec = Recorder(rgpu_server.connect("ops"))
-        session.use(rec)
+        startup.use(rec)
         python_calls.clear()
         return rec, python_calls
 
     yield begin
     torch._dynamo.reset()
     monkeypatch.setenv("RGPU_FAST_PATH", "1")
-    session.use(rgpu_server.connect("ops"))
+    startup.use(rgpu_server.connect("ops"))
 
 
 def _runs(messages: list) -> list:

@@ -43,18 +43,18 @@ class Recorder:
 @pytest.fixture
 def start(rgpu_device, rgpu_server, monkeypatch):  # noqa: F811
     """``start(fast)``: a new device session on the test server, recorded; a fast one is left at the end."""
-    from rgpu.device_backend import session
+    from rgpu.device_backend import session, startup
 
     def begin(fast: bool) -> Recorder:
         monkeypatch.setenv("RGPU_FAST_PATH", "1" if fast else "0")
         rec = Recorder(rgpu_server.connect("ops"))
-        session.use(rec)
+        startup.use(rec)
         session.current().C.fast_path_stats(reset=True)
         return rec
 
     yield begin
     monkeypatch.setenv("RGPU_FAST_PATH", "1")
-    session.use(rgpu_server.connect("ops"))
+    startup.use(rgpu_server.connect("ops"))
 
 
 def _stats():
@@ -176,12 +176,12 @@ PURE_PYTHON = """
 import json, sys
 sys.path.insert(0, "tests")
 import torch, rgpu
-from rgpu.device_backend import registration, session
+from rgpu.device_backend import registration, startup
 from rgpu.transport.client import connect
 import test_fast_path_ops as T
 rec = T.Recorder(connect("ops"))
-session.use(rec)
-assert registration._fallback_lib is not None  # PyTorch's own Python fallback, never the C++ one
+startup.use(rec)
+assert registration.has_python_fallback()  # PyTorch's own Python fallback, never the C++ one
 values = [t.cpu().tolist() for t in T._mix("rgpu")]
 print(json.dumps({"messages": T._canonical(rec.seen), "values": values}))
 """
