@@ -1,16 +1,19 @@
 """Driver calls for code: modules, libraries, links (numba-cuda's path), functions, kernels and their layouts.
 
 Module images are sized here (PTX up to its NUL, ELF cubins from their
-headers, fatbins from theirs) and travel whole to the server.  Looking a
-function up also reads its parameter layout on the server, once; C uses it to
-pack launches.  JIT log buffers stay on this side: the server's logs are
+headers, fatbins from theirs), fatbins trimmed to the server's GPU
+(fatbin.py), and loaded by content: the sha256 goes first and the bytes only
+when the server's store lacks them (``IMAGES`` counts what crossed).  Looking
+a function up also reads its parameter layout on the server, once; C uses it
+to pack launches.  JIT log buffers stay on this side: the server's logs are
 copied into them.
 """
 from __future__ import annotations
 
+import hashlib
 import struct
 
-from . import client
+from . import client, fatbin
 from .calls_device import handle
 from .registry import CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_SUPPORTED, CUDA_SUCCESS, CudaCallError, implements
 
@@ -20,6 +23,8 @@ FATBIN_MAGIC, FATBIN_WRAPPER_MAGIC = 0xBA55ED50, 0x466243B1
 
 LAYOUTS: dict[int, dict] = {}      # function or kernel handle -> {"params": [(off, size)], "bytes", "name", "module"}
 MODULE_OF_LIBRARY: dict[int, int] = {}
+# images loaded; of them sent as bytes (the server's store lacked them); bytes sent; bytes before trimming
+IMAGES = {"loads": 0, "uploads": 0, "bytes_uploaded": 0, "bytes_before_trim": 0, "bytes_after_trim": 0}
 
 
 def image_bytes(image) -> bytes:
@@ -68,10 +73,39 @@ def write_logs(logs: dict, info: str, error: str, values) -> None:
                 values[slot] = ffi.cast("void *", len(data) - 1)
 
 
+def _capability() -> tuple[int, int] | None:
+    """The compute capability of the current context's device, as the server reported it (None: unknown)."""
+    c = client.get()
+    devices = (c.init_info or {}).get("devices") or []
+    dev = c.lib.rgpu_ctx_device(c.ctx()) if c.ctx() else 0
+    if not 0 <= dev < len(devices):
+        return None
+    attrs = devices[dev]["attrs"]
+    at = int(c.lib.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR), int(c.lib.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
+    got = [attrs[a] if a < len(attrs) else None for a in at]
+    return (int(got[0]), int(got[1])) if all(isinstance(v, int) and v >= 0 for v in got) and got[0] > 0 else None
+
+
+def load_image(what: str, scalar: dict, data: bytes):
+    """Load ``data`` as a module or library on the server by its sha256; the bytes cross only if it lacks them."""
+    c = client.get()
+    trimmed = fatbin.trim(data, _capability())
+    digest = hashlib.sha256(trimmed).hexdigest()
+    IMAGES["loads"] += 1
+    IMAGES["bytes_before_trim"] += len(data)
+    IMAGES["bytes_after_trim"] += len(trimmed)
+    value, _ = c.call("image_load", what, scalar, digest, len(trimmed))
+    if isinstance(value, dict) and value.get("send"):
+        IMAGES["uploads"] += 1
+        IMAGES["bytes_uploaded"] += len(trimmed)
+        value, _ = c.call("image_load", what, scalar, digest, len(trimmed), buffers=[trimmed])
+    return value
+
+
 def _load(pmod, data: bytes, n=0, options=None, values=None) -> int:
     c = client.get()
     scalar, logs = jit_options(n, options, values)
-    (mod, info, error), _ = c.call("module_load", scalar, buffers=[data])
+    mod, info, error = load_image("module", scalar, data)
     if logs:
         write_logs(logs, info, error, values)
     pmod[0] = c.ffi.cast("CUmodule", mod)

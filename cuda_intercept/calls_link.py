@@ -7,7 +7,7 @@ straight to cuModuleLoadData).
 from __future__ import annotations
 
 from . import client
-from .calls_code import LAYOUTS, _read, image_bytes, jit_options, layout, note_function, write_logs
+from .calls_code import LAYOUTS, _read, image_bytes, jit_options, layout, load_image, note_function, write_logs
 from .calls_device import handle
 from .registry import CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS, implements
 
@@ -19,7 +19,7 @@ LINKS: dict[int, dict] = {}
 def cu_library_load_data(plib, code, jit_opts, jit_vals, njit, lib_opts, lib_vals, nlib):
     c = client.get()
     scalar, _ = jit_options(njit, jit_opts, jit_vals)
-    lib, _ = c.call("library_load", scalar, buffers=[image_bytes(code)])
+    lib = load_image("library", scalar, image_bytes(code))
     plib[0] = c.ffi.cast("CUlibrary", lib)
     return CUDA_SUCCESS
 
@@ -28,7 +28,7 @@ def cu_library_load_data(plib, code, jit_opts, jit_vals, njit, lib_opts, lib_val
 def cu_library_load_from_file(plib, path, jit_opts, jit_vals, njit, lib_opts, lib_vals, nlib):
     c = client.get()
     scalar, _ = jit_options(njit, jit_opts, jit_vals)
-    lib, _ = c.call("library_load", scalar, buffers=[_read(path)])
+    lib = load_image("library", scalar, _read(path))
     plib[0] = c.ffi.cast("CUlibrary", lib)
     return CUDA_SUCCESS
 

@@ -1,15 +1,19 @@
 """The fake driver's code objects: PTX modules parsed for entries, parameter layouts and globals; links; launches.
 
-Only PTX loads (cubins and fatbins are machine code for a GPU the fake does
-not have); each entry's parameter layout comes from its ``.param``
-declarations, laid out as the CUDA ABI does (each at its alignment, in order),
-so launches are checked against it exactly as ``cuFuncGetParamInfo`` would.
+Only PTX loads (cubins are machine code for a GPU the fake does not have): a
+PTX image as is, or the newest uncompressed PTX entry of a fatbin container;
+each entry's parameter layout comes from its ``.param`` declarations, laid
+out as the CUDA ABI does (each at its alignment, in order), so launches are
+checked against it exactly as ``cuFuncGetParamInfo`` would.  ``.global`` and
+``.const`` variables (``__device__``, ``__constant__``) get fake device memory.
 """
 from __future__ import annotations
 
 import re
 import struct
 from dataclasses import dataclass, field
+
+from rgpu import fatbin
 
 from .base import (CUDA_ERROR_INVALID_IMAGE, CUDA_ERROR_INVALID_PTX, CUDA_ERROR_INVALID_VALUE,
                    CUDA_ERROR_LAUNCH_FAILED, CUDA_ERROR_NO_BINARY_FOR_GPU, CUDA_ERROR_NOT_FOUND,
@@ -19,7 +23,7 @@ from . import fake_kernels
 _ENTRY = re.compile(r"\.entry\s+(\w+)\s*\(([^)]*)\)", re.S)
 # .param [.align A] .<type><bits> [.ptr [.space] [.align P]] name[[count]]: P is the pointee's alignment
 _PARAM = re.compile(r"\.param\s+(?:\.align\s+(\d+)\s+)?\.([busf])(\d+)\s+(?:\.ptr\s+(?:\.\w+\s+)*?(?:\.align\s+\d+\s+)?)?(\w+)(?:\s*\[(\d+)\])?")
-_GLOBAL = re.compile(r"\.global\s+(?:\.align\s+(\d+)\s+)?\.([busf])(\d+)\s+(\w+)(?:\s*\[(\d+)\])?")
+_GLOBAL = re.compile(r"\.(?:global|const)\s+(?:\.align\s+(\d+)\s+)?\.([busf])(\d+)\s+(\w+)(?:\s*\[(\d+)\])?")
 _FMT = {("u", 8): "B", ("u", 16): "H", ("u", 32): "I", ("u", 64): "Q", ("s", 8): "b", ("s", 16): "h",
         ("s", 32): "i", ("s", 64): "q", ("b", 8): "B", ("b", 16): "H", ("b", 32): "I", ("b", 64): "Q",
         ("f", 32): "f", ("f", 64): "d", ("f", 16): "e"}
@@ -69,7 +73,7 @@ def parse_entries(ptx: str) -> dict[str, Entry]:
 
 
 def parse_globals(ptx: str) -> dict[str, int]:
-    """name -> size in bytes of each ``.global`` variable."""
+    """name -> size in bytes of each ``.global`` or ``.const`` variable."""
     return {m.group(4): int(m.group(3)) // 8 * int(m.group(5) or 1) for m in _GLOBAL.finditer(ptx)}
 
 
@@ -78,13 +82,38 @@ def ptx_text(image: bytes) -> str:
     head = bytes(image[:4])
     if head == b"\x7fELF":
         raise CudaDriverError(CUDA_ERROR_NO_BINARY_FOR_GPU, "the fake driver runs PTX only, not cubins")
-    if head == b"\x50\xed\x55\xba":
-        raise CudaDriverError(CUDA_ERROR_NO_BINARY_FOR_GPU, "the fake driver runs PTX only, not fatbins")
+    if fatbin.is_container(image):
+        return fatbin_ptx(image)
+    if len(head) == 4 and struct.unpack("<I", head)[0] == fatbin.WRAPPER_MAGIC:
+        raise CudaDriverError(CUDA_ERROR_INVALID_IMAGE, "a fatbin wrapper points into the client's memory: "
+                                                        "the client sends the container it points at")
     try:
         text = bytes(image).split(b"\0", 1)[0].decode()
     except UnicodeDecodeError:
         raise CudaDriverError(CUDA_ERROR_INVALID_IMAGE, "module image is neither PTX, cubin nor fatbin") from None
     check(".entry" in text or ".version" in text, CUDA_ERROR_INVALID_PTX, "no PTX in the module image")
+    return text
+
+
+def fatbin_ptx(image) -> str:
+    """The newest PTX of a fatbin container, or an error saying why the fake cannot run it."""
+    try:
+        found = fatbin.entries(image)
+    except fatbin.FatbinError as exc:
+        raise CudaDriverError(CUDA_ERROR_INVALID_IMAGE, f"unreadable fatbin: {exc}") from None
+    ptx = [e for e in found if e.kind == fatbin.KIND_PTX]
+    plain = [e for e in ptx if not e.compressed]
+    if not plain:
+        has = ", ".join(e.name() for e in found) or "no entries"
+        why = ("its PTX is compressed (build with nvcc -no-compress)" if ptx else
+               "it has no PTX (build with -gencode arch=compute_90,code=compute_90)")
+        raise CudaDriverError(CUDA_ERROR_NO_BINARY_FOR_GPU, f"the fake driver runs a fatbin's PTX, and {why}: {has}")
+    best = max(plain, key=lambda e: e.arch)
+    try:
+        text = fatbin.ptx_text(image, best)
+    except UnicodeDecodeError:
+        raise CudaDriverError(CUDA_ERROR_INVALID_PTX, f"the fatbin's {best.name()} entry is not PTX text") from None
+    check(".entry" in text or ".version" in text, CUDA_ERROR_INVALID_PTX, f"no PTX in the fatbin's {best.name()}")
     return text
 
 
@@ -108,12 +137,15 @@ def add_to_link(link: Link, kind: int, data: bytes, name: str) -> None:
     link.ptx.append(ptx_text(data))
 
 
-def run_kernel(mem, entry: Entry, grid, block, blob: bytes) -> None:
+def run_kernel(mem, entry: Entry, grid, block, blob: bytes, shared: int = 0, globals_=None) -> None:
     args = entry.decode(blob)
     impl = fake_kernels.lookup(entry.name)
     if impl is None:
         raise CudaDriverError(CUDA_ERROR_LAUNCH_FAILED, f"the fake driver has no CPU implementation of kernel "
                                                         f"{entry.name!r} (see fake_kernels.py)")
+    if getattr(impl, "wants_launch", False):
+        impl(mem, fake_kernels.Launch(tuple(grid), tuple(block), shared, globals_ or {}), *args)
+        return
     threads = grid[0] * grid[1] * grid[2] * block[0] * block[1] * block[2]
     impl(mem, threads, *args)
 
@@ -239,8 +271,11 @@ class FakeCode:
               "grid and block dimensions must be positive")
         check(block[0] * block[1] * block[2] <= 1024, CUDA_ERROR_INVALID_VALUE, "more than 1024 threads in a block")
         entry.decode(args)   # arguments are checked at launch, as the driver does, even when captured
+        check(shared <= 232448, CUDA_ERROR_INVALID_VALUE, f"{shared} bytes of shared memory: more than a block has")
         blob = bytes(args)
-        self.driver._run(stream, lambda: run_kernel(self.driver.mem, entry, grid, block, blob))
+        mod = self.modules.get(self.functions[func][0])
+        globals_ = {name: ptr for name, (ptr, _) in mod.globals.items()} if mod else {}
+        self.driver._run(stream, lambda: run_kernel(self.driver.mem, entry, grid, block, blob, shared, globals_))
 
     def occupancy_max_active_blocks(self, func: int, block: int, shared: int, flags: int = 0) -> int:
         self._entry(func)

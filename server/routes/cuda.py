@@ -7,6 +7,10 @@ Wire format (msgpack meta, raw buffers):
                                           failed since the last reply (their errors surface at the next sync)
     post     [op, ctx, *args]             same ops, no reply
     post     ["launches", 0]  + [records] the interceptor's batched cuLaunchKernel records (see LAUNCH)
+    request  ["image_load", ctx, "module" | "library", options, sha256, size] [+ the image's bytes]
+                              content-addressed loading: with no bytes, a known image loads from the
+                              server's store and an unknown one answers value {"send": true}, after which
+                              the client repeats the request with the bytes (images.py)
 
 Buffers travel after the meta args (a copy's bytes, a module image). A value
 that is bytes (a device-to-host copy, a linked image) comes back as the reply's
@@ -21,6 +25,7 @@ import numpy as np
 
 from rgpu.server.cuda_driver import open_driver
 from rgpu.server.cuda_driver.base import CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_UNKNOWN, CudaDriverError
+from rgpu.server.cuda_driver.images import ImageStore, digest_of, valid_digest
 
 from .base import Executor as BaseExecutor, OpFailed
 
@@ -47,6 +52,13 @@ graph_exec_destroy graph_destroy
 LAUNCH = struct.Struct("<IIQQQ3I3III")
 LAUNCH_KIND = 1
 MAX_DEFERRED = 32
+IMAGE_CACHE_BYTES = 4 << 30      # the image store's bound when the settings do not name one
+
+
+def image_folder():
+    """``$XDG_CACHE_HOME/rgpu/server/images`` (read when a session starts)."""
+    from rgpu.native import cache_root
+    return cache_root() / "server" / "images"
 
 
 class Executor(BaseExecutor):
@@ -56,6 +68,7 @@ class Executor(BaseExecutor):
         self.driver = open_driver(getattr(settings, "cuda_driver", "auto"), getattr(settings, "devices", 1))
         self.current = None
         self.deferred: list[list] = []
+        self.images = ImageStore(image_folder(), getattr(settings, "cuda_image_cache", IMAGE_CACHE_BYTES))
 
     def welcome(self) -> dict:
         return {"route": "cuda", "driver": self.driver.name}
@@ -66,9 +79,11 @@ class Executor(BaseExecutor):
             self.current = ctx
 
     def _run(self, op: str, ctx: int, args, buffers):
-        if op not in OPS:
+        if op not in OPS and op != "image_load":
             raise CudaDriverError(CUDA_ERROR_INVALID_VALUE, f"unknown cuda route op {op!r}")
         self._enter(ctx)
+        if op == "image_load":
+            return self._image_load(*args, *buffers)
         if op in ("ctx_destroy", "primary_ctx_release", "primary_ctx_reset"):
             self.current = None     # the driver may have popped or dropped the current context
         return getattr(self.driver, op)(*args, *buffers)
@@ -98,6 +113,22 @@ class Executor(BaseExecutor):
         if isinstance(value, list) and value and isinstance(value[0], (bytes, bytearray, memoryview)):
             return [0, value[1:], deferred], [memoryview(value[0])]
         return [0, value, deferred], []
+
+    def _image_load(self, what: str, options, digest: str, size: int, data=None):
+        """Load a module or library by its sha256: from the store, else from ``data`` (checked against it)."""
+        load = {"module": self.driver.module_load, "library": self.driver.library_load}.get(what)
+        if load is None or not valid_digest(digest) or not isinstance(size, int) or size < 0:
+            raise CudaDriverError(CUDA_ERROR_INVALID_VALUE, "image_load: expected module|library, a sha256, a size")
+        if data is None:
+            image = self.images.get(digest)
+            if image is None:
+                return {"send": True}
+        else:
+            if data.nbytes != size or digest_of(data) != digest:
+                raise CudaDriverError(CUDA_ERROR_INVALID_VALUE, f"image_load: the {data.nbytes} bytes sent do not "
+                                                                f"match sha256 {digest[:12]}... of {size} bytes")
+            image = self.images.put(digest, data)
+        return load(options, image)
 
     def _code(self, op: str, exc: Exception) -> tuple[int, str]:
         if isinstance(exc, CudaDriverError):
