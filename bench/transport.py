@@ -365,7 +365,7 @@ def transport_rows(name: str, pairs: dict, sizes, repeats: int, budget: float) -
             result = harness.compare(make(rgpu, buf, k), make(base, buf, k), repeats, SLICES)
             extra = {"direction": "download"} if metric == "download" else {}
             out.append(harness.row("transport", name, "bandwidth", size, result, base.name, **extra))
-            del buf, view
+            buf = view = None  # this size's buffer goes before the next is made (a name, not del: the lambdas above read it)
     return out
 
 

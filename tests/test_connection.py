@@ -1,7 +1,6 @@
 """A client connection against a real server: posts, requests, order, threads, errors, timeouts, backpressure."""
 from __future__ import annotations
 
-import socket
 import threading
 
 import numpy as np
@@ -12,7 +11,7 @@ from rgpu import config
 from rgpu.errors import ConnectionLost, RemoteError, Timeout
 from rgpu.transport import handshake, shm, tcp
 from rgpu.transport.client import connect
-from rgpu.transport.connection import Connection, Future
+from rgpu.transport.connection import Future
 from rgpu.transport.tcp import TcpTransport
 from rgpu.transport.wire import Limits, MsgKind, encode_frame
 
@@ -389,7 +388,7 @@ def _past_the_fast_start(conn) -> None:
     """Posts enough for the connection's batches to be whole again (the clock frozen: never quiet after)."""
     from rgpu.transport import connection
 
-    for i in range(2 * connection.POST_FLUSH_COUNT):
+    for _ in range(2 * connection.POST_FLUSH_COUNT):
         conn.post({"op": "note", "v": -1})
     conn.flush(timeout=5)
 

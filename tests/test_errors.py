@@ -16,7 +16,6 @@ from rgpu.transport import tcp, wire
 from rgpu.transport.client import connect
 from rgpu.transport.wire import HEADER, MAGIC, PROTOCOL_VERSION
 
-from conftest import TOKEN
 
 FAMILY = [ConnectError, AuthenticationError, VersionMismatch, ProtocolError, ConnectionLost, SessionLost, Timeout,
           RemoteError, ConfigError]

@@ -22,7 +22,6 @@ import sys
 import warnings
 from pathlib import Path
 
-import pytest
 import torch
 from device_helpers import run_python
 

@@ -165,7 +165,7 @@ class Receiving:
                     return False
             events = self._poll_data.poll(wait * 1000)
             q[self._asleep_in] = 0
-            for fd, ev in events:
+            for fd, _ev in events:
                 if fd == self._data_in:
                     _drain(fd)
                 elif not self._closed:
