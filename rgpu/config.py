@@ -6,8 +6,9 @@
 from __future__ import annotations
 
 import os
+import sys
 import warnings
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, make_dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -56,41 +57,43 @@ class Setting:
     parse: Callable[[str], Any]
     flag: str
     doc: str
+    group: str = "tuning"  # "user": the README's table; "limits", "tuning", "testing": docs/config.md
+    why: str = ""          # why one would change it (docs/config.md)
 
 
 # field, environment variable, default, parser, command-line flag, meaning
 TABLE: tuple[Setting, ...] = (
-    Setting("server", "RGPU_SERVER", None, _optional(str), "rgpu run --server", "host:port of the server a client uses; unset: start a local server on first use"),
-    Setting("host", "RGPU_HOST", "127.0.0.1", str, "rgpu serve --host", "address the server binds (loopback unless you say otherwise)"),
-    Setting("port", "RGPU_PORT", 9713, int, "rgpu serve --port", "the one port both routes share"),
-    Setting("token", "RGPU_TOKEN", None, _optional(str), "", "the shared secret; wins over the token file"),
-    Setting("token_file", "RGPU_TOKEN_FILE", "~/.config/rgpu/token", str, "rgpu serve --token-file", "where the token lives (created 0600 by the first `rgpu serve`)"),
-    Setting("transport", "RGPU_TRANSPORT", "auto", _choice("auto", "tcp", "shm", "ucx"), "rgpu bench transport --transport", "auto = shm on one host, ucx where RDMA is, else tcp"),
-    Setting("native", "RGPU_NATIVE", "auto", _choice("auto", "off"), "", "auto: the C and C++ twins (shm's hot path, the server's op path, the device's fast path) where they build (`rgpu build` builds them ahead; else first use does); off: every Python reference path (the device's own C++ part still loads)"),
-    Setting("shm_spin_us", "RGPU_SHM_SPIN_US", None, _optional(float), "", "how long a waiting shm end polls before it sleeps (µs, at most 50000); unset: 20000 on a machine of 8 cores or more (as CUDA's own synchronize keeps its core there), else 100"),
-    Setting("tcp_spin_us", "RGPU_TCP_SPIN_US", None, _optional(float), "", "how long a tcp end polls its socket (without the GIL) before it sleeps in a read (µs, at most 50000); unset: 20000 on a machine of 8 cores or more, else 0"),
-    Setting("tls", "RGPU_TLS", False, _bool, "rgpu serve --tls", "require TLS on the tcp transport"),
-    Setting("tls_cert", "RGPU_TLS_CERT", None, _optional(str), "rgpu serve --tls-cert", "server certificate (PEM); unset: a self-signed one beside the token"),
-    Setting("tls_key", "RGPU_TLS_KEY", None, _optional(str), "rgpu serve --tls-key", "server private key (PEM)"),
-    Setting("tls_ca", "RGPU_TLS_CA", None, _optional(str), "", "client: CA bundle to trust for the server certificate"),
-    Setting("tls_fingerprint", "RGPU_TLS_FINGERPRINT", None, _optional(str), "", "client: SHA-256 fingerprint of the server certificate to pin"),
-    Setting("device", "RGPU_DEVICE", "auto", _choice("auto", "cuda", "cpu"), "rgpu serve --device", "where the server runs ops: cuda when there is a GPU, else cpu"),
-    Setting("devices", "RGPU_DEVICES", 1, int, "rgpu serve --devices", "number of CPU devices the cpu executor exposes (rgpu:0..N-1)"),
-    Setting("cuda_driver", "RGPU_CUDA_DRIVER", "auto", _choice("auto", "real", "fake"), "rgpu serve --cuda-driver", "driver behind the cuda route: real on a GPU host, else fake"),
-    Setting("tf32", "RGPU_TF32", False, _bool, "", "allow TF32 matmuls on the server (off so results match a CPU reference)"),
-    Setting("sim_rtt_ms", "RGPU_SIM_RTT_MS", 0.0, float, "rgpu bench train --sim-rtt", "simulated round-trip time added by the transport (tests, benchmarks)"),
-    Setting("post_batch_count", "RGPU_POST_BATCH_COUNT", 512, int, "", "most posted frames written in one batch"),
-    Setting("post_batch_bytes", "RGPU_POST_BATCH_BYTES", 4 * MiB, _size, "", "most bytes written in one batch of posts"),
-    Setting("post_copy_bytes", "RGPU_POST_COPY_BYTES", 256 << 10, _size, "", "posted buffers up to this size are copied so post() returns at once; larger ones are written before post() returns"),
-    Setting("queue_max_bytes", "RGPU_QUEUE_MAX_BYTES", 256 * MiB, _size, "", "posted bytes waiting to be written before post() blocks (backpressure)"),
-    Setting("connect_timeout", "RGPU_CONNECT_TIMEOUT", 10.0, float, "", "seconds to connect and finish the handshake"),
-    Setting("request_timeout", "RGPU_TIMEOUT", 0.0, float, "", "seconds to wait for an answer; 0 waits as long as the connection lives"),
-    Setting("max_frame_bytes", "RGPU_MAX_FRAME", 2 * GiB, _size, "rgpu serve --max-frame", "largest frame either side accepts"),
-    Setting("max_meta_bytes", "RGPU_MAX_META", 64 * MiB, _size, "", "largest metadata block in a frame"),
-    Setting("max_buffers", "RGPU_MAX_BUFFERS", 65536, int, "", "most raw buffers in one frame"),
-    Setting("max_sessions", "RGPU_MAX_SESSIONS", 32, int, "rgpu serve --max-sessions", "sessions the server runs at once"),
-    Setting("spare_workers", "RGPU_SPARE_WORKERS", 1, int, "rgpu serve --spare-workers", "worker processes kept started so a new session begins at once"),
-    Setting("debug", "RGPU_DEBUG", False, _bool, "", "debug logging (the hot path is quiet otherwise)"),
+    Setting("server", "RGPU_SERVER", None, _optional(str), "rgpu run --server", "host:port of the server a client uses; unset: start a local server on first use", group="user"),
+    Setting("host", "RGPU_HOST", "127.0.0.1", str, "rgpu serve --host", "address the server binds (loopback unless you say otherwise)", group="user"),
+    Setting("port", "RGPU_PORT", 9713, int, "rgpu serve --port", "the one port both routes share", group="user"),
+    Setting("token", "RGPU_TOKEN", None, _optional(str), "", "the shared secret; wins over the token file", group="user"),
+    Setting("token_file", "RGPU_TOKEN_FILE", "~/.config/rgpu/token", str, "rgpu serve --token-file", "where the token lives (created 0600 by the first `rgpu serve`)", group="user"),
+    Setting("transport", "RGPU_TRANSPORT", "auto", _choice("auto", "tcp", "shm", "ucx"), "rgpu bench transport --transport", "auto = shm on one host, ucx where RDMA is, else tcp", group="user"),
+    Setting("native", "RGPU_NATIVE", "auto", _choice("auto", "off"), "", "auto: the C and C++ twins (shm's hot path, the server's op path, the device's fast path) where they build (`rgpu build` builds them ahead; else first use does); off: every Python reference path (the device's own C++ part still loads)", group="tuning", why="off to rule the C and C++ twins out when one misbehaves, or to compare a twin with its Python reference"),
+    Setting("shm_spin_us", "RGPU_SHM_SPIN_US", None, _optional(float), "", "how long a waiting shm end polls before it sleeps (µs, at most 50000); unset: 20000 on a machine of 8 cores or more (as CUDA's own synchronize keeps its core there), else 100", group="tuning", why="lower it where cores are scarce and a waiting end should give its core back sooner; raise it for the lowest latency on a host with cores to spare"),
+    Setting("tcp_spin_us", "RGPU_TCP_SPIN_US", None, _optional(float), "", "how long a tcp end polls its socket (without the GIL) before it sleeps in a read (µs, at most 50000); unset: 20000 on a machine of 8 cores or more, else 0", group="tuning", why="as RGPU_SHM_SPIN_US, for tcp: 0 on a busy client, higher on a latency-bound one with a core to spare"),
+    Setting("tls", "RGPU_TLS", False, _bool, "rgpu serve --tls", "require TLS on the tcp transport", group="user"),
+    Setting("tls_cert", "RGPU_TLS_CERT", None, _optional(str), "rgpu serve --tls-cert", "server certificate (PEM); unset: a self-signed one beside the token", group="user"),
+    Setting("tls_key", "RGPU_TLS_KEY", None, _optional(str), "rgpu serve --tls-key", "server private key (PEM)", group="user"),
+    Setting("tls_ca", "RGPU_TLS_CA", None, _optional(str), "", "client: CA bundle to trust for the server certificate", group="user"),
+    Setting("tls_fingerprint", "RGPU_TLS_FINGERPRINT", None, _optional(str), "", "client: SHA-256 fingerprint of the server certificate to pin", group="user"),
+    Setting("device", "RGPU_DEVICE", "auto", _choice("auto", "cuda", "cpu"), "rgpu serve --device", "where the server runs ops: cuda when there is a GPU, else cpu", group="user"),
+    Setting("devices", "RGPU_DEVICES", 1, int, "rgpu serve --devices", "number of CPU devices the cpu executor exposes (rgpu:0..N-1)", group="testing", why="several CPU devices let multi-device code (rgpu:0..N-1) run in CI without GPUs"),
+    Setting("cuda_driver", "RGPU_CUDA_DRIVER", "auto", _choice("auto", "real", "fake"), "rgpu serve --cuda-driver", "driver behind the cuda route: real on a GPU host, else fake", group="user"),
+    Setting("tf32", "RGPU_TF32", False, _bool, "", "allow TF32 matmuls on the server (off so results match a CPU reference)", group="user"),
+    Setting("sim_rtt_ms", "RGPU_SIM_RTT_MS", 0.0, float, "rgpu bench train --sim-rtt", "simulated round-trip time added by the transport (tests, benchmarks)", group="testing", why="to see how a program behaves over a distant link while both ends are on one host"),
+    Setting("post_batch_count", "RGPU_POST_BATCH_COUNT", 512, int, "", "most posted frames written in one batch", group="tuning", why="lower it to bound how late a post reaches the server; raise it for many tiny ops"),
+    Setting("post_batch_bytes", "RGPU_POST_BATCH_BYTES", 4 * MiB, _size, "", "most bytes written in one batch of posts", group="tuning", why="raise it on a fast link with large uploads; lower it to bound one write's latency"),
+    Setting("post_copy_bytes", "RGPU_POST_COPY_BYTES", 256 << 10, _size, "", "posted buffers up to this size are copied so post() returns at once; larger ones are written before post() returns", group="tuning", why="raise it when mid-sized uploads should not wait for the wire; lower it to save client memory"),
+    Setting("queue_max_bytes", "RGPU_QUEUE_MAX_BYTES", 256 * MiB, _size, "", "posted bytes waiting to be written before post() blocks (backpressure)", group="limits", why="lower it to bound the client's memory on a slow link; raise it when posts block a fast producer"),
+    Setting("connect_timeout", "RGPU_CONNECT_TIMEOUT", 10.0, float, "", "seconds to connect and finish the handshake", group="user"),
+    Setting("request_timeout", "RGPU_TIMEOUT", 0.0, float, "", "seconds to wait for an answer; 0 waits as long as the connection lives", group="user"),
+    Setting("max_frame_bytes", "RGPU_MAX_FRAME", 2 * GiB, _size, "rgpu serve --max-frame", "largest frame either side accepts", group="limits", why="raise it for single tensors over 2 GiB; lower it on a server exposed to less trusted clients"),
+    Setting("max_meta_bytes", "RGPU_MAX_META", 64 * MiB, _size, "", "largest metadata block in a frame", group="limits", why="raise it only for graphs whose metadata is that large; it bounds what a malformed frame can make a peer allocate"),
+    Setting("max_buffers", "RGPU_MAX_BUFFERS", 65536, int, "", "most raw buffers in one frame", group="limits", why="as RGPU_MAX_META, for the count of buffers in one frame"),
+    Setting("max_sessions", "RGPU_MAX_SESSIONS", 32, int, "rgpu serve --max-sessions", "sessions the server runs at once", group="user"),
+    Setting("spare_workers", "RGPU_SPARE_WORKERS", 1, int, "rgpu serve --spare-workers", "worker processes kept started so a new session begins at once", group="tuning", why="0 on a server that should hold no idle process; more where many sessions start at once"),
+    Setting("debug", "RGPU_DEBUG", False, _bool, "", "debug logging (the hot path is quiet otherwise)", group="user"),
 )
 
 # Each native twin's own switch, before RGPU_NATIVE (deprecated, read for one release): field -> variable.
@@ -99,42 +102,8 @@ TWINS = {"shm_c": "RGPU_SHM_C", "server_c": "RGPU_SERVER_C", "fast_path": "RGPU_
 _warned: set[str] = set()
 
 
-@dataclass(frozen=True)
-class Settings:
-    server: str | None
-    host: str
-    port: int
-    token: str | None
-    token_file: str
-    transport: str
-    tls: bool
-    tls_cert: str | None
-    tls_key: str | None
-    tls_ca: str | None
-    tls_fingerprint: str | None
-    device: str
-    devices: int
-    cuda_driver: str
-    tf32: bool
-    native: str
-    shm_c: bool
-    shm_spin_us: float | None
-    tcp_spin_us: float | None
-    server_c: bool
-    sim_rtt_ms: float
-    post_batch_count: int
-    post_batch_bytes: int
-    post_copy_bytes: int
-    queue_max_bytes: int
-    connect_timeout: float
-    request_timeout: float
-    max_frame_bytes: int
-    max_meta_bytes: int
-    max_buffers: int
-    max_sessions: int
-    spare_workers: int
-    debug: bool
-    fast_path: bool
+class _SettingsFace:
+    """What every ``Settings`` can do; its fields are ``TABLE``'s (and ``TWINS``'), made below."""
 
     def with_(self, **changes: Any) -> "Settings":
         return replace(self, **changes)
@@ -147,6 +116,13 @@ class Settings:
         """``RGPU_SERVER`` split into (host, port), or None when unset."""
         return parse_address(self.server, "RGPU_SERVER") if self.server else None
 
+
+# One field per row of TABLE, in its order, then TWINS' (never copied by hand: a row added is a field)
+Settings = make_dataclass(
+    "Settings",
+    [(s.field, type(s.default) if s.default is not None else Any) for s in TABLE] + [(t, bool) for t in TWINS],
+    bases=(_SettingsFace,), frozen=True)
+Settings.__module__, Settings.__doc__ = __name__, "Every setting's value, read by ``settings()``: one row of TABLE a field."
 
 def parse_address(text: str, what: str = "address", default_port: int = 9713) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
@@ -175,7 +151,6 @@ def settings(environ: dict[str, str] | None = None, **overrides: Any) -> Setting
     for name, var in TWINS.items():
         values[name] = values["native"] != "off" and _deprecated_twin(env, var)
     values.update({k: v for k, v in overrides.items() if v is not None})
-    assert {f.name for f in fields(Settings)} == set(values), "TABLE and Settings disagree"
     return Settings(**values)
 
 
@@ -194,9 +169,44 @@ def _deprecated_twin(env, var: str) -> bool:
 
 
 def markdown_table() -> str:
-    """The README's configuration table, generated from ``TABLE``."""
+    """The README's configuration table (what a user sets), generated from ``TABLE``."""
     rows = ["| variable | flag | default | meaning |", "|---|---|---|---|"]
-    for s in TABLE:
+    for s in (s for s in TABLE if s.group == "user"):
         flag = f"`{s.flag}`" if s.flag else ""
         rows.append(f"| `{s.env}` | {flag} | `{s.default}` | {s.doc} |")
     return "\n".join(rows)
+
+
+GROUPS = {  # docs/config.md's sections, in order
+    "limits": "What one peer or session may take. Raise one when a real job hits it; lower one on a server shared "
+              "with less trusted clients.",
+    "tuning": "How the transport and the server trade latency, memory and cores. The defaults were measured "
+              "(docs/perf/); change one when a measurement of your own says so.",
+    "testing": "Aids for tests and benchmarks on one machine.",
+}
+
+
+def _shown(s: Setting) -> str:
+    d = s.default
+    if isinstance(d, int) and not isinstance(d, bool) and d >= 1 << 20 and d % (1 << 20) == 0:
+        return f"{d >> 30} GiB" if d % (1 << 30) == 0 else f"{d >> 20} MiB"
+    return "unset" if d is None else str(d)
+
+
+def docs_page() -> str:
+    """docs/config.md: every setting the README's table leaves out, grouped, generated from ``TABLE``."""
+    out = ["# Settings beyond the README's table", "",
+           "Generated from `TABLE` in `rgpu/config.py` (`python -m rgpu.config --docs`); the README's table holds "
+           "what a user sets. Every one is an environment variable, read when it is used, never at import.", ""]
+    for group, intro in GROUPS.items():
+        out += [f"## {group.capitalize()}", "", intro, "", "| variable | default | what it does | why change it |",
+                "|---|---|---|---|"]
+        out += [f"| `{s.env}` | `{_shown(s)}` | {s.doc} | {s.why} |" for s in TABLE if s.group == group]
+        out.append("")
+    out += ["## Deprecated", "", "Read for one release, each turning one native twin off; `RGPU_NATIVE=off` turns "
+            "them all off: " + ", ".join(f"`{v}`" for v in TWINS.values()) + ".", ""]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":  # python -m rgpu.config --readme | --docs (tools/check_house.py compares them with the tree)
+    print(markdown_table() if "--readme" in sys.argv else docs_page(), end="\n" if "--readme" in sys.argv else "")

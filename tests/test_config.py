@@ -152,10 +152,22 @@ def test_the_server_creates_the_token_file_once_with_mode_0600(tmp_path):
     assert tokens.ensure_token(s) == (token, path, False)
 
 
-def test_the_markdown_table_has_a_row_for_every_variable():
-    table = config.markdown_table()
+def test_every_variable_has_a_row_in_the_readme_table_or_in_docs_config_md_never_both():
+    readme, docs = config.markdown_table(), config.docs_page()
     for item in TABLE:
-        assert f"| `{item.env}` |" in table
+        assert (f"| `{item.env}` |" in readme) != (f"| `{item.env}` |" in docs), item.env
+        assert item.group == "user" or item.why, f"{item.env}: docs/config.md says why one would change it"
+
+
+def test_the_readme_table_holds_what_a_user_sets_and_fits_on_one_screen():
+    rows = config.markdown_table().splitlines()[2:]
+    assert 12 <= len(rows) <= 20
+    assert {s.group for s in TABLE} <= {"user", *config.GROUPS}
+
+
+def test_settings_is_derived_from_the_table_field_by_field():
+    from dataclasses import fields
+    assert [f.name for f in fields(config.Settings)] == [s.field for s in TABLE] + list(config.TWINS)
 
 
 def test_rgpu_config_prints_every_variable_and_its_value():

@@ -33,6 +33,10 @@ GENERATED: tuple[Generated, ...] = (
 )
 
 
+def _shown(command: tuple[str, ...]) -> str:
+    return " ".join(("python",) + command[1:] if command[0] == PY else command)
+
+
 def _span(text: str, name: str) -> tuple[int, int] | None:
     """Where a section's body lies (after its opening marker's line, up to its closing marker)."""
     m = re.search(rf"^<!-- generated: {re.escape(name)}\b.*?-->\n(.*?)^<!-- end generated -->$", text, re.M | re.S)
@@ -42,7 +46,7 @@ def _span(text: str, name: str) -> tuple[int, int] | None:
 def expected(root: Path, g: Generated) -> str:
     r = subprocess.run(g.command, cwd=root, capture_output=True, text=True)
     if r.returncode != 0:
-        raise RuntimeError(f"{' '.join(g.command[1:])} failed: {r.stderr.strip()[-500:]}")
+        raise RuntimeError(f"{_shown(g.command)} failed: {r.stderr.strip()[-500:]}")
     return r.stdout if r.stdout.endswith("\n") else r.stdout + "\n"
 
 
@@ -50,10 +54,10 @@ def check(root: Path, write: bool = False, only: tuple[Generated, ...] = GENERAT
     problems = []
     for g in only:
         path = root / g.path
-        if not path.exists():
-            problems.append(f"{g.path}: missing; generate it with: {' '.join(g.command[1:])}")
+        if not path.exists() and (g.section or not write):
+            problems.append(f"{g.path}: missing; generate it with: python tools/check_house.py --write")
             continue
-        text = path.read_text()
+        text = path.read_text() if path.exists() else ""
         try:
             want = expected(root, g)
         except RuntimeError as exc:
@@ -73,5 +77,5 @@ def check(root: Path, write: bool = False, only: tuple[Generated, ...] = GENERAT
             else:
                 where = f"its '{g.section}' section" if g.section else "it"
                 problems.append(f"{g.path}: stale; regenerate {where} with: "
-                                f"python tools/check_house.py --write (runs {' '.join(g.command[1:])})")
+                                f"python tools/check_house.py --write (runs {_shown(g.command)})")
     return problems
