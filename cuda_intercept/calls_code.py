@@ -142,11 +142,19 @@ def cu_module_load(pmod, path):
     return _load(pmod, _read(path))
 
 
+def forget_module(h: int) -> None:
+    """Drop what is known of a module's or library's functions (the driver may reuse their handles)."""
+    gone = {f for f, lay in LAYOUTS.items() if lay["module"] == h}
+    for f in gone:
+        del LAYOUTS[f]
+    for key in [k for k in ATTRS if k[0] in gone]:
+        del ATTRS[key]
+
+
 @implements("cuModuleUnload")
 def cu_module_unload(mod):
     h = handle(client.get().ffi, mod)
-    for f in [f for f, lay in LAYOUTS.items() if lay["module"] == h]:
-        del LAYOUTS[f]
+    forget_module(h)
     client.get().post("module_unload", h)
     return CUDA_SUCCESS
 
@@ -219,26 +227,48 @@ def cu_func_get_module(pmod, f):
     return CUDA_SUCCESS
 
 
+# Attribute reads are cached: a function's attributes change only through a set that passes here
+# (runtimes ask before launches: cuBLASLt ~100 cuKernelGetAttribute per training step).
+ATTRS: dict[tuple[int, int, int], int] = {}       # (handle, attribute, device or -1) -> value
+
+
 @implements("cuFuncGetAttribute")
 def cu_func_get_attribute(pi, attr, f):
-    pi[0], _ = client.get().call("func_get_attribute", int(attr), handle(client.get().ffi, f))
+    key = (handle(client.get().ffi, f), int(attr), -1)
+    if key not in ATTRS:
+        ATTRS[key], _ = client.get().call("func_get_attribute", int(attr), key[0])
+    pi[0] = ATTRS[key]
     return CUDA_SUCCESS
 
 
 @implements("cuKernelGetAttribute")
 def cu_kernel_get_attribute(pi, attr, kernel, dev):
-    return cu_func_get_attribute(pi, attr, kernel)
+    key = (handle(client.get().ffi, kernel), int(attr), int(dev))
+    if key not in ATTRS:
+        ATTRS[key], _ = client.get().call("kernel_get_attribute", int(attr), key[0], int(dev))
+    pi[0] = ATTRS[key]
+    return CUDA_SUCCESS
+
+
+def _forget_attrs(h: int, attr: int) -> None:
+    for key in [k for k in ATTRS if k[0] == h and k[1] == attr]:
+        del ATTRS[key]
 
 
 @implements("cuFuncSetAttribute")
 def cu_func_set_attribute(f, attr, value):
-    client.get().call("func_set_attribute", handle(client.get().ffi, f), int(attr), int(value))
+    h = handle(client.get().ffi, f)
+    client.get().call("func_set_attribute", h, int(attr), int(value))
+    _forget_attrs(h, int(attr))
     return CUDA_SUCCESS
 
 
 @implements("cuKernelSetAttribute")
 def cu_kernel_set_attribute(attr, value, kernel, dev):
-    return cu_func_set_attribute(kernel, attr, value)
+    h = handle(client.get().ffi, kernel)
+    client.get().call("kernel_set_attribute", int(attr), int(value), h, int(dev))
+    _forget_attrs(h, int(attr))
+    return CUDA_SUCCESS
 
 
 @implements("cuFuncSetCacheConfig")

@@ -7,7 +7,8 @@ straight to cuModuleLoadData).
 from __future__ import annotations
 
 from . import client
-from .calls_code import LAYOUTS, _read, image_bytes, jit_options, layout, load_image, note_function, write_logs
+from .calls_code import (LAYOUTS, _read, forget_module, image_bytes, jit_options, layout, load_image, note_function,
+                         write_logs)
 from .calls_device import handle
 from .registry import CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS, implements
 
@@ -35,7 +36,9 @@ def cu_library_load_from_file(plib, path, jit_opts, jit_vals, njit, lib_opts, li
 
 @implements("cuLibraryUnload")
 def cu_library_unload(lib):
-    client.get().post("library_unload", handle(client.get().ffi, lib))
+    h = handle(client.get().ffi, lib)
+    forget_module(h)
+    client.get().post("library_unload", h)
     return CUDA_SUCCESS
 
 

@@ -70,9 +70,22 @@ def cu_mem_alloc(dptr, size):
     return CUDA_SUCCESS
 
 
+def _alloc_async(dptr, size, stream, pool=None) -> int:
+    """Stream-ordered: the server's driver allocates from its pool in stream order (a graph captures it)."""
+    c = client.get()
+    if not c.ctx():
+        return 201
+    if size == 0:
+        return CUDA_ERROR_INVALID_VALUE
+    ptr, _ = c.call("mem_alloc_async", int(size), s_(stream), pool)
+    ALLOCS.add(ptr, int(size), c.ctx(), _dev_of_current())
+    dptr[0] = ptr
+    return CUDA_SUCCESS
+
+
 @implements("cuMemAllocAsync", "cuMemAllocAsync_ptsz", stream=2)
 def cu_mem_alloc_async(dptr, size, stream):
-    return cu_mem_alloc(dptr, size)       # stream-ordered pools come later; an ordinary allocation is valid
+    return _alloc_async(dptr, size, stream)
 
 
 @implements("cuMemFree_v2")
@@ -85,7 +98,10 @@ def cu_mem_free(dptr):
 
 @implements("cuMemFreeAsync", "cuMemFreeAsync_ptsz", stream=1)
 def cu_mem_free_async(dptr, stream):
-    return cu_mem_free(dptr)
+    if not ALLOCS.remove(int(dptr)):
+        return CUDA_ERROR_INVALID_VALUE if dptr else CUDA_SUCCESS
+    client.get().post("mem_free_async", int(dptr), s_(stream))
+    return CUDA_SUCCESS
 
 
 @implements("cuMemGetInfo_v2")
@@ -271,34 +287,48 @@ def cu_mem_host_get_flags(pflags, p):
     return CUDA_SUCCESS
 
 
-# ---- stream-ordered pools: one pretend default pool per device, plain allocations behind it ----------
-POOL_BASE = 0x7E5700000000
+# ---- stream-ordered pools: the server's driver's own, the default pool's handle asked once per device ----
 POOL_INT_ATTRS = {1, 2, 3}          # CU_MEMPOOL_ATTR_REUSE_*: int; the rest are cuuint64_t
+POOLS: dict[int, int] = {}          # device -> its default pool on the server
 
 
 @implements("cuDeviceGetDefaultMemPool", "cuDeviceGetMemPool")
 def cu_device_get_mem_pool(ppool, dev):
-    ppool[0] = client.get().ffi.cast("CUmemoryPool", POOL_BASE + int(dev) * 0x10)
+    c = client.get()
+    if int(dev) not in POOLS:
+        POOLS[int(dev)], _ = c.call("device_get_default_mem_pool", int(dev))
+    ppool[0] = c.ffi.cast("CUmemoryPool", POOLS[int(dev)])
     return CUDA_SUCCESS
 
 
 @implements("cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync_ptsz", stream=3)
 def cu_mem_alloc_from_pool_async(dptr, size, pool, stream):
-    return cu_mem_alloc(dptr, size)
+    return _alloc_async(dptr, size, stream, handle(client.get().ffi, pool))
+
+
+def _pool_value(attr, value):
+    return client.get().ffi.cast("int *" if int(attr) in POOL_INT_ATTRS else "cuuint64_t *", value)
 
 
 @implements("cuMemPoolSetAttribute")
 def cu_mem_pool_set_attribute(pool, attr, value):
+    c = client.get()
+    if value == c.ffi.NULL:
+        return CUDA_ERROR_INVALID_VALUE
+    c.call("mem_pool_set_attribute", handle(c.ffi, pool), int(attr), int(_pool_value(attr, value)[0]))
     return CUDA_SUCCESS
 
 
 @implements("cuMemPoolGetAttribute")
 def cu_mem_pool_get_attribute(pool, attr, value):
-    ffi = client.get().ffi
-    ffi.cast("int *" if int(attr) in POOL_INT_ATTRS else "cuuint64_t *", value)[0] = 0
+    c = client.get()
+    if value == c.ffi.NULL:
+        return CUDA_ERROR_INVALID_VALUE
+    _pool_value(attr, value)[0], _ = c.call("mem_pool_get_attribute", handle(c.ffi, pool), int(attr))
     return CUDA_SUCCESS
 
 
 @implements("cuMemPoolTrimTo")
 def cu_mem_pool_trim_to(pool, keep):
+    client.get().post("mem_pool_trim_to", handle(client.get().ffi, pool), int(keep))
     return CUDA_SUCCESS

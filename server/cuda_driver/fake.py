@@ -42,6 +42,9 @@ class FakeDriver(Driver):
         self.graphs: dict[int, list] = {}
         self.execs: dict[int, list] = {}
         self.capturing: dict[int, int] = {}          # stream -> graph being recorded
+        self.nodes: dict[int, list[int]] = {}        # graph -> a handle for each recorded work, minted when asked
+        self.pools: dict[int, dict] = {}             # memory pool -> {"device", "attrs", "used", "high"}
+        self.pool_of: dict[int, tuple[dict, int]] = {}   # stream-ordered allocation -> (its pool, size)
         self.code = FakeCode(self)
 
     def _new(self) -> int:
@@ -149,6 +152,58 @@ class FakeDriver(Driver):
         pattern = int(value).to_bytes(elem, "little")
         self._run(stream, lambda: self.mem.view(dst, elem * count).__setitem__(slice(None), pattern * count))
 
+    # ---- stream-ordered allocation: one default pool per device, allocations made at once ----
+    def device_get_default_mem_pool(self, dev: int) -> int:
+        self._device(dev)
+        for h, p in self.pools.items():
+            if p["device"] == dev:
+                return h
+        h = self._new()
+        self.pools[h] = {"device": dev, "attrs": {1: 1, 2: 1, 3: 1, 4: 0}, "used": 0, "high": 0}
+        return h
+
+    def _pool(self, pool: int | None) -> dict:
+        if pool is None:
+            self._need_ctx()
+            pool = self.device_get_default_mem_pool(self.contexts[self.current]["device"])
+        check(pool in self.pools, CUDA_ERROR_INVALID_VALUE, f"memory pool {pool:#x} does not exist")
+        return self.pools[pool]
+
+    def mem_alloc_async(self, size: int, stream: int, pool: int | None = None) -> int:
+        p = self._pool(pool)
+        self._stream(stream)
+        ptr = self.mem_alloc(size)
+        p["used"] += size
+        p["high"] = max(p["high"], p["used"])
+        self.pool_of[ptr] = (p, size)
+        return ptr
+
+    def mem_free_async(self, ptr: int, stream: int) -> None:
+        # a free captured into a graph leaves the memory to the graph's replays (the driver's free node
+        # and alloc node would hand back the same address each time)
+        if self._stream(stream) in self.capturing:
+            return
+        p, size = self.pool_of.pop(ptr, (None, 0))
+        self.mem.free(ptr)
+        if p is not None:
+            p["used"] -= size
+
+    def mem_pool_set_attribute(self, pool: int, attr: int, value: int) -> None:
+        check(1 <= attr <= 8 and attr not in (5, 7), CUDA_ERROR_INVALID_VALUE, f"pool attribute {attr} is not settable")
+        p = self._pool(pool)
+        if attr in (6, 8):                          # the high-water marks reset to the current use
+            p["high"] = p["used"]
+        else:
+            p["attrs"][attr] = value
+
+    def mem_pool_get_attribute(self, pool: int, attr: int) -> int:
+        p = self._pool(pool)
+        check(1 <= attr <= 8, CUDA_ERROR_INVALID_VALUE, f"no pool attribute {attr}")
+        return {5: p["used"], 6: p["high"], 7: p["used"], 8: p["high"]}.get(attr, p["attrs"].get(attr, 0))
+
+    def mem_pool_trim_to(self, pool: int, keep: int) -> None:
+        self._pool(pool)                             # allocations here go straight back: nothing is held
+
     # ---- code ------------------------------------------------------------------------
     def __getattr__(self, name):
         # module_*, library_*, kernel_*, link_*, func_*, launch, param_layout, occupancy_*: fake_code.py
@@ -245,6 +300,20 @@ class FakeDriver(Driver):
     def stream_is_capturing(self, stream: int) -> int:
         return 1 if self._stream(stream) in self.capturing else 0
 
+    def stream_get_capture_info(self, stream: int) -> list:
+        """[status, capture id, graph, dependencies]: a capture here is a chain, so its last node."""
+        g = self.capturing.get(self._stream(stream))
+        if g is None:
+            return [0, 0, 0, []]
+        nodes = self.graph_get_nodes(g)
+        return [1, g, g, nodes[-1:]]
+
+    def graph_get_nodes(self, graph: int) -> list:
+        check(graph in self.graphs, CUDA_ERROR_INVALID_HANDLE, f"graph {graph:#x} does not exist")
+        nodes = self.nodes.setdefault(graph, [])
+        nodes += [self._new() for _ in range(len(self.graphs[graph]) - len(nodes))]
+        return list(nodes)
+
     def graph_instantiate(self, graph: int, flags: int) -> int:
         check(graph in self.graphs, CUDA_ERROR_INVALID_HANDLE, f"graph {graph:#x} does not exist")
         h = self._new()
@@ -264,3 +333,4 @@ class FakeDriver(Driver):
 
     def graph_destroy(self, graph: int) -> None:
         check(self.graphs.pop(graph, None) is not None, CUDA_ERROR_INVALID_HANDLE, "no such graph")
+        self.nodes.pop(graph, None)

@@ -220,6 +220,12 @@ class FakeCode:
     def func_set_attribute(self, func: int, attr: int, value: int) -> None:
         self._entry(func).attrs[attr] = value
 
+    def kernel_get_attribute(self, attr: int, kernel: int, dev: int) -> int:
+        return self.func_get_attribute(attr, kernel)
+
+    def kernel_set_attribute(self, attr: int, value: int, kernel: int, dev: int) -> None:
+        self.func_set_attribute(kernel, attr, value)
+
     def func_set_cache_config(self, func: int, config: int) -> None:
         self._entry(func)
 

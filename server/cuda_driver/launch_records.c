@@ -7,16 +7,19 @@ typedef int (*launch_fn)(void *, unsigned, unsigned, unsigned, unsigned, unsigne
 typedef int (*set_ctx_fn)(void *);
 /* Launch records [pos, len) (layout in rgpu/server/routes/cuda.py, LAUNCH) in order, each with its packed
  * arguments passed through `extra`.  Stops at the first failure: returns its CUresult and leaves *pos at
- * that record; returns 0 with *pos == len when all ran.  *ctx is the current context, kept up to date. */
+ * that record (-1: malformed; -2: a kind this walker leaves to the executor); returns 0 with *pos == len
+ * when all ran.  *ctx is the current context, kept up to date. */
 int rgpu_launch_records(launch_fn launch, set_ctx_fn set_ctx, const char *rec, size_t len, size_t *pos,
                         uint64_t *ctx) {
     size_t size_arg = 0;
     void *extra[5] = {(void *)1, 0, (void *)2, &size_arg, 0};
     while (*pos + 64 <= len) {
         const char *r = rec + *pos;
-        uint32_t size, dims[8];
+        uint32_t size, kind, dims[8];
         uint64_t func, c, stream;
         memcpy(&size, r, 4);
+        memcpy(&kind, r + 4, 4);
+        if (kind != 1) return -2;     /* not a plain cuLaunchKernel (cuLaunchKernelEx...): the executor runs it */
         memcpy(&func, r + 8, 8);
         memcpy(&c, r + 16, 8);
         memcpy(&stream, r + 24, 8);

@@ -17,6 +17,7 @@ from .real_api import Api, load
 from .real_code import RealCode
 
 LOG_BYTES = 16 << 10
+POOL_INT_ATTRS = {1, 2, 3}     # CU_MEMPOOL_ATTR_REUSE_*: int; the others are cuuint64_t
 _INT32_MIN = -(1 << 31)
 
 
@@ -146,6 +147,30 @@ class RealDriver(Driver):
 
     def mem_free(self, ptr: int) -> None:
         self.api("cuMemFree_v2", ptr)
+
+    # stream-ordered allocation: the driver's own pools (a graph captures these as memory nodes)
+    def mem_alloc_async(self, size: int, stream: int, pool: int | None = None) -> int:
+        if pool is None:
+            return self._out("cuMemAllocAsync", c_ulonglong, size, stream)
+        return self._out("cuMemAllocFromPoolAsync", c_ulonglong, size, pool, stream)
+
+    def mem_free_async(self, ptr: int, stream: int) -> None:
+        self.api("cuMemFreeAsync", ptr, stream)
+
+    def device_get_default_mem_pool(self, dev: int) -> int:
+        return self._out("cuDeviceGetDefaultMemPool", c_void_p, dev)
+
+    def mem_pool_set_attribute(self, pool: int, attr: int, value: int) -> None:
+        v = c_int(value) if attr in POOL_INT_ATTRS else c_ulonglong(value)
+        self.api("cuMemPoolSetAttribute", pool, attr, byref(v))
+
+    def mem_pool_get_attribute(self, pool: int, attr: int) -> int:
+        v = c_int() if attr in POOL_INT_ATTRS else c_ulonglong()
+        self.api("cuMemPoolGetAttribute", pool, attr, byref(v))
+        return v.value
+
+    def mem_pool_trim_to(self, pool: int, keep: int) -> None:
+        self.api("cuMemPoolTrimTo", pool, keep)
 
     def mem_get_info(self) -> list:
         free, total = c_size_t(), c_size_t()

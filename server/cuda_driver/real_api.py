@@ -47,7 +47,11 @@ SIGNATURES = {
     "cuEventSynchronize": "p", "cuEventQuery": "p", "cuEventElapsedTime": "ppp", "cuEventElapsedTime_v2": "ppp",
     "cuStreamBeginCapture_v2": "pi", "cuStreamEndCapture": "pp", "cuStreamIsCapturing": "pp",
     "cuGraphInstantiateWithFlags": "ppq", "cuGraphLaunch": "pp", "cuGraphUpload": "pp", "cuGraphExecDestroy": "p",
-    "cuGraphDestroy": "p",
+    "cuGraphDestroy": "p", "cuGraphGetNodes": "ppp", "cuStreamGetCaptureInfo_v3": "ppppppp",
+    "cuKernelGetAttribute": "pipi", "cuKernelSetAttribute": "iipi",
+    "cuMemAllocAsync": "pzp", "cuMemFreeAsync": "dp", "cuMemAllocFromPoolAsync": "pzpp",
+    "cuDeviceGetDefaultMemPool": "pi", "cuMemPoolSetAttribute": "pip", "cuMemPoolGetAttribute": "pip",
+    "cuMemPoolTrimTo": "pz",
 }
 
 _SEARCH = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/nvidia/lib64",

@@ -85,6 +85,16 @@ class RealCode:
     def func_set_attribute(self, handle: int, attr: int, value: int) -> None:
         self.api("cuFuncSetAttribute", self._function(handle), attr, value)
 
+    def kernel_get_attribute(self, attr: int, handle: int, dev: int) -> int:
+        if handle not in self.kernels:
+            return self.func_get_attribute(attr, handle)
+        return self.d._out("cuKernelGetAttribute", c_int, attr, handle, dev)
+
+    def kernel_set_attribute(self, attr: int, value: int, handle: int, dev: int) -> None:
+        if handle not in self.kernels:
+            return self.func_set_attribute(handle, attr, value)
+        self.api("cuKernelSetAttribute", attr, value, handle, dev)
+
     def func_set_cache_config(self, handle: int, config: int) -> None:
         self.api("cuFuncSetCacheConfig", self._function(handle), config)
 
@@ -256,6 +266,22 @@ class RealCode:
         v = c_int()
         self.api("cuStreamIsCapturing", stream, byref(v))
         return v.value
+
+    def stream_get_capture_info(self, stream: int) -> list:
+        """[status, capture id, graph, [nodes the next captured work depends on]] (edge data stays here)."""
+        status, cid, graph, deps, edges, n = c_int(), c_ulonglong(), c_void_p(), c_void_p(), c_void_p(), c_size_t()
+        # edges asked for too: without them the driver refuses a lossy query when an edge carries data
+        self.api("cuStreamGetCaptureInfo_v3", stream, byref(status), byref(cid), byref(graph), byref(deps),
+                 byref(edges), byref(n))
+        nodes = ctypes.cast(deps, ctypes.POINTER(c_void_p)) if deps.value else None
+        return [status.value, cid.value, graph.value or 0, [nodes[i] or 0 for i in range(n.value)] if nodes else []]
+
+    def graph_get_nodes(self, graph: int) -> list:
+        n = c_size_t()
+        self.api("cuGraphGetNodes", graph, None, byref(n))
+        nodes = (c_void_p * max(1, n.value))()
+        self.api("cuGraphGetNodes", graph, nodes, byref(n))
+        return [nodes[i] or 0 for i in range(n.value)]
 
     def graph_instantiate(self, graph: int, flags: int) -> int:
         return self.d._out("cuGraphInstantiateWithFlags", c_void_p, graph, flags)

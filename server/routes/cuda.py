@@ -44,13 +44,19 @@ occupancy_max_active_blocks occupancy_max_potential_block_size
 stream_create stream_destroy stream_synchronize stream_query stream_get_flags stream_get_priority stream_wait_event
 event_create event_destroy event_record event_synchronize event_query event_elapsed_time
 stream_begin_capture stream_end_capture stream_is_capturing graph_instantiate graph_launch graph_upload
-graph_exec_destroy graph_destroy
+graph_exec_destroy graph_destroy graph_get_nodes stream_get_capture_info kernel_get_attribute kernel_set_attribute
+mem_alloc_async mem_free_async device_get_default_mem_pool mem_pool_set_attribute mem_pool_get_attribute mem_pool_trim_to
 """.split())
 
-# A launch record from the interceptor's C queue (shim_launch.c):
-# u32 size, u32 kind, u64 func, u64 ctx, u64 stream, u32 grid[3], u32 block[3], u32 shared, u32 arg_bytes, args
+# A launch record from the interceptor's C queue (shim_launch.c), 8-byte aligned:
+# u32 size, u32 kind, u64 func, u64 ctx, u64 stream, u32 grid[3], u32 block[3], u32 shared, u32 arg_bytes, then
+#   kind 1 (cuLaunchKernel):   args[arg_bytes]
+#   kind 2 (cuLaunchKernelEx): u32 nattrs, u32 0, CUlaunchAttribute[nattrs] (72 bytes each), args[arg_bytes]
+# func may be a CUfunction or a CUkernel (the driver launches either in the current context).
 LAUNCH = struct.Struct("<IIQQQ3I3III")
-LAUNCH_KIND = 1
+LAUNCH_KIND, LAUNCH_EX_KIND = 1, 2
+LAUNCH_EX_ATTRS = struct.Struct("<II")
+ATTR_BYTES = 72
 MAX_DEFERRED = 32
 IMAGE_CACHE_BYTES = 4 << 30      # the image store's bound when the settings do not name one
 
@@ -164,12 +170,15 @@ class Executor(BaseExecutor):
         launch = self.driver.launch
         while pos + LAUNCH.size <= end:
             size, kind, func, ctx, stream, gx, gy, gz, bx, by, bz, shared, nargs = LAUNCH.unpack_from(records, pos)
-            if size < LAUNCH.size + nargs or pos + size > end or kind != LAUNCH_KIND:
+            if size < LAUNCH.size + nargs or pos + size > end or kind not in (LAUNCH_KIND, LAUNCH_EX_KIND):
                 raise OpFailed("launches", f"malformed launch record at byte {pos}")
             try:
                 if ctx != self.current:
                     self._enter(ctx)
-                if launch_at:
+                if kind == LAUNCH_EX_KIND:
+                    attrs, args = self._ex_parts(records, pos, size, nargs)
+                    launch(func, (gx, gy, gz), (bx, by, bz), shared, stream, attrs, args)
+                elif launch_at:
                     launch_at(func, gx, gy, gz, bx, by, bz, shared, stream, base + pos + LAUNCH.size, nargs)
                 else:
                     launch(func, (gx, gy, gz), (bx, by, bz), shared, stream, None,
@@ -177,6 +186,20 @@ class Executor(BaseExecutor):
             except Exception as exc:
                 self._defer("cuLaunchKernel", exc)
             pos += size
+
+    @staticmethod
+    def _ex_parts(records: memoryview, pos: int, size: int, nargs: int):
+        """A cuLaunchKernelEx record's attributes (72-byte structs, or None) and packed arguments."""
+        at = pos + LAUNCH.size
+        if size < LAUNCH.size + LAUNCH_EX_ATTRS.size + nargs:
+            raise OpFailed("launches", f"malformed cuLaunchKernelEx record at byte {pos}")
+        nattrs, _ = LAUNCH_EX_ATTRS.unpack_from(records, at)
+        at += LAUNCH_EX_ATTRS.size
+        if size < at - pos + nattrs * ATTR_BYTES + nargs:
+            raise OpFailed("launches", f"cuLaunchKernelEx record at byte {pos}: {nattrs} attributes do not fit")
+        attrs = [bytes(records[at + i * ATTR_BYTES:at + (i + 1) * ATTR_BYTES]) for i in range(nattrs)] or None
+        at += nattrs * ATTR_BYTES
+        return attrs, records[at:at + nargs]
 
     def _launch_one(self, records: memoryview, pos: int) -> int:
         """Run the record at ``pos`` on the per-record path; returns where the next one starts."""
