@@ -93,6 +93,10 @@ TABLE: tuple[Setting, ...] = (
     Setting("max_buffers", "RGPU_MAX_BUFFERS", 65536, int, "", "most raw buffers in one frame", group="limits", why="as RGPU_MAX_META, for the count of buffers in one frame"),
     Setting("max_sessions", "RGPU_MAX_SESSIONS", 32, int, "rgpu serve --max-sessions", "sessions the server runs at once", group="user"),
     Setting("spare_workers", "RGPU_SPARE_WORKERS", 1, int, "rgpu serve --spare-workers", "worker processes kept started so a new session begins at once", group="tuning", why="0 on a server that should hold no idle process; more where many sessions start at once"),
+    Setting("auth_timeout", "RGPU_AUTH_TIMEOUT", 5.0, float, "", "server: seconds a connection has from its accept to proving the token; then it is dropped", group="limits", why="raise it over a very slow link; lower it on a server probed by strangers"),
+    Setting("max_unauth", "RGPU_MAX_UNAUTH", 512, int, "", "server: connections not yet authenticated held at once (over it the one that got least far goes, oldest first)", group="limits", why="lower it on a small server exposed to a network; raise it behind a proxy that funnels many clients"),
+    Setting("max_unauth_per_source", "RGPU_MAX_UNAUTH_PER_SOURCE", 64, int, "", "server: the same from one address", group="limits", why="raise it behind NAT, where many clients share one address"),
+    Setting("max_session_bytes", "RGPU_MAX_SESSION_BYTES", None, _optional(_size), "", "server: device memory one session may hold (the ops route's storages, the cuda route's allocations); unset: no bound", group="limits", why="set it on a shared GPU so one session cannot take every other session's memory"),
     Setting("debug", "RGPU_DEBUG", False, _bool, "", "debug logging (the hot path is quiet otherwise)", group="user"),
 )
 

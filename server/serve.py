@@ -1,15 +1,16 @@
 """``rgpu serve``: one port for both routes; each connection goes to its own worker process.
 
-The acceptor imports no torch and runs no client code: it accepts, hands the
-socket to a spare worker over a Unix socket (SCM_RIGHTS), and keeps the next
-spare started. The worker authenticates the client before anything else.
+The acceptor imports no torch and runs no client code: it accepts, walks each
+connection through the handshake in one non-blocking loop (``gate.py``: a stranger
+never holds a worker), hands an authenticated socket to a spare worker over a Unix
+socket (SCM_RIGHTS), and keeps the next spare started. Over TLS the worker does the
+handshake (TLS state cannot cross processes), once the client's first record is in.
 """
 from __future__ import annotations
 
 import ipaddress
 import logging
 import os
-import select
 import signal
 import socket
 import subprocess
@@ -25,6 +26,7 @@ from rgpu.transport import handshake, tcp, tls, tokens
 from rgpu.transport.tcp import TcpTransport
 
 from . import routes
+from .gate import Admitted, Gate
 
 log = logging.getLogger("rgpu.server")
 
@@ -99,7 +101,7 @@ class Server:
             if w.proc.poll() is not None:
                 self.spares.remove(w)
 
-    def _hand_over(self, sock: socket.socket, peer) -> None:
+    def _hand_over(self, sock: socket.socket, peer, admitted: Admitted | None = None) -> None:
         self._reap()
         if len(self.sessions) >= self.settings.max_sessions:
             handshake.refuse(TcpTransport(sock), "busy", f"the server runs its limit of {self.settings.max_sessions} sessions")
@@ -107,6 +109,12 @@ class Server:
             return
         details = {"token": self.token.decode(), "overrides": self.overrides, "peer": str(peer),
                    "tls": {"cert": self.tls.cert, "key": self.tls.key} if self.tls else None}
+        if admitted is not None:   # authenticated by the gate (plain), or its TLS handshake's time left
+            details["deadline_s"] = max(0.5, admitted.deadline - time.monotonic())
+            if admitted.hello is not None:
+                h = admitted.hello
+                details["hello"] = {"route": h.route, "session": h.session, "versions": h.versions,
+                                    "transports": h.transports, "options": h.options}
         try:
             for _ in range(3):  # a spare that died (a failed preload, say) gets the next one its connection
                 self._fill_spares()
@@ -167,24 +175,23 @@ class Server:
     def serve_forever(self) -> None:
         self._fill_spares()
         self.announce()
+        tls_cert = {"cert": self.tls.cert, "key": self.tls.key} if self.tls else None
+        gate = Gate(self.listener, self.token, self.settings, routes.available(), tls_cert)
         try:
             while not self._stop.is_set():
-                ready, _, _ = select.select([self.listener], [], [], 0.5)
+                ready = gate.turn(0.5)
                 if self._parent_gone():
                     break
                 if not ready:
                     self._reap()
-                    continue
-                try:
-                    sock, peer = self.listener.accept()
-                except OSError:
-                    continue
-                tcp.tune(sock)
-                try:
-                    self._hand_over(sock, peer)
-                except RgpuError as exc:
-                    log.warning("dropped a connection from %s: %s", peer, exc)
+                for admitted in ready:
+                    tcp.tune(admitted.sock)
+                    try:
+                        self._hand_over(admitted.sock, admitted.peer, admitted)
+                    except RgpuError as exc:
+                        log.warning("dropped a connection from %s: %s", admitted.peer, exc)
         finally:
+            gate.close()
             self.shutdown()
 
     def stop(self) -> None:
@@ -208,6 +215,7 @@ class Server:
 
 
 def run(settings, overrides=None, preload="torch", parent_pid=None) -> int:
+    logging.basicConfig(level=logging.DEBUG if settings.debug else logging.WARNING, format="rgpu serve: %(message)s")
     server = Server(settings, overrides, preload, parent_pid)
     signal.signal(signal.SIGTERM, lambda *_: server.stop())
     try:

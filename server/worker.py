@@ -159,7 +159,15 @@ def run_session(sock: socket.socket, d: dict) -> None:
     """Authenticate the connection handed over by the acceptor, then serve it."""
     s = config.settings(**d.get("overrides", {}))
     logging.basicConfig(level=logging.DEBUG if s.debug else logging.WARNING, format="rgpu worker: %(message)s")
-    sock.settimeout(s.connect_timeout)  # a client that stalls in the handshake is dropped
+    if d.get("hello") is not None:  # the acceptor authenticated it (server/gate.py); WELCOME is ours to send
+        h = d["hello"]
+        hello = handshake.Hello(route=h["route"], session=h["session"], versions=h["versions"],
+                                transports=h["transports"], options=h["options"])
+        serve_session(TcpTransport(sock), Session(id=hello.session, route=hello.route, settings=s,
+                                                  options=hello.options, peer_versions=hello.versions),
+                      negotiate.server_offer(hello.transports, s))
+        return
+    sock.settimeout(d.get("deadline_s", s.connect_timeout))  # a client that stalls in the handshake is dropped
     try:
         sock = tls.accept(sock, d.get("tls"))  # TLS state cannot cross processes: the worker does the TLS handshake
     except RgpuError as exc:  # a bare connect-and-close (a port check) is not worth a warning

@@ -96,16 +96,25 @@ def _spare_pids(server) -> set[int]:
     return {int(p) for p in out.stdout.split()}
 
 
-@pytest.mark.parametrize("how", ["half a header, then gone", "nothing at all, then a stall"])
-def test_a_client_that_stops_in_the_handshake_is_dropped_and_its_worker_exits(start_server, how):
-    server = start_server(env={"RGPU_CONNECT_TIMEOUT": "0.5"})
+@pytest.mark.parametrize("how", ["half a header, then gone", "nothing at all, then a stall", "a hello, then a stall"])
+def test_a_client_that_stops_in_the_handshake_never_takes_a_worker_and_is_dropped(start_server, how):
+    server = start_server(env={"RGPU_AUTH_TIMEOUT": "0.5"})
     before = _spare_pids(server)
     sock = socket.create_connection((server.host, server.port), timeout=10)
     if how.startswith("half"):
         sock.sendall(header(kind=MsgKind.HELLO)[:10])
         sock.close()
-    wait_until(lambda: all(pid_gone(p) for p in before), 15, "the worker that took the connection to exit")
+    elif how.startswith("a hello"):
+        sock.sendall(encode_frame(MsgKind.HELLO, 0, {"proto": PROTOCOL_VERSION, "versions": {}, "route": "echo",
+                                                     "session": "s", "transports": [], "nonce": b"n" * 32,
+                                                     "options": {}}))
+        challenge = TcpTransport(sock).recv_frame(Limits(), BufferPool())
+        assert challenge.kind == MsgKind.CHALLENGE
+    if not how.endswith("gone"):   # the acceptor hangs up on it once RGPU_AUTH_TIMEOUT is past
+        sock.settimeout(10)
+        assert sock.recv(1) == b""
     sock.close()
+    assert _spare_pids(server) == before and all(not pid_gone(p) for p in before)   # the spare never took it
     conn = server.connect("echo")
     assert conn.call({"op": "sizes"}).meta["sizes"] == []
 

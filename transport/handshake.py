@@ -122,6 +122,13 @@ def refuse(t: Transport, code: str, message: str) -> None:
 
 def server_handshake(t: Transport, token: bytes, limits: Limits, routes: set[str]) -> Hello:
     """Run the server side up to the client's proof; the caller sends WELCOME once the session exists."""
+    hello, sn = server_hello(t, token, limits)
+    return server_proof(t, token, limits, routes, hello, sn)
+
+
+def server_hello(t: Transport, token: bytes, limits: Limits, versions: dict | None = None) -> tuple[Hello, bytes]:
+    """The server's first half: read HELLO, send CHALLENGE; (the hello, the server's nonce).
+    The acceptor runs the halves one frame at a time, as each arrives (``server/gate.py``)."""
     try:
         meta = _recv(t, limits, MsgKind.HELLO)
     except VersionMismatch as exc:
@@ -136,8 +143,13 @@ def server_handshake(t: Transport, token: bytes, limits: Limits, routes: set[str
     if len(hello.nonce) != NONCE_BYTES or len(hello.session) > 128:
         raise ProtocolError("handshake: bad nonce or session id length")
     sn = os.urandom(NONCE_BYTES)
-    _send(t, MsgKind.CHALLENGE, {"versions": software_versions(), "nonce": sn,
+    _send(t, MsgKind.CHALLENGE, {"versions": versions or software_versions(), "nonce": sn,
                                  "proof": _proof(token, b"server", hello.nonce, sn, hello.session)})
+    return hello, sn
+
+
+def server_proof(t: Transport, token: bytes, limits: Limits, routes: set[str], hello: Hello, sn: bytes) -> Hello:
+    """The server's second half: read PROOF and check it (constant time), then the route."""
     proof = _recv(t, limits, MsgKind.PROOF)
     if not hmac.compare_digest(_field(proof, "proof", bytes), _proof(token, b"client", sn, hello.nonce, hello.session)):
         refuse(t, "auth", "wrong token")

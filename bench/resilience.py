@@ -1,0 +1,165 @@
+"""``rgpu bench resilience``: an authenticated handshake while strangers flood the server's port.
+
+    rgpu bench resilience --json [--repeats 7] [--flood 256] [--tls]
+    python -m rgpu.bench.resilience --json --flood 256
+
+The flood is another process (``python -m rgpu.bench.resilience --flood-at HOST:PORT``) holding
+``--flood`` connections open on the port: idle ones (connect, never a byte) and dribbling ones
+(a frame header's bytes, one a second); a connection the server closes is opened again, so the
+count holds however the server sheds them. It stops by itself. Value: ``connect("echo")`` (TCP
+connect, the handshake to WELCOME) with the flood on; baseline: the same with no flood, the two
+interleaved, each against a server that has had time to start its next spare worker.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import select
+import socket
+import subprocess
+import sys
+import time
+
+from rgpu.bench import harness
+
+DEFAULT_FLOOD = 256
+SETTLE_S = 1.5        # between runs: the server's next spare worker starts (no preload: about a second)
+DRIBBLE = b"RGPU\x01\x00\x01\x00" + b"\x00" * 28   # a HELLO header, never finished
+DRIBBLE_TLS = b"\x16\x03\x01\x02\x00\x01" + b"\x00" * 30   # a TLS record's header and a ClientHello's start
+
+
+def flood(host: str, port: int, count: int, seconds: float, dribble_every: int = 2, dribble: bytes = DRIBBLE) -> None:
+    """Hold ``count`` connections open on host:port for ``seconds``: every ``dribble_every``-th one sends
+    a byte a second, the others nothing; one the server closes is opened again (at most ``count`` a tick)."""
+    deadline = time.monotonic() + seconds
+    conns: dict[int, tuple[socket.socket, int]] = {}   # fd -> (socket, bytes dribbled; -1 for idle)
+    opened = 0
+    poller = select.poll()
+    announced = False
+    while time.monotonic() < deadline:
+        while len(conns) < count:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.setblocking(False)
+            try:
+                s.connect((host, port))
+            except BlockingIOError:
+                pass
+            except OSError:
+                s.close()
+                break
+            opened += 1
+            conns[s.fileno()] = (s, 0 if opened % dribble_every == 0 else -1)
+            poller.register(s, select.POLLIN)
+        if not announced:
+            print(f"flooding {len(conns)}", flush=True)
+            announced = True
+        for fd, _ in poller.poll(200):   # readable: the server closed it (or refused it in a frame)
+            s, _sent = conns.pop(fd)
+            poller.unregister(fd)
+            s.close()
+        for fd, (s, sent) in list(conns.items()):
+            if sent >= 0:
+                try:
+                    s.send(dribble[sent % len(dribble):sent % len(dribble) + 1])
+                    conns[fd] = (s, sent + 1)
+                except (BlockingIOError, InterruptedError):
+                    pass
+                except OSError:
+                    conns.pop(fd)
+                    poller.unregister(fd)
+                    s.close()
+        time.sleep(max(0.0, min(1.0, deadline - time.monotonic())))
+    for s, _ in conns.values():
+        s.close()
+    print(f"flood over: {opened} opened", flush=True)
+
+
+class Flood:
+    """A flood from another process, started and waited for (it reports its connections open)."""
+
+    def __init__(self, address: str, count: int, seconds: float = 60.0, tls: bool = False):
+        self.proc = subprocess.Popen([sys.executable, "-m", "rgpu.bench.resilience", "--flood-at", address,
+                                      "--flood", str(count), "--seconds", str(seconds),
+                                      *(["--flood-tls"] if tls else [])],
+                                     stdout=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+        line = self.proc.stdout.readline()
+        if not line.startswith("flooding"):
+            self.stop()
+            raise RuntimeError(f"the flood did not start: {line!r}")
+        time.sleep(0.3)    # the last connections reach the server's accept queue
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        self.proc.wait(10)
+        self.proc.stdout.close()
+
+
+def handshake_ms(settings) -> float:
+    """One authenticated connection on the echo route: TCP connect, handshake, WELCOME; closed after."""
+    from rgpu.transport.client import connect
+
+    t0 = time.perf_counter()
+    conn = connect("echo", settings=settings)
+    elapsed = (time.perf_counter() - t0) * 1e3
+    conn.close()
+    return elapsed
+
+
+def rows(args=None) -> list[dict]:
+    from rgpu import config
+    from rgpu.transport.local_server import LocalServer
+
+    repeats = 3 if getattr(args, "quick", False) else harness.repeats_of(args, 5)
+    count = int(getattr(args, "flood", None) or DEFAULT_FLOOD)
+    token = secrets.token_urlsafe(32)
+    server = LocalServer(token, ["--preload", "", "--spare-workers", "2"], env=_clean_env())
+    try:
+        s = config.settings(environ={}, server=server.address, token=token, transport="tcp", connect_timeout=120.0)
+        time.sleep(SETTLE_S)
+        handshake_ms(s)   # warm: the client's imports, the server's first spare
+
+        def flooded() -> float:
+            f = Flood(server.address, count)
+            try:
+                return handshake_ms(s)
+            finally:
+                f.stop()
+                time.sleep(SETTLE_S)
+
+        def quiet() -> float:
+            try:
+                return handshake_ms(s)
+            finally:
+                time.sleep(SETTLE_S)
+
+        result = harness.compare(flooded, quiet, repeats)
+    finally:
+        server.stop()
+    return [harness.row("resilience", "tcp", f"authenticated handshake under a flood of {count} connections",
+                        None, result, "the handshake with no flood", unit="ms",
+                        delay_ms=result["value"] - result["baseline"])]
+
+
+def _clean_env() -> dict:
+    return {k: v for k, v in os.environ.items() if not k.startswith("RGPU_")}
+
+
+def main(argv=None) -> int:
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--flood-at")
+    pre.add_argument("--flood", type=int, default=DEFAULT_FLOOD)
+    pre.add_argument("--seconds", type=float, default=60.0)
+    pre.add_argument("--flood-tls", action="store_true")
+    known, rest = pre.parse_known_args(argv)
+    if known.flood_at:   # the flood's own process
+        host, _, port = known.flood_at.rpartition(":")
+        flood(host, int(port), known.flood, known.seconds, dribble=DRIBBLE_TLS if known.flood_tls else DRIBBLE)
+        return 0
+    return harness.main(rows, rest + ["--flood", str(known.flood)], __doc__, repeats=5,
+                        flags={"--flood": {"type": int, "default": DEFAULT_FLOOD, "help": "connections in the flood"}})
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
