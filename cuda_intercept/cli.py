@@ -1,8 +1,11 @@
-"""``rgpu intercept build | run | coverage``: build rgpu's libcuda.so.1, run a program with it in front of any real driver.
+"""``rgpu intercept build | run | coverage``: build rgpu's CUDA libraries, run an unchanged program with them.
 
-    rgpu intercept build [--out DIR] [--force]     prints the library's path
-    rgpu intercept run -- PROGRAM [ARGS...]        runs PROGRAM with LD_LIBRARY_PATH naming it first
+    rgpu intercept build [--out DIR] [--force]     builds the library set, prints each file's path
+    rgpu intercept run [--preload] -- PROGRAM ...  runs PROGRAM with rgpu's libraries redirected in
+                                                   (LD_AUDIT; --preload: the LD_PRELOAD fallback)
     rgpu intercept coverage [--out FILE]           writes docs/cuda_coverage.md's table
+
+The exit status of PROGRAM is ``rgpu intercept run``'s (the program replaces it).
 """
 from __future__ import annotations
 
@@ -11,13 +14,15 @@ import sys
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("intercept", help="run unchanged CUDA programs against the remote GPU (libcuda.so.1)")
+    p = subparsers.add_parser("intercept", help="run unchanged CUDA programs against the remote GPU (rgpu's CUDA libraries)")
     sub = p.add_subparsers(dest="intercept_command", required=True)
-    b = sub.add_parser("build", help="build (or find cached) rgpu's libcuda.so.1 and print its path")
+    b = sub.add_parser("build", help="build (or find cached) rgpu's CUDA libraries and print their paths")
     b.add_argument("--out", default=None, help="folder to build into (default ~/.cache/rgpu/intercept/<key>)")
     b.add_argument("--force", action="store_true", help="rebuild even when a cached build exists")
     b.set_defaults(func=_build)
-    r = sub.add_parser("run", help="run a program with rgpu's libcuda.so.1 in front: rgpu intercept run -- prog args")
+    r = sub.add_parser("run", help="run a program with rgpu's CUDA libraries in place of NVIDIA's: rgpu intercept run -- prog args")
+    r.add_argument("--preload", action="store_true",
+                   help="LD_PRELOAD rgpu's libraries instead of redirecting with LD_AUDIT (where the loader has no audit interface)")
     r.add_argument("argv", nargs="+", help="the program and its arguments (after --)")
     r.set_defaults(func=_run)
     c = sub.add_parser("coverage", help="write the per-function coverage table (implemented, queued, refused)")
@@ -26,27 +31,27 @@ def add_parser(subparsers) -> None:
 
 
 def _build(args) -> int:
-    from .build import build
-    print(build(args.out, force=args.force))
+    from .libraries import REDIRECTOR, REPLACED, build
+    folder = build(args.out, force=args.force)
+    for name in (REDIRECTOR, *REPLACED[1:], REPLACED[0]):     # libcuda.so.1 last: scripts take the last line
+        if (folder / name).exists():
+            print(folder / name)
     return 0
 
 
-def environment(lib_dir: str, env: dict | None = None) -> dict:
-    """The environment a program runs in: our folder first on LD_LIBRARY_PATH."""
-    env = dict(os.environ if env is None else env)
-    paths = [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p and p != lib_dir]
-    env["LD_LIBRARY_PATH"] = ":".join([lib_dir, *paths])
-    return env
+def environment(lib_dir: str, env: dict | None = None, *, preload: bool = False) -> dict:
+    """The environment a program runs in (``libraries.environment``): our libraries redirected in."""
+    from .libraries import environment as redirected
+    return redirected(lib_dir, env, preload=preload)
 
 
 def _run(args) -> int:
-    from .build import build
+    from .libraries import build
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not argv:
         print("rgpu intercept run: name a program to run", file=sys.stderr)
         return 2
-    lib = build()
-    env = environment(str(lib.parent))
+    env = environment(str(build()), preload=args.preload)
     sys.stdout.flush()
     try:
         os.execvpe(argv[0], argv, env)

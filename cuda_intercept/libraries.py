@@ -1,0 +1,107 @@
+"""rgpu's CUDA library set, built into one folder, and the environment that points a program (not a server) at it.
+
+    python -m rgpu.cuda_intercept.libraries [FOLDER]      (or: rgpu intercept build)
+
+The folder holds ``libcuda.so.1`` (cffi, ``build.py``), ``libcudart.so.13`` (``cudart_build.py``), the
+stand-ins ``libcublas.so.13``, ``libcublasLt.so.13``, ``libcudnn.so.9`` (``stubs.py``) and the redirector
+``librgpu_redirect.so`` (``redirect.c``), an ``LD_AUDIT`` module that answers every look-up of those five
+with the file here, by name, by absolute path or through ``DT_RPATH``, so the stock copies never load.
+
+Where ``LD_AUDIT`` is unavailable, ``LD_PRELOAD`` of the five is the fallback: the libc is not glibc
+(musl has no audit interface), or the program runs in secure-execution mode (set-user-ID or file
+capabilities: the loader drops an ``LD_AUDIT`` that names a path), or ``--preload`` asks for it. It is
+weaker: preloaded libraries win by SONAME, but a stock copy loaded by absolute path still loads beside
+ours and runs its constructor.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REDIRECTOR = "librgpu_redirect.so"
+REPLACED = ("libcuda.so.1", "libcudart.so.13", "libcublas.so.13", "libcublasLt.so.13", "libcudnn.so.9")
+
+# What rgpu leaves stock: inert until called, then refused by rgpu's driver at cuGetExportTable (they
+# need the driver's private tables), with the caller named.
+STOCK = {
+    "libcufft.so.12": "cuFFT", "libcusparse.so.12": "cuSPARSE", "libcurand.so.10": "cuRAND",
+    "libcusolver.so.12": "cuSOLVER", "libnccl.so.2": "NCCL", "libcupti.so.13": "CUPTI",
+    "libnvrtc.so.13": "NVRTC", "libnvJitLink.so.13": "nvJitLink", "libcusparseLt.so.0": "cuSPARSELt",
+    "libcufile.so.0": "cuFile",
+}
+
+# The variables a program run through rgpu gets, and a server it starts must not.
+LIBRARY_DIR = "RGPU_LIBRARY_DIR"
+
+
+def build(folder: str | os.PathLike | None = None, *, force: bool = False) -> Path:
+    """Build (or find built) the whole set into ``folder`` (default: libcuda.so.1's cache folder); the folder."""
+    from rgpu import native
+
+    from . import build as driver_build
+    from . import stubs
+    out = driver_build.build(folder, force=force).parent
+    try:
+        from . import cudart_build
+    except ImportError as exc:     # the runtime is built by its own module; without it torch's runtime is stock
+        print(f"rgpu: libcudart.so.13 not built ({exc}): the stock runtime would load", file=sys.stderr)
+    else:
+        cudart_build.build(out, force=force)
+    stubs.build_all(out, force=force)
+    native.build_library("redirect", [HERE / "redirect.c"], out_dir=out, soname=REDIRECTOR, libraries=["dl"],
+                         extra_cflags=["-std=gnu11", "-Wall"], force=force)
+    return out
+
+
+def audit_available() -> bool:
+    """Whether this platform's loader has the audit interface (glibc's); a program's own secure mode aside."""
+    try:
+        return bool(os.confstr("CS_GNU_LIBC_VERSION"))
+    except (ValueError, OSError):
+        return False
+
+
+def _entries(value: str | None) -> list[str]:
+    return [p for p in (value or "").replace(" ", ":").split(":") if p]
+
+
+def environment(folder: str | os.PathLike, env: dict | None = None, *, preload: bool = False) -> dict:
+    """The environment a program runs in: the redirector (or the preload fallback), our folder first on
+    LD_LIBRARY_PATH, RGPU_LIBRARY_DIR and TRITON_LIBCUDA_PATH (Triton links its launcher against the driver
+    it finds there, else ldconfig's). Children (compile workers, ptxas) inherit it."""
+    folder = str(folder)
+    env = dict(os.environ if env is None else env)
+    env["LD_LIBRARY_PATH"] = ":".join([folder, *(p for p in _entries(env.get("LD_LIBRARY_PATH")) if p != folder)])
+    env[LIBRARY_DIR] = folder
+    env["TRITON_LIBCUDA_PATH"] = folder
+    redirector = os.path.join(folder, REDIRECTOR)
+    if not preload and audit_available() and os.path.exists(redirector):
+        env["LD_AUDIT"] = ":".join([redirector, *(p for p in _entries(env.get("LD_AUDIT")) if p != redirector)])
+    else:
+        ours = [os.path.join(folder, n) for n in REPLACED if os.path.exists(os.path.join(folder, n))]
+        env["LD_PRELOAD"] = ":".join([*ours, *(p for p in _entries(env.get("LD_PRELOAD")) if p not in ours)])
+    return env
+
+
+def without(folder: str | os.PathLike, env: dict) -> dict:
+    """``env`` with every trace of ``folder`` removed: what a local server started from the program gets,
+    so it loads the real driver and libraries, never ours."""
+    folder = str(folder)
+    env = dict(env)
+    for var in ("LD_LIBRARY_PATH", "LD_AUDIT", "LD_PRELOAD"):
+        if var in env:
+            kept = [p for p in _entries(env[var]) if p != folder and os.path.dirname(p) != folder]
+            if kept:
+                env[var] = ":".join(kept)
+            else:
+                del env[var]
+    for var in (LIBRARY_DIR, "TRITON_LIBCUDA_PATH"):
+        if env.get(var) == folder:
+            del env[var]
+    return env
+
+
+if __name__ == "__main__":
+    print(build(sys.argv[1] if len(sys.argv) > 1 else None, force=True))

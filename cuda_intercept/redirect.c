@@ -1,0 +1,97 @@
+/* rgpu's library redirector: an LD_AUDIT module that answers every look-up of a CUDA library rgpu
+ * replaces with rgpu's own file, so the stock copy never loads.
+ *
+ * Why not LD_LIBRARY_PATH: torch loads its CUDA libraries by absolute path (ctypes.CDLL of
+ * site-packages/nvidia/cu13/lib/libcublas.so.13) and through DT_RPATH, which is searched before
+ * LD_LIBRARY_PATH.  The dynamic loader asks la_objsearch first (LA_SER_ORIG) for every request, by
+ * name or by path, before any search, so a path returned here is what loads.
+ *
+ * rgpu's folder: $RGPU_LIBRARY_DIR, else this module's own folder (libraries.py builds them
+ * together).  A replaced library missing from it is let through, with one line saying so.
+ * RGPU_REDIRECT_DEBUG=1 prints every redirection.  No allocation after la_version, no libc state
+ * shared with the program: this runs inside the loader, in the audit namespace.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <limits.h>
+#include <link.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* A request whose basename is `stem`, or `stem` + ".<major>" + anything, gets rgpu's `ours`.
+ * Another major (libcudart.so.12) is left alone: its symbol versions are not ours. */
+static struct {
+    const char *stem, *major, *ours;
+    char path[PATH_MAX];
+    int present, warned;
+} table[] = {
+    {"libcuda.so", "", "libcuda.so.1"},             /* every driver name: libcuda.so.1, libcuda.so.580.159.04 */
+    {"libcudart.so", "13", "libcudart.so.13"},
+    {"libcublas.so", "13", "libcublas.so.13"},
+    {"libcublasLt.so", "13", "libcublasLt.so.13"},
+    {"libcudnn.so", "9", "libcudnn.so.9"},
+};
+enum { CUDNN = 4 };
+
+static int debug;
+
+static int matches(const char *base, const char *stem, const char *major) {
+    size_t n = strlen(stem);
+    if (strncmp(base, stem, n) != 0) return 0;
+    base += n;
+    if (!*base) return 1;                               /* libcublas.so: the linker's name */
+    if (*base != '.') return 0;
+    base++;
+    if (!*major) return 1;
+    n = strlen(major);
+    return strncmp(base, major, n) == 0 && (base[n] == 0 || base[n] == '.');
+}
+
+/* cuDNN's sub-libraries (libcudnn_graph.so.9.19.0, the engines, libcudnn_ops.so.9) are loaded by the
+ * stock libcudnn.so.9; rgpu's never asks for them.  Anyone else who does gets rgpu's libcudnn.so.9
+ * (its exports refuse loudly), never a stock engine that would need the driver's private tables. */
+static int cudnn_part(const char *base) {
+    return strncmp(base, "libcudnn_", 9) == 0 && strstr(base, ".so.9") != NULL;
+}
+
+unsigned int la_version(unsigned int version) {
+    const char *dir = getenv("RGPU_LIBRARY_DIR");
+    char self[PATH_MAX];
+    Dl_info info;
+    debug = getenv("RGPU_REDIRECT_DEBUG") && *getenv("RGPU_REDIRECT_DEBUG") == '1';
+    if (!dir || !*dir) {
+        if (!dladdr((void *)&la_version, &info) || !info.dli_fname) return version;
+        snprintf(self, sizeof self, "%s", info.dli_fname);
+        char *slash = strrchr(self, '/');
+        if (!slash) return version;
+        *slash = 0;
+        dir = self;
+    }
+    for (size_t i = 0; i < sizeof table / sizeof *table; i++) {
+        snprintf(table[i].path, sizeof table[i].path, "%s/%s", dir, table[i].ours);
+        table[i].present = access(table[i].path, R_OK) == 0;
+    }
+    /* the interface this module was built for; a loader that only knows an older one asks for that */
+    return version < LAV_CURRENT ? version : LAV_CURRENT;
+}
+
+char *la_objsearch(const char *name, uintptr_t *cookie, unsigned int flag) {
+    (void)cookie;
+    const char *slash = strrchr(name, '/');
+    const char *base = slash ? slash + 1 : name;
+    for (size_t i = 0; i < sizeof table / sizeof *table; i++) {
+        if (!matches(base, table[i].stem, table[i].major) && !(i == CUDNN && cudnn_part(base))) continue;
+        if (!table[i].path[0] || strcmp(name, table[i].path) == 0) return (char *)name;
+        if (!table[i].present) {
+            if (!table[i].warned++)
+                fprintf(stderr, "rgpu: %s is not built in rgpu's library folder (%s); the stock %s loads\n",
+                        table[i].ours, table[i].path, base);
+            return (char *)name;
+        }
+        if (debug) fprintf(stderr, "rgpu-redirect: %s (flag %#x) -> %s\n", name, flag, table[i].path);
+        return table[i].path;
+    }
+    return (char *)name;
+}

@@ -1,0 +1,190 @@
+"""The library redirector: a stock CUDA library asked for by absolute path or through DT_RPATH loads rgpu's file instead.
+
+Decoys stand in for NVIDIA's files: small libraries with the stock SONAMEs and version nodes, built here
+with cc in a folder of their own. The programs ask for them as torch does (dlopen of an absolute path,
+a DT_NEEDED found through DT_RPATH) and print which file the symbol came from (dladdr) and whether the
+decoy is mapped at all (/proc/self/maps).
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import clean_env
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or shutil.which("cc") is None,
+                                reason="LD_AUDIT redirection is glibc's, built with cc")
+
+DECOY_C = textwrap.dedent("""
+    /* a stand-in for NVIDIA's library: if this runs, the redirection failed */
+    #include <stddef.h>
+    size_t cublasGetCudartVersion(void) { return 424242; }
+    size_t cudnnGetVersion(void) { return 424242; }
+""")
+
+PROBE_C = textwrap.dedent("""
+    #define _GNU_SOURCE
+    #include <dlfcn.h>
+    #include <stdio.h>
+    #include <string.h>
+    #include <stddef.h>
+
+    static void mapped(const char *decoys) {
+        char line[4096];
+        FILE *f = fopen("/proc/self/maps", "r");
+        int found = 0;
+        while (f && fgets(line, sizeof line, f))
+            if (strstr(line, decoys)) found = 1;
+        if (f) fclose(f);
+        printf("decoy mapped: %d\\n", found);
+    }
+
+    #ifdef LINKED
+    size_t cublasGetCudartVersion(void);
+    int main(int argc, char **argv) {
+        Dl_info info;
+        size_t v = cublasGetCudartVersion();
+        dladdr((void *)&cublasGetCudartVersion, &info);
+        printf("linked: %s version %zu\\n", info.dli_fname, v);
+        mapped(argv[1]);
+        return 0;
+    }
+    #else
+    int main(int argc, char **argv) {
+        Dl_info info;
+        for (int i = 2; i < argc; i++) {
+            void *h = dlopen(argv[i], RTLD_NOW | RTLD_GLOBAL);
+            if (!h) { printf("dlopen %s: %s\\n", argv[i], dlerror()); return 3; }
+            void *sym = dlsym(h, strstr(argv[i], "cudnn") ? "cudnnGetVersion" : "cublasGetCudartVersion");
+            size_t (*fn)(void) = (size_t (*)(void))sym;
+            dladdr(sym, &info);
+            printf("dlopen: %s -> %s version %zu\\n", argv[i], info.dli_fname, fn ? fn() : 0);
+        }
+        mapped(argv[1]);
+        return 0;
+    }
+    #endif
+""")
+
+
+def cc(*args: str) -> None:
+    done = subprocess.run(["cc", *args], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.fixture(scope="module")
+def rgpu_dir(tmp_path_factory):
+    """The redirector and the stubs, built alone (no libcuda.so.1 needed for these tests)."""
+    from rgpu import native
+    from rgpu.cuda_intercept import libraries, stubs
+    out = tmp_path_factory.mktemp("rgpu-libs")
+    stubs.build_all(out)
+    native.build_library("redirect", [libraries.HERE / "redirect.c"], out_dir=out, soname=libraries.REDIRECTOR,
+                         libraries=["dl"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def decoys(tmp_path_factory):
+    """Stock-named libraries in a folder of their own, and probes that reach them as torch does."""
+    out = tmp_path_factory.mktemp("decoys")
+    lib = out / "nvidia" / "lib"
+    lib.mkdir(parents=True)
+    (out / "decoy.c").write_text(DECOY_C)
+    (out / "probe.c").write_text(PROBE_C)
+    for soname in ("libcublas.so.13", "libcudnn.so.9", "libcudnn_graph.so.9.19.0", "libcublas.so.12"):
+        node = soname.split(".so")[0] + ".so." + soname.split(".so.")[1].split(".")[0]
+        (out / f"{soname}.map").write_text(f"{node} {{ global: *; }};\n")
+        cc("-shared", "-fPIC", "-o", str(lib / soname), str(out / "decoy.c"), f"-Wl,-soname,{soname}",
+           f"-Wl,--version-script={out / f'{soname}.map'}")
+    cc("-o", str(out / "dlopen_probe"), str(out / "probe.c"), "-ldl")
+    # DT_RPATH (not RUNPATH), as libtorch_cuda.so has: searched before LD_LIBRARY_PATH
+    cc("-DLINKED", "-o", str(out / "linked_probe"), str(out / "probe.c"), f"-L{lib}", "-l:libcublas.so.13",
+       f"-Wl,-rpath,{lib}", "-Wl,--disable-new-dtags", "-ldl")
+    return out
+
+
+def run(argv, env):
+    return subprocess.run([str(a) for a in argv], capture_output=True, text=True, env=env, timeout=60)
+
+
+def redirected(rgpu_dir, **extra):
+    from rgpu.cuda_intercept.libraries import environment
+    return environment(rgpu_dir, clean_env(**extra))
+
+
+def test_the_probe_loads_the_decoy_without_the_redirector(decoys):
+    """The control: the decoys win when nothing redirects (else the tests below prove nothing)."""
+    done = run([decoys / "linked_probe", decoys / "nvidia"], clean_env())
+    assert done.returncode == 0, done.stderr
+    assert "version 424242" in done.stdout and "decoy mapped: 1" in done.stdout
+
+
+def test_an_absolute_path_to_a_stock_library_loads_rgpus_file(rgpu_dir, decoys):
+    stock = decoys / "nvidia" / "lib" / "libcublas.so.13"
+    done = run([decoys / "dlopen_probe", decoys / "nvidia", stock], redirected(rgpu_dir))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"-> {rgpu_dir / 'libcublas.so.13'} version 13000" in done.stdout, done.stdout + done.stderr
+    assert "decoy mapped: 0" in done.stdout
+
+
+def test_a_library_found_through_dt_rpath_is_rgpus(rgpu_dir, decoys):
+    done = run([decoys / "linked_probe", decoys / "nvidia"], redirected(rgpu_dir))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"linked: {rgpu_dir / 'libcublas.so.13'} version 13000" in done.stdout, done.stdout + done.stderr
+    assert "decoy mapped: 0" in done.stdout
+
+
+def test_cudnn_sub_libraries_never_load_they_get_rgpus_libcudnn(rgpu_dir, decoys):
+    graph = decoys / "nvidia" / "lib" / "libcudnn_graph.so.9.19.0"
+    done = run([decoys / "dlopen_probe", decoys / "nvidia", graph, "libcudnn_ops.so.9"], redirected(rgpu_dir))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count(f"-> {rgpu_dir / 'libcudnn.so.9'} version 91900") == 2, done.stdout
+    assert "decoy mapped: 0" in done.stdout
+
+
+def test_another_major_version_is_left_alone(rgpu_dir, decoys):
+    """libcudart.so.12's symbols carry another version node: ours could not bind them."""
+    other = decoys / "nvidia" / "lib" / "libcublas.so.12"
+    done = run([decoys / "dlopen_probe", decoys / "nvidia", other], redirected(rgpu_dir))
+    assert f"-> {other} version 424242" in done.stdout, done.stdout + done.stderr
+
+
+def test_the_redirector_finds_its_folder_without_the_variable(rgpu_dir, decoys):
+    env = redirected(rgpu_dir)
+    del env["RGPU_LIBRARY_DIR"]
+    done = run([decoys / "linked_probe", decoys / "nvidia"], env)
+    assert f"linked: {rgpu_dir / 'libcublas.so.13'}" in done.stdout, done.stdout + done.stderr
+
+
+def test_a_missing_rgpu_library_lets_the_stock_one_load_and_says_so(rgpu_dir, decoys, tmp_path):
+    shutil.copy(rgpu_dir / "librgpu_redirect.so", tmp_path)     # a folder with the redirector only
+    done = run([decoys / "linked_probe", decoys / "nvidia"], redirected(tmp_path))
+    assert "version 424242" in done.stdout
+    assert "libcublas.so.13 is not built in rgpu's library folder" in done.stderr
+
+
+def test_the_preload_fallback_wins_a_dt_rpath_lookup_by_soname(rgpu_dir, decoys):
+    from rgpu.cuda_intercept.libraries import environment
+    env = environment(rgpu_dir, clean_env(), preload=True)
+    assert "LD_AUDIT" not in env and str(rgpu_dir / "libcublas.so.13") in env["LD_PRELOAD"]
+    done = run([decoys / "linked_probe", decoys / "nvidia"], env)
+    assert f"linked: {rgpu_dir / 'libcublas.so.13'} version 13000" in done.stdout, done.stdout + done.stderr
+
+
+def test_children_inherit_the_redirection(rgpu_dir, decoys):
+    done = run(["sh", "-c", f"exec {decoys / 'linked_probe'} {decoys / 'nvidia'}"], redirected(rgpu_dir))
+    assert f"linked: {rgpu_dir / 'libcublas.so.13'}" in done.stdout, done.stdout + done.stderr
+
+
+def test_a_server_started_from_the_program_gets_none_of_it(rgpu_dir):
+    from rgpu.cuda_intercept.libraries import environment, without
+    base = {"LD_LIBRARY_PATH": "/opt/x", "LD_PRELOAD": "/opt/y.so", "PATH": "/bin"}
+    env = environment(rgpu_dir, base)
+    assert without(rgpu_dir, env) == {**base, "LD_PRELOAD": "/opt/y.so"}
+    env = environment(rgpu_dir, base, preload=True)
+    assert without(rgpu_dir, env) == base
