@@ -60,17 +60,25 @@ class Client:
 
     @contextlib.contextmanager
     def _without_us(self):
-        """LD_LIBRARY_PATH without our folder while connecting: a local server started now must
-        load the real driver (and torch's), never this interceptor."""
+        """The environment without our library folder while connecting (LD_LIBRARY_PATH, LD_AUDIT,
+        LD_PRELOAD, RGPU_LIBRARY_DIR, TRITON_LIBCUDA_PATH): a local server started now must load the
+        real driver (and torch's libraries), never this interceptor."""
+        from .libraries import LIBRARY_DIR, without
         ours = os.path.dirname(self.ffi.string(self.lib.rgpu_self_path()).decode())
-        saved = os.environ.get("LD_LIBRARY_PATH")
-        if saved is not None and ours:
-            os.environ["LD_LIBRARY_PATH"] = ":".join(p for p in saved.split(":") if p and p != ours)
+        env = dict(os.environ)
+        for folder in {ours, env.get(LIBRARY_DIR, "")} - {""}:
+            env = without(folder, env)
+        # only the variables that change, so other threads never see an emptied environment
+        saved = {k: v for k, v in os.environ.items() if env.get(k) != v}
+        for k in saved:
+            if k in env:
+                os.environ[k] = env[k]
+            else:
+                del os.environ[k]
         try:
             yield
         finally:
-            if saved is not None:
-                os.environ["LD_LIBRARY_PATH"] = saved
+            os.environ.update(saved)
 
     def close(self) -> None:
         with self.lock:
