@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The 64 B round trip on the GPU host: rgpu over shm and tcp (the bench's row), each side's Python cost,
-# tcp with its reads sleeping, and the host's floor without rgpu (gpu/probe_rtt_floor.py).
+# tcp with its reads sleeping, and the host's floor without rgpu (tools/diag/probe_rtt_floor.py).
 #
 #   OUT=/some/folder bash gpu/check_rtt.sh      (the device tool sets $OUT; about 2 minutes)
 #
@@ -25,9 +25,9 @@ print(json.dumps({"clocksource": clock, "perf_counter_ns": timeit.timeit(time.pe
 print(json.dumps({"python": sys.version, "cores": len(os.sched_getaffinity(0)),
                   "shm_c": "built" if m else f"not built: {shm_fast.why_not()}",
                   "native": getattr(getattr(m, "native", None), "__file__", None)}))'
-step floor 60 "$PY" "$HERE/gpu/probe_rtt_floor.py" --json
+step floor 60 "$PY" "$HERE/tools/diag/probe_rtt_floor.py" --json
 step transport_shm 90 "$PY" -m rgpu bench transport --transport shm --sizes 64 --repeats 5 --json
-step lone_call 40 "$PY" "$HERE/gpu/diag_lone_call.py"
+step lone_call 40 "$PY" "$HERE/tools/diag/diag_lone_call.py"
 D=$(mktemp -d)
 cat >"$D/sitecustomize.py" <<'PY'
 import os

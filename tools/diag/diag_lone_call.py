@@ -2,7 +2,7 @@
 queued, and the server's read of the request. No waiting in either figure: what it measures is how fast
 this machine runs the per-message Python (the GPU host's is about 1.75x the developer machine's).
 
-    python gpu/diag_lone_call.py        (from the repository root; rgpu installed)
+    python tools/diag/diag_lone_call.py        (from the repository root; rgpu installed)
 """
 import sys
 import time

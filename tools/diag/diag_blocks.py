@@ -1,6 +1,6 @@
 """Why an rgpu block measured between native blocks can be slower than the same steps run back to back.
 
-    python gpu/diag_blocks.py [--idle] -- <rgpu bench train flags>
+    python tools/diag/diag_blocks.py [--idle] -- <rgpu bench train flags>
 
 ``rgpu bench train`` with every rgpu step of its interleaved blocks timed on its own: adds rows with
 each block's step times (ms), so a slow first step after the native block (a cold start) tells

@@ -1,6 +1,6 @@
 """Where the eager step's client time goes over tcp: ``rgpu bench train`` with the client's tcp writes counted.
 
-    python gpu/diag_tcp_step.py [--batch-s S] [--sndbuf BYTES] [--switch S] -- <rgpu bench train flags>
+    python tools/diag/diag_tcp_step.py [--batch-s S] [--sndbuf BYTES] [--switch S] -- <rgpu bench train flags>
 
 Adds rows to the bench's: writes by the calling threads and by the I/O thread, the time in
 them, how many found the socket full (and the time waiting for room), over the whole run.

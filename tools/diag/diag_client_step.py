@@ -1,6 +1,6 @@
 """Where the client's time goes in the bench's eager step, rgpu beside native, phase by phase.
 
-    python gpu/diag_client_step.py [--steps 10] [--profile] [--preset bench|small] [--batch N]
+    python tools/diag/diag_client_step.py [--steps 10] [--profile] [--preset bench|small] [--batch N]
 
 Per phase of a step (upload, forward, backward, optimizer, item): wall time, the main thread's
 CPU and the whole process's CPU (autograd's device thread runs the backward); the CPU of each

@@ -7,7 +7,7 @@ to the GPU, its event) and on the C++ path (``FastOps.upload``: CUDA's caching h
 back to back ("warm") and right after a GPU wait of ~2 ms as at a step's start after
 ``loss.item()`` ("after a wait"). One JSON object on stdout: medians in microseconds.
 
-    python gpu/diag_server_upload.py [--n 200]        (rgpu installed; run outside the tree)
+    python tools/diag/diag_server_upload.py [--n 200]        (rgpu installed; run outside the tree)
 """
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def main() -> int:
     import torch
 
     from rgpu import config
-    from rgpu.ops_protocol import Event, Msg
+    from rgpu.protocol.ops import Event, Msg
     from rgpu.server.ops import staging
     from rgpu.server.routes.base import Session
     from rgpu.server.routes.ops import Executor

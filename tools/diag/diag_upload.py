@@ -1,6 +1,6 @@
 """Where a 1 GiB upload's time goes on the GPU host: the client's writes vs the server's copies, per variant.
 
-    python3 gpu/diag_upload.py > upload.json      (RGPU_TRANSPORT=shm; the server is a local one)
+    python3 tools/diag/diag_upload.py > upload.json      (RGPU_TRANSPORT=shm; the server is a local one)
 
 Per variant (piece size, parallel copy on/off, pageable or pinned source): GB/s to synchronize, the time until the client's
 last piece was written, the server's UPLOAD_INFO (which path the pieces took), the client heap's segments.
@@ -13,7 +13,7 @@ import torch
 
 import rgpu  # noqa: F401
 from rgpu.device_backend import session, transfers
-from rgpu.ops_protocol import Msg
+from rgpu.protocol.ops import Msg
 from rgpu.transport import fastcopy
 
 N = 1 << 30

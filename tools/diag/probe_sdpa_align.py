@@ -1,7 +1,7 @@
 """Which small attention shapes CUDA's memory-efficient kernel refuses ("query is not correctly aligned (strideM)"),
 natively, and the layouts rgpu's client gives the same tensors. One line per case on stdout.
 
-    python gpu/probe_sdpa_align.py        (on the GPU host, rgpu installed; run outside the tree)
+    python tools/diag/probe_sdpa_align.py        (on the GPU host, rgpu installed; run outside the tree)
 """
 import torch
 

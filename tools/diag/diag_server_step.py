@@ -8,7 +8,7 @@ the client's phases, the server's time on each kind of message, the gap from the
 start to the server's first op, and the messages that found the GPU idle (the GPU waited for
 the server then: a lower bound of its idle time is the server's time on them). One JSON object.
 
-    python gpu/diag_server_step.py [--steps 10] [--quick]       (rgpu installed; RGPU_TRANSPORT picks)
+    python tools/diag/diag_server_step.py [--steps 10] [--quick]       (rgpu installed; RGPU_TRANSPORT picks)
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ PHASES = ("upload", "forward", "backward", "optimizer", "item")
 
 
 def _summary(client: list, server: list) -> dict:
-    from rgpu.ops_protocol import Msg
+    from rgpu.protocol.ops import Msg
 
     names = {int(m): m.name for m in Msg}
     steps = []

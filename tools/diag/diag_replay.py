@@ -7,7 +7,7 @@ message, and one more pass on the C++ path split (``cpp_split``: ``FastOps.run``
 frees the Python table applied, a cProfile; the timing itself costs a few microseconds a message).
 One JSON object on stdout.
 
-    python gpu/diag_replay.py [--quick] [--steps 5]        (from the repository root; rgpu installed)
+    python tools/diag/diag_replay.py [--quick] [--steps 5]        (from the repository root; rgpu installed)
 """
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def replay(path: str, steps: int) -> dict:
     import torch
 
     from rgpu import config
-    from rgpu.ops_protocol import Msg
+    from rgpu.protocol.ops import Msg
     from rgpu.server.ops import resolve
     from rgpu.server.routes.base import Session
     from rgpu.server.routes.ops import Executor
@@ -177,7 +177,7 @@ def replay(path: str, steps: int) -> dict:
                 "profile": top}
 
     out = {"device": device, "messages": len(log), "steps": steps}
-    for i in range(3):  # the last pass of each counts: the allocator and the kernels are warm by then
+    for _ in range(3):  # the last pass of each counts: the allocator and the kernels are warm by then
         for key, server_c, timed_aten in (("cpp", True, False), ("python", False, False), ("python_aten_timed", False, True)):
             out[key] = one_pass(server_c, timed_aten)
     out["cpp_split"] = one_pass(True, False, split=True)   # where the time goes, at the cost of timing it

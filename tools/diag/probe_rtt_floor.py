@@ -1,6 +1,6 @@
 """The 64 B round trip's floor on this host without rgpu: two Python processes on different cores.
 
-    python gpu/probe_rtt_floor.py [--json]      (from /tmp or anywhere; needs only the standard library)
+    python tools/diag/probe_rtt_floor.py [--json]      (from /tmp or anywhere; needs only the standard library)
 
 - ``shm spin``: a counter in shared memory each side polls (what shm's ring is at heart);
 - ``tcp poll``: loopback TCP, each side polling its socket with non-blocking reads (rgpu's tcp on a host

@@ -4,7 +4,7 @@ A traced compiled step on the GPU host showed ~0.25 ms of client time per 128 Ki
 developer machine: ~0.03 ms). Per transport: the median per upload with the server idle, the part
 in the transport's copy into its memory, and a cProfile of the Python path. JSON lines on stdout.
 
-    python gpu/diag_small_upload.py        (rgpu installed; starts a local server per transport)
+    python tools/diag/diag_small_upload.py        (rgpu installed; starts a local server per transport)
 """
 import cProfile
 import io
