@@ -11,6 +11,7 @@ copied into them.
 from __future__ import annotations
 
 import hashlib
+import logging
 import struct
 
 from . import client, fatbin
@@ -21,6 +22,7 @@ JIT_INFO_LOG, JIT_INFO_SIZE, JIT_ERROR_LOG, JIT_ERROR_SIZE, JIT_WALL_TIME = 3, 4
 JIT_SCALAR = {0, 1, 7, 8, 9, 10, 11, 12, 13, 14, 16, 20, 21, 22, 23, 24, 29, 30, 31, 32, 33, 34}
 FATBIN_MAGIC, FATBIN_WRAPPER_MAGIC = 0xBA55ED50, 0x466243B1
 
+log = logging.getLogger("rgpu.cuda")
 LAYOUTS: dict[int, dict] = {}      # function or kernel handle -> {"params": [(off, size)], "bytes", "name", "module"}
 MODULE_OF_LIBRARY: dict[int, int] = {}
 # images loaded; of them sent as bytes (the server's store lacked them); bytes sent; bytes before trimming
@@ -96,6 +98,9 @@ def load_image(what: str, scalar: dict, data: bytes):
     IMAGES["bytes_after_trim"] += len(trimmed)
     value, _ = c.call("image_load", what, scalar, digest, len(trimmed))
     if isinstance(value, dict) and value.get("send"):
+        if len(trimmed) > 1 << 20:           # the uploads a slow first step is made of
+            log.info("rgpu: uploading a %.1f MB module image (%.1f MB before trimming to the server's GPU)",
+                     len(trimmed) / 1e6, len(data) / 1e6)
         IMAGES["uploads"] += 1
         IMAGES["bytes_uploaded"] += len(trimmed)
         value, _ = c.call("image_load", what, scalar, digest, len(trimmed), buffers=[trimmed])

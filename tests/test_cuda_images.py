@@ -197,3 +197,16 @@ def test_the_interceptor_loads_a_fatbin_once_by_content_and_counts_the_bytes(cu)
     out = np.empty_like(x)
     assert cu.cuMemcpyDtoH_v2(out.ctypes.data_as(c_void_p), d, c_size_t(4 * n)) == 0
     assert np.array_equal(out, 2 * x + 1)
+
+
+def test_the_real_driver_is_never_handed_an_image_whose_lengths_lie():
+    from rgpu.server.cuda_driver.images import image_problem
+    good = kernels_fatbin(build("saxpy"))
+    assert image_problem(good) is None and image_problem(b".version 8.0\0") is None
+    assert "malformed fatbin" in image_problem(good[:-16])
+    assert "NUL" in image_problem(b".version 8.0\n.target sm_90")
+    elf = bytearray(b"\x7fELF" + bytes(60))
+    struct.pack_into("<Q", elf, 0x28, 1 << 40)          # section headers a terabyte away
+    struct.pack_into("<HH", elf, 0x3A, 64, 3)
+    assert "past its end" in image_problem(bytes(elf))
+    assert "wrapper" in image_problem(struct.pack("<IIQQ", 0x466243B1, 1, 0x1000, 0))

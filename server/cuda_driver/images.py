@@ -15,14 +15,47 @@ import hashlib
 import logging
 import os
 import re
+import struct
 import tempfile
 from collections import OrderedDict
 from pathlib import Path
+
+from rgpu import fatbin
 
 log = logging.getLogger("rgpu.server.cuda")
 
 MEMORY = 256 << 20
 _DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def image_problem(data) -> str | None:
+    """Why the real driver must not be handed ``data`` (it trusts an image's own lengths), or None.
+
+    A fatbin's entries must lie inside the bytes sent, an ELF's header tables too, and PTX must
+    end in a NUL within them: the driver reads each by what it says of itself, past our buffer if
+    it lies, in the session's process.
+    """
+    n = len(data)
+    head = bytes(data[:4])
+    if fatbin.is_container(data):
+        try:
+            fatbin.entries(data)
+        except fatbin.FatbinError as exc:
+            return f"malformed fatbin: {exc}"
+        return None
+    if n >= 4 and struct.unpack("<I", head)[0] == fatbin.WRAPPER_MAGIC:
+        return "a fatbin wrapper holds a pointer into the client's memory: send the container"
+    if head == b"\x7fELF":
+        if n < 64:
+            return "ELF image shorter than its header"
+        phoff, shoff = struct.unpack_from("<QQ", data, 0x20)
+        phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", data, 0x36)
+        if phoff + phentsize * phnum > n or shoff + shentsize * shnum > n:
+            return f"ELF image of {n} bytes whose header tables lie past its end"
+        return None
+    if b"\0" not in bytes(data):
+        return "PTX text without its terminating NUL"
+    return None
 
 
 def digest_of(data) -> str:

@@ -9,9 +9,16 @@ from __future__ import annotations
 import ctypes
 from ctypes import byref, c_float, c_int, c_size_t, c_uint, c_ulonglong, c_void_p
 
-from .base import CUDA_ERROR_INVALID_VALUE, CudaDriverError
+from .base import CUDA_ERROR_INVALID_IMAGE, CUDA_ERROR_INVALID_VALUE, CudaDriverError
+from .images import image_problem
 
 CU_LAUNCH_PARAM_END, CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE = 0, 1, 2
+
+
+def _check_image(image) -> None:
+    problem = image_problem(image)
+    if problem:
+        raise CudaDriverError(CUDA_ERROR_INVALID_IMAGE, problem)
 
 
 class LaunchConfig(ctypes.Structure):
@@ -44,6 +51,7 @@ class RealCode:
     # ---- modules and libraries -------------------------------------------------------
     def module_load(self, options: dict | None, image) -> list:
         from .real import JitOptions, address
+        _check_image(image)
         jit = JitOptions(options)
         mod = c_void_p()
         rc = self.api.lib.cuModuleLoadDataEx(byref(mod), address(image), jit.n, jit.keys, jit.values)
@@ -100,6 +108,7 @@ class RealCode:
 
     def library_load(self, options: dict | None, image) -> int:
         from .real import address
+        _check_image(image)
         lib = c_void_p()
         self.api("cuLibraryLoadData", byref(lib), address(image), None, None, 0, None, None, 0)
         return lib.value
