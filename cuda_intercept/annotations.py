@@ -11,13 +11,19 @@ from __future__ import annotations
 C_ONLY = frozenset({
     "cuGetErrorName", "cuGetErrorString", "cuGetProcAddress", "cuGetProcAddress_v2",
     "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2", "cuCtxSetCurrent", "cuCtxGetCurrent", "cuCtxGetDevice",
+    "cuThreadExchangeStreamCaptureMode",
+    "cuGetExportTable",                   # refused in C, naming the library that asked (dladdr of the caller)
 })
 
 # Answered in C when C can (after cuInit; a launch whose function layout is
 # known), otherwise handed to Python.
 C_ANSWERED = frozenset({
     "cuDeviceGet", "cuDeviceGetCount", "cuDeviceGetAttribute", "cuLaunchKernel", "cuLaunchKernel_ptsz",
-    "cuPointerGetAttribute",
+    "cuPointerGetAttribute", "cuDevicePrimaryCtxGetState",
+    "cuStreamIsCapturing", "cuStreamIsCapturing_ptsz", "cuStreamGetCaptureInfo", "cuStreamGetCaptureInfo_ptsz",
+    "cuStreamGetCaptureInfo_v2", "cuStreamGetCaptureInfo_v2_ptsz", "cuStreamGetCaptureInfo_v3",
+    "cuStreamGetCaptureInfo_v3_ptsz",                               # status and id; dependencies from the server
+    "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz",                     # queued in C when it has no attributes
 })
 
 # Calls whose effect shows only at a later synchronisation: posted in batches,
@@ -62,6 +68,65 @@ SIZED_OUT = {
     "cuDeviceGetName": ("name", "len"),
     "cuDeviceGetPCIBusId": ("pciBusId", "len"),
 }
+
+
+# ---- libcudart.so.13 (cudart*.c), by base name (``cudaMemcpyAsync`` for ``cudaMemcpyAsync_ptsz``) ----
+# Answered in C from the runtime's own state or libcuda.so.1's C tables: no Python, no round trip
+# (properties and function attributes after their first use).
+RT_IN_C = frozenset({
+    "cudaGetDevice", "cudaGetLastError", "cudaPeekAtLastError", "cudaGetErrorName", "cudaGetErrorString",
+    "cudaRuntimeGetVersion", "cudaGetDeviceCount", "cudaGetDeviceProperties", "cudaDeviceGetAttribute",
+    "cudaStreamIsCapturing", "cudaStreamGetCaptureInfo", "cudaThreadExchangeStreamCaptureMode",
+    "cudaFuncGetAttributes", "cudaFuncGetName", "cudaGetDriverEntryPoint", "cudaGetDriverEntryPointByVersion",
+    "cudaCreateChannelDesc", "cudaProfilerStart", "cudaProfilerStop", "cudaChooseDevice",
+    "__cudaPushCallConfiguration", "__cudaPopCallConfiguration", "__cudaRegisterFatBinary",
+    "__cudaRegisterFatBinaryEnd", "__cudaRegisterFunction", "__cudaRegisterVar", "__cudaRegisterManagedVar",
+    "__cudaRegisterHostVar", "__cudaRegisterUnifiedTable", "__cudaUnregisterFatBinary", "__cudaInitModule",
+})
+
+# Queued by libcuda.so.1, never waited for (a failure comes back at the next synchronising call).
+RT_QUEUED = frozenset({
+    "__cudaLaunchKernel", "cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel",
+    "cudaMemcpyAsync", "cudaMemcpy2DAsync", "cudaMemcpyToSymbolAsync", "cudaMemcpyPeerAsync",
+    "cudaMemset", "cudaMemsetAsync", "cudaMemset2D", "cudaMemset2DAsync", "cudaFree", "cudaFreeAsync",
+    "cudaEventRecord", "cudaEventRecordWithFlags", "cudaEventDestroy", "cudaStreamWaitEvent", "cudaStreamDestroy",
+    "cudaGraphLaunch", "cudaGraphUpload", "cudaGraphExecDestroy", "cudaGraphDestroy",
+})
+
+# Wait for the server, and report an earlier queued failure (kernel faults become sticky, as in CUDA).
+RT_SYNCHRONISING = frozenset({
+    "cudaMemcpy", "cudaMemcpy2D", "cudaMemcpyToSymbol", "cudaMemcpyFromSymbol", "cudaMemcpyFromSymbolAsync",
+    "cudaMemcpyPeer", "cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaStreamQuery", "cudaEventSynchronize",
+    "cudaEventQuery", "cudaEventElapsedTime", "cudaStreamEndCapture", "cudaDeviceReset",
+})
+
+RT_REFUSED = {
+    "cudaIpcGetMemHandle": "IPC handles name memory and events on the server's host",
+    "cudaIpcOpenMemHandle": "IPC handles name memory and events on the server's host",
+    "cudaIpcCloseMemHandle": "IPC handles name memory and events on the server's host",
+    "cudaIpcGetEventHandle": "IPC handles name memory and events on the server's host",
+    "cudaIpcOpenEventHandle": "IPC handles name memory and events on the server's host",
+    "cudaStreamAddCallback": "host callbacks would run on the server, not in this process",
+    "cudaLaunchHostFunc": "host functions would run on the server, not in this process",
+    "cudaMallocManaged": "managed memory cannot be shared with a GPU across a network",
+}
+
+# Implemented, with a refusal inside for one flag or kind.
+RT_NOTES = {
+    "cudaHostRegister": "`cudaHostRegisterMapped` refused: mapped host memory cannot be reached across a network",
+    "cudaEventCreateWithFlags": "`cudaEventInterprocess` refused",
+    "__cudaRegisterManagedVar": "registered; its use refused (managed memory)",
+    "cudaMemcpy": "`cudaMemcpyDefault` from the client's record of its device allocations",
+    "cudaMemcpyAsync": "host to device and device to device queued; device to host waits",
+    "cudaStreamGetCaptureInfo": "status and id in C; the dependency set is refused (it lives on the server)",
+    "cudaLaunchKernelExC": "queued in C without attributes; with attributes through Python",
+    "__cudaGetKernel": "loads the owning fatbin once (`cuLibraryLoadData`), then `cuLibraryGetKernel`",
+}
+
+
+def runtime_base(name: str) -> str:
+    """cudaMemcpyAsync_ptsz -> cudaMemcpyAsync."""
+    return name[:-5] if name.endswith(("_ptsz", "_ptds")) else name
 
 
 def base_of(name: str) -> str:

@@ -137,11 +137,26 @@ def _note(ctx: int, dev: int) -> None:
     client.get().lib.rgpu_ctx_note(ctx, dev)
 
 
+# This process's retains and flags of each primary context, noted in C, which answers
+# cuDevicePrimaryCtxGetState (torch asks it ~1,000 times a step) without the server.
+PRIMARY: dict[int, list[int]] = {}       # device -> [outstanding retains, flags]
+
+
+def _primary(dev: int, retains: int | None = None, flags: int | None = None) -> None:
+    state = PRIMARY.setdefault(dev, [0, 0])
+    if retains is not None:
+        state[0] = max(0, retains)
+    if flags is not None:
+        state[1] = flags
+    client.get().lib.rgpu_primary_note(dev, state[0], state[1])
+
+
 @implements("cuDevicePrimaryCtxRetain")
 def cu_primary_retain(pctx, dev):
     device(dev)
     ctx, _ = client.get().call("primary_ctx_retain", dev)
     _note(ctx, dev)
+    _primary(dev, PRIMARY.get(dev, [0, 0])[0] + 1)
     pctx[0] = client.get().ffi.cast("CUcontext", ctx)
     return CUDA_SUCCESS
 
@@ -149,25 +164,27 @@ def cu_primary_retain(pctx, dev):
 @implements("cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease_v2")
 def cu_primary_release(dev):
     client.get().call("primary_ctx_release", dev)
+    _primary(dev, PRIMARY.get(dev, [0, 0])[0] - 1)
     return CUDA_SUCCESS
 
 
 @implements("cuDevicePrimaryCtxReset", "cuDevicePrimaryCtxReset_v2")
 def cu_primary_reset(dev):
     client.get().call("primary_ctx_reset", dev)
+    _primary(dev, 0)
     return CUDA_SUCCESS
 
 
 @implements("cuDevicePrimaryCtxGetState")
 def cu_primary_get_state(dev, flags, active):
-    (f, a), _ = client.get().call("primary_ctx_get_state", dev)
-    flags[0], active[0] = f, a
-    return CUDA_SUCCESS
+    """Only before cuInit (C answers after it)."""
+    return CUDA_ERROR_NOT_INITIALIZED
 
 
 @implements("cuDevicePrimaryCtxSetFlags", "cuDevicePrimaryCtxSetFlags_v2")
 def cu_primary_set_flags(dev, flags):
     client.get().call("primary_ctx_set_flags", dev, flags)
+    _primary(dev, flags=int(flags))
     return CUDA_SUCCESS
 
 

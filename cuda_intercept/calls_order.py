@@ -2,16 +2,18 @@
 
 Records, waits, destroys and graph launches are posted; synchronisations
 wait and report any earlier posted failure.  Which streams are capturing is
-known here (we forwarded the begin and the end), so cuStreamIsCapturing --
-asked before many calls by runtimes -- costs no round trip.
+known here (we forwarded the begin and the end) and noted in C
+(shim_capture.c), which answers cuStreamIsCapturing and the status and id of
+cuStreamGetCaptureInfo -- asked around many calls by runtimes -- with no
+Python and no round trip.
 """
 from __future__ import annotations
 
 from . import client
 from .calls_device import handle
-from .registry import CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS, CudaCallError, implements
+from .registry import (CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_NOT_SUPPORTED, CUDA_SUCCESS,
+                       CudaCallError, implements)
 
-CAPTURING: set[int] = set()
 STREAM_CTX: dict[int, int] = {}
 
 
@@ -36,7 +38,7 @@ def cu_stream_create_with_priority(ps, flags, priority):
 @implements("cuStreamDestroy", "cuStreamDestroy_v2")
 def cu_stream_destroy(stream):
     s = h(stream)
-    CAPTURING.discard(s)
+    client.get().lib.rgpu_capture_forget(s)
     STREAM_CTX.pop(s, None)
     client.get().post("stream_destroy", s)
     return CUDA_SUCCESS
@@ -127,9 +129,12 @@ def cu_event_elapsed_time(pms, start, end):
 # ---- capture and graphs: one round trip per replayed step ---------------------------------
 @implements("cuStreamBeginCapture_v2", "cuStreamBeginCapture_v2_ptsz", stream=0)
 def cu_stream_begin_capture(stream, mode):
+    c = client.get()
     s = h(stream)
-    client.get().call("stream_begin_capture", s, int(mode))
-    CAPTURING.add(s)
+    graph, _ = c.call("stream_begin_capture", s, int(mode))
+    if not c.lib.rgpu_capture_note(s, graph if isinstance(graph, int) else 0):
+        c.call("stream_end_capture", s, sync=True)
+        raise CudaCallError(CUDA_ERROR_NOT_SUPPORTED, "cuStreamBeginCapture: more than 256 captures at once")
     return CUDA_SUCCESS
 
 
@@ -137,7 +142,7 @@ def cu_stream_begin_capture(stream, mode):
 def cu_stream_end_capture(stream, pgraph):
     c = client.get()
     s = h(stream)
-    CAPTURING.discard(s)
+    c.lib.rgpu_capture_forget(s)
     g, _ = c.call("stream_end_capture", s, sync=True)
     pgraph[0] = c.ffi.cast("CUgraph", g)
     return CUDA_SUCCESS
@@ -145,7 +150,33 @@ def cu_stream_end_capture(stream, pgraph):
 
 @implements("cuStreamIsCapturing", "cuStreamIsCapturing_ptsz", stream=0)
 def cu_stream_is_capturing(stream, pstatus):
-    pstatus[0] = 1 if h(stream) in CAPTURING else 0     # CU_STREAM_CAPTURE_STATUS_ACTIVE / _NONE
+    return CUDA_ERROR_NOT_INITIALIZED     # C answers after cuInit
+
+
+@implements("cuStreamGetCaptureInfo", "cuStreamGetCaptureInfo_ptsz", "cuStreamGetCaptureInfo_v2",
+            "cuStreamGetCaptureInfo_v2_ptsz", "cuStreamGetCaptureInfo_v3", "cuStreamGetCaptureInfo_v3_ptsz", stream=0)
+def cu_stream_get_capture_info(stream, *outs):
+    """C answers the status and id (after cuInit); a capture's graph and dependency set are the server's."""
+    if client.get().init_info is None:
+        return CUDA_ERROR_NOT_INITIALIZED
+    raise CudaCallError(CUDA_ERROR_NOT_SUPPORTED, "cuStreamGetCaptureInfo: the capture's graph and dependency "
+                                                  "nodes live on the server (status and id are answered)")
+
+
+@implements("cuGraphGetNodes")
+def cu_graph_get_nodes(graph, nodes, pcount):
+    """nodes NULL: *pcount is the graph's node count; else up to *pcount handles, and *pcount the number written."""
+    c = client.get()
+    if pcount == c.ffi.NULL:
+        return CUDA_ERROR_INVALID_VALUE
+    found, _ = c.call("graph_get_nodes", h(graph))
+    if nodes == c.ffi.NULL:
+        pcount[0] = len(found)
+        return CUDA_SUCCESS
+    n = min(int(pcount[0]), len(found))
+    for i in range(n):
+        nodes[i] = c.ffi.cast("CUgraphNode", found[i])
+    pcount[0] = n
     return CUDA_SUCCESS
 
 

@@ -1,4 +1,4 @@
-"""docs/cuda_coverage.md, generated: every exported driver entry point and what rgpu's libcuda.so.1 does with it.
+"""docs/cuda_coverage.md, generated: every export of rgpu's libcuda.so.1 and libcudart.so.13 and what each does.
 
     rgpu intercept coverage --out docs/cuda_coverage.md
 """
@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections import Counter
 
 from . import calls_code, calls_device, calls_launch, calls_link, calls_memory, calls_order, calls_pointer  # noqa: F401 (register)
-from . import header, model
-from .annotations import C_ANSWERED, C_ONLY, QUEUED, REFUSED, SYNCHRONISING, base_of
+from . import cudart_gen, header, model
+from .annotations import (C_ANSWERED, C_ONLY, QUEUED, REFUSED, RT_IN_C, RT_NOTES, RT_QUEUED, RT_REFUSED,
+                          RT_SYNCHRONISING, SYNCHRONISING, base_of, runtime_base)
 from .registry import IMPLS
 
 KINDS = {
@@ -25,7 +26,7 @@ KINDS = {
 def status(name: str) -> tuple[str, str]:
     base = base_of(name)
     if name in C_ONLY:
-        return "in C", ""
+        return "in C", REFUSED.get(base, "")
     if name in C_ANSWERED:
         return "in C, else forwarded", "queued" if base in QUEUED else ""
     if name in IMPLS:
@@ -35,6 +36,45 @@ def status(name: str) -> tuple[str, str]:
     if base in REFUSED:
         return "refused", REFUSED[base]
     return "not supported", ""
+
+
+RUNTIME_KINDS = {
+    "in C": "answered in C from the runtime's state or libcuda.so.1's C tables: no Python, no round trip",
+    "queued": "translated into driver calls that libcuda.so.1 queues; a failure comes at the next synchronisation",
+    "synchronising": "waits for the server; reports an earlier queued failure (kernel faults stay sticky)",
+    "translated": "translated into driver calls, answered or waited for",
+    "refused": "cudaErrorNotSupported with the reason logged: cannot cross a network",
+    "not supported": "a generated stub: cudaErrorNotSupported, its name logged once",
+}
+
+
+def runtime_status(name: str, written: set[str]) -> tuple[str, str]:
+    base = runtime_base(name)
+    if base in RT_REFUSED:
+        return "refused", RT_REFUSED[base]
+    if name not in written:
+        return "not supported", ""
+    for kind, names in (("in C", RT_IN_C), ("queued", RT_QUEUED), ("synchronising", RT_SYNCHRONISING)):
+        if base in names:
+            return kind, RT_NOTES.get(base, "")
+    return "translated", RT_NOTES.get(base, "")
+
+
+def runtime_markdown() -> list[str]:
+    include_dir = header.find_include_dir()
+    written = cudart_gen.implemented()
+    rows = [(name, *runtime_status(name, written)) for name in sorted(cudart_gen.exports(include_dir), key=str.lower)]
+    counts = Counter(kind for _, kind, _ in rows)
+    out = ["", "# CUDA runtime API coverage of rgpu's libcudart.so.13", "",
+           f"Generated from the stock `libcudart.so.13`'s export list (`cuda_intercept/abi/`) and the toolkit's "
+           f"`cuda_runtime_api.h`: {len(rows)} exports (per-thread `_ptsz`/`_ptds` and the `__cuda*` registration "
+           "entry points included), every one exported under the version node `libcudart.so.13`. The runtime is "
+           "translated on the client into driver calls on rgpu's `libcuda.so.1` (`cuda_intercept/cudart*.c`).", "",
+           "| status | meaning | exports |", "|---|---|---|"]
+    out += [f"| {kind} | {RUNTIME_KINDS[kind]} | {counts.get(kind, 0)} |" for kind in RUNTIME_KINDS]
+    out += ["", "| function | status | note |", "|---|---|---|"]
+    out += [f"| `{name}` | {kind} | {note} |" for name, kind, note in rows]
+    return out
 
 
 def markdown() -> str:
@@ -49,4 +89,5 @@ def markdown() -> str:
     out += [f"| {kind} | {KINDS[kind]} | {counts.get(kind, 0)} |" for kind in KINDS]
     out += ["", "| function | status | note |", "|---|---|---|"]
     out += [f"| `{name}` | {kind} | {note} |" for name, kind, note in rows]
+    out += runtime_markdown()
     return "\n".join(out) + "\n"

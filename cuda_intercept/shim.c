@@ -177,3 +177,41 @@ static CUresult rgpu_fast_cuDeviceGetAttribute(int *pi, CUdevice_attribute attr,
     *pi = v;
     return CUDA_SUCCESS;
 }
+
+/* ---- cuGetExportTable: refused, naming the library that asked ------------------------------- */
+/* The driver's private tables are integrity-checked and cannot cross a network; the libraries that ask
+ * for them carry their own runtime, so the useful message names the library and what it does. */
+static const struct { const char *lib, *what; } rgpu_askers[] = {
+    {"libcusparse", "sparse ops are not supported over rgpu"},
+    {"libcufft", "FFTs (cuFFT) are not supported over rgpu"},
+    {"libcurand", "cuRAND's generators are not supported over rgpu"},
+    {"libcusolver", "linear-algebra solvers (cuSOLVER) are not supported over rgpu"},
+    {"libnccl", "collectives (NCCL) are not supported over rgpu"},
+    {"libcupti", "profiling (CUPTI) is not supported over rgpu"},
+    {"libnvrtc", "the stock NVRTC's runtime needs the driver's tables: not supported over rgpu"},
+    {"libcudart", "the stock CUDA runtime was loaded, not rgpu's libcudart.so.13: run through `rgpu intercept run`"},
+    {"libcublas", "the stock cuBLAS was loaded, not rgpu's: run through `rgpu intercept run`"},
+    {"libcudnn", "the stock cuDNN was loaded, not rgpu's: run through `rgpu intercept run`"},
+};
+
+/* Always inlined into the exported wrapper, so the return address is the caller's, in its library. */
+static inline __attribute__((always_inline)) CUresult rgpu_fast_cuGetExportTable(const void **table, const CUuuid *id) {
+    static char said[64][64];
+    static int nsaid;
+    Dl_info info;
+    const char *path = dladdr(__builtin_return_address(0), &info) && info.dli_fname ? info.dli_fname : "";
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    const char *what = "it cannot be served over rgpu (the driver's private tables cannot cross a network)";
+    (void)id;
+    if (table) *table = NULL;
+    if (!*base) base = "a library";
+    for (size_t i = 0; i < sizeof rgpu_askers / sizeof *rgpu_askers; i++)
+        if (!strncmp(base, rgpu_askers[i].lib, strlen(rgpu_askers[i].lib))) { what = rgpu_askers[i].what; break; }
+    pthread_mutex_lock(&rgpu_lock);
+    int seen = 0;
+    for (int i = 0; i < nsaid && !seen; i++) seen = !strncmp(said[i], base, sizeof said[i] - 1);
+    if (!seen && nsaid < 64) snprintf(said[nsaid++], sizeof said[0], "%s", base);
+    pthread_mutex_unlock(&rgpu_lock);
+    if (!seen) fprintf(stderr, "rgpu: %s asked for the driver's private tables: %s\n", base, what);
+    return CUDA_ERROR_NOT_SUPPORTED;
+}

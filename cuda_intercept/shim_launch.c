@@ -113,3 +113,23 @@ static CUresult rgpu_fast_cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigne
                                               unsigned by, unsigned bz, unsigned shmem, CUstream s, void **p, void **e) {
     return rgpu_launch(f, gx, gy, gz, bx, by, bz, shmem, s ? s : RGPU_STREAM_PER_THREAD, p, e);
 }
+
+/* cuLaunchKernelEx (Triton's launcher, the runtime's cudaLaunchKernelExC) queues here when its
+ * configuration is plain: no attributes, or only CU_LAUNCH_ATTRIBUTE_IGNORE ones.  Clusters,
+ * cooperative launches and the rest go to Python, which carries the attributes to the server. */
+static CUresult rgpu_launch_ex(const CUlaunchConfig *c, CUfunction f, void **params, void **extra, int per_thread) {
+    if (!c) return RGPU_PY;
+    for (unsigned i = 0; i < c->numAttrs; i++)
+        if (!c->attrs || c->attrs[i].id != CU_LAUNCH_ATTRIBUTE_IGNORE) return RGPU_PY;
+    CUstream s = c->hStream ? c->hStream : per_thread ? RGPU_STREAM_PER_THREAD : NULL;
+    return rgpu_launch(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ,
+                       c->sharedMemBytes, s, params, extra);
+}
+
+static CUresult rgpu_fast_cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
+    return rgpu_launch_ex(c, f, params, extra, 0);
+}
+
+static CUresult rgpu_fast_cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
+    return rgpu_launch_ex(c, f, params, extra, 1);
+}
