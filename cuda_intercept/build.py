@@ -2,27 +2,27 @@
 
     python -m rgpu.cuda_intercept.build [OUT_DIR]     (or: rgpu intercept build)
 
-The result is cached under ``$XDG_CACHE_HOME/rgpu/intercept/<key>/`` (``~/.cache``) (key: header,
-sources, Python and cffi versions), beside a ``libcuda.so`` link for linkers.
+The result is cached by ``rgpu.native`` under ``$XDG_CACHE_HOME/rgpu/intercept/<key>/`` (``~/.cache``)
+(key: header, sources, compiler, Python and cffi versions), beside a ``libcuda.so`` link for linkers;
+``rgpu build`` builds it ahead.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import site
 import sys
 import sysconfig
-import tempfile
 from pathlib import Path
 
+from rgpu import native
 from rgpu.errors import ConfigError
 
 from . import cgen, header, model
 from .annotations import C_ONLY
 
 HERE = Path(__file__).resolve().parent
-C_SOURCES = ("shim.c", "shim_ctx.c", "shim_launch.c", "shim_ptr.c", "shim_capture.c")
+C_SOURCES = ("shim.c", "shim_ctx.c", "shim_launch.c", "shim_ptr.c")
 MODULE = "_rgpu_libcuda"
 
 # What Python may call in the C half (shim*.c); the rest of the cdef is the header's types.
@@ -40,9 +40,6 @@ int rgpu_ctx_push(uint64_t h);
 void rgpu_func_note(uint64_t func, uint32_t nparams, const uint32_t *offsets, const uint32_t *sizes, uint32_t argbytes);
 void rgpu_alloc_note(uint64_t base, uint64_t size, uint64_t ctx, int dev, uint64_t id);
 void rgpu_alloc_forget(uint64_t base);
-void rgpu_primary_note(int dev, int retains, unsigned flags);
-uint64_t rgpu_capture_note(uint64_t stream, uint64_t graph);
-void rgpu_capture_forget(uint64_t stream);
 char *rgpu_queue_take(size_t *len, size_t *count);
 void rgpu_queue_free(char *q);
 void rgpu_queue_limit(size_t bytes);
@@ -69,7 +66,7 @@ embed.attach(ffi, lib, {names!r})
 
 def default_cache_dir() -> Path:
     """$XDG_CACHE_HOME/rgpu/intercept (~/.cache when unset), read when called."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")) / "rgpu" / "intercept"
+    return native.cache_root() / "intercept"
 
 
 def _libpython() -> tuple[str, str]:
@@ -92,23 +89,32 @@ def _dev_link(tmp: str, libpython: str) -> str:
 
 
 def build_key(api: model.Api) -> str:
-    h = hashlib.sha256()
-    for part in (api.header.text, sys.version, __import__("cffi").__version__):
-        h.update(part.encode())
-    for f in C_SOURCES + ("cgen.py", "build.py", "annotations.py", "model.py"):
-        h.update((HERE / f).read_bytes())
-    return h.hexdigest()[:16]
+    import cffi
+
+    return native.key(api.header.text, sys.version, cffi.__version__, native.compiler_identity(native.compiler()),
+                      *(HERE / f for f in C_SOURCES + ("cgen.py", "build.py", "annotations.py", "model.py")))
 
 
 def build(out_dir: str | os.PathLike | None = None, *, cuda_home: str | None = None, force: bool = False) -> Path:
-    """Build (or find cached) libcuda.so.1 and return its path."""
+    """Build (or find cached) libcuda.so.1 and return its path (a ``BuildError`` when the compiler fails, a
+    ``ConfigError`` without CUDA's headers or a shared libpython)."""
+    api = model.parse(header.load(cuda_home))
+    key = build_key(api)
+    out = Path(out_dir) if out_dir else default_cache_dir() / key
+    native.cached("intercept", key, ["libcuda.so.1"], lambda staging: _compile(api, staging), folder=out,
+                  force=force, what="the CUDA route's libcuda.so.1 (once)")
+    link = out / "libcuda.so"
+    try:
+        link.symlink_to("libcuda.so.1")     # for linkers (-lcuda)
+    except FileExistsError:                # there already, or a concurrent build made it
+        pass
+    return out / "libcuda.so.1"
+
+
+def _compile(api: model.Api, staging: Path) -> None:
+    """libcuda.so.1 built with cffi's embedding into ``staging``: the header's types, shim*.c, the wrappers."""
     import cffi
 
-    api = model.parse(header.load(cuda_home))
-    out = Path(out_dir) if out_dir else default_cache_dir() / build_key(api)
-    target = out / "libcuda.so.1"
-    if target.exists() and not force:
-        return target
     libdir, libpython = _libpython()
     names = tuple(n for n in api.functions if n not in C_ONLY)
     ffi = cffi.FFI()
@@ -123,21 +129,12 @@ def build(out_dir: str | os.PathLike | None = None, *, cuda_home: str | None = N
         *((HERE / f).read_text() for f in C_SOURCES),
         cgen.wrappers(api),
     ])
-    out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="rgpu-intercept-build-") as tmp:
-        ffi.set_source(MODULE, source, libraries=["pthread", "dl"], library_dirs=[libdir, _dev_link(tmp, libpython)],
-                       extra_compile_args=["-O2", "-Wno-unused-function", "-Wno-unused-variable"],
-                       extra_link_args=[f"-Wl,-rpath,{libdir}", "-Wl,-soname,libcuda.so.1"])
-        built = ffi.compile(tmpdir=tmp, target="libcuda.so.1")
-        partial = out / f".libcuda.so.1.{os.getpid()}"
-        shutil.copy2(built, partial)
-        os.replace(partial, target)   # atomic: a concurrent build or run never sees half a file
-    link = out / "libcuda.so"
-    try:
-        link.symlink_to("libcuda.so.1")     # for linkers (-lcuda)
-    except FileExistsError:                # there already, or a concurrent build made it
-        pass
-    return target
+    ffi.set_source(MODULE, source, libraries=["pthread", "dl"], library_dirs=[libdir, _dev_link(str(staging), libpython)],
+                   extra_compile_args=["-O2", "-Wno-unused-function", "-Wno-unused-variable"],
+                   extra_link_args=[f"-Wl,-rpath,{libdir}", "-Wl,-soname,libcuda.so.1"])
+    with native.capturing("building libcuda.so.1"):
+        built = Path(ffi.compile(tmpdir=str(staging / "cffi"), target="libcuda.so.1"))
+    shutil.copyfile(built, staging / "libcuda.so.1")
 
 
 if __name__ == "__main__":

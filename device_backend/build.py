@@ -1,8 +1,9 @@
 """Builds and loads the C++ part of the rgpu device, once per torch version (``rgpu.torch_ext``).
 
-The sources sit beside this file; the build lands in ``~/.cache/rgpu/device_backend``
-(or ``$XDG_CACHE_HOME``), keyed by the torch and Python versions and a hash of the
-sources, so an upgrade or an edit rebuilds and an unchanged tree loads the cached ``.so``.
+The sources sit beside this file; the build lands in ``~/.cache/rgpu/native/device_backend``
+(or ``$XDG_CACHE_HOME``), keyed by the torch and Python versions, the compiler and a hash of
+the sources, so an upgrade or an edit rebuilds and an unchanged tree loads the cached ``.so``.
+``rgpu build`` builds it ahead; else the first use does.
 """
 from __future__ import annotations
 
@@ -23,6 +24,6 @@ def built() -> bool:
     return _EXTENSION.built()
 
 
-def load(verbose: bool = False) -> ModuleType:
-    """The loaded C++ module (registers the allocator, guard, hooks and kernels on load)."""
-    return _EXTENSION.load(verbose)
+def load(verbose: bool = False, force: bool = False) -> ModuleType:
+    """The loaded C++ module (registers the allocator, guard, hooks and kernels on load); ``force`` rebuilds."""
+    return _EXTENSION.load(verbose, force)

@@ -1,4 +1,4 @@
-"""The ``rgpu`` command: serve, bench, config (and the subcommands later layers add)."""
+"""The ``rgpu`` command: serve, bench, config, build (and the subcommands later layers add)."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +10,7 @@ from . import config
 from .errors import RgpuError
 
 # subcommands contributed by other layers: module with add_parser(subparsers)
-EXTENSIONS = ("rgpu.cuda_intercept.cli", "rgpu.remote")
+EXTENSIONS = ("rgpu.cuda_intercept.cli", "rgpu.remote", "rgpu.parts")
 
 
 def _serve(args) -> int:

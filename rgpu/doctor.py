@@ -161,7 +161,7 @@ def check_transport(ctx: Context) -> Check:
         c_path = getattr(conn.transport, "lone_call", None) is not None
         data["shm_c"] = c_path
         detail += ("; shm's C path built" if c_path else
-                   f"; shm runs its Python path ({'RGPU_SHM_C=0' if not s.shm_c else shm_fast.why_not()})")
+                   f"; shm runs its Python path ({'RGPU_NATIVE=off' if not s.shm_c else shm_fast.why_not()})")
     if s.transport not in ("auto", chosen):
         return Check("transport", "warn", detail, f"RGPU_TRANSPORT={s.transport} was asked for but {chosen} is in "
                      "use: see the server's log for why it was not available", data)

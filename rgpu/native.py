@@ -11,6 +11,7 @@ through this module, by ``rgpu build`` ahead of time or on first use:
                             progress line on stderr and the time it took
     build_library(...)      plain C sources to a shared library (soname, version node)
     attempt(name, build)    build() or None (RGPU_NATIVE=off, or it failed); why_not(name) says why
+    built(build)            whether build() would find everything built (it compiles nothing)
 
 A failed build raises ``BuildError`` with the compiler's last lines. It sits at
 the bottom layer: the standard library, ``rgpu.config`` and ``rgpu.errors`` only
@@ -27,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -98,8 +100,16 @@ def _install_hint() -> str:
 
 
 def why_not(name: str) -> str | None:
-    """Why part ``name`` failed to build or load in this process, or None when it did not fail."""
-    return _failed.get(name)
+    """Why part ``name`` failed to build or load: in this process, else in the last process that tried
+    (a server's background build, an earlier ``rgpu build``); None when it did not fail."""
+    if name in _failed:
+        return _failed[name]
+    note = _failure_note(name)
+    return note.read_text() if note.exists() else None
+
+
+def _failure_note(name: str) -> Path:
+    return cache_root() / "native" / ".failed" / name
 
 
 def builds() -> list[tuple[str, float]]:
@@ -117,12 +127,48 @@ def attempt(name: str, build: Callable[[], T], *, wanted: bool | None = None) ->
         _failed[name] = "RGPU_NATIVE=off"
         return None
     try:
-        result = build()
-    except Exception as exc:  # noqa: BLE001  (no compiler, no cffi, a read-only cache: the Python twin works)
-        _failed[name] = f"{type(exc).__name__}: {exc}"
+        with recording(name):
+            return build()
+    except Exception:  # noqa: BLE001  (no compiler, no cffi, a read-only cache: the Python twin works)
         return None
+
+
+@contextlib.contextmanager
+def recording(name: str) -> Iterator[None]:
+    """Notes why the block raised as ``why_not(name)`` (and lets it raise); forgets it when the block succeeds."""
+    note = _failure_note(name)
+    try:
+        yield
+    except NotBuilt:
+        raise
+    except Exception as exc:
+        _failed[name] = f"{type(exc).__name__}: {exc}"
+        with contextlib.suppress(OSError):   # a read-only cache: this process still knows
+            note.parent.mkdir(parents=True, exist_ok=True)
+            note.write_text(_failed[name])
+        raise
     _failed.pop(name, None)
-    return result
+    with contextlib.suppress(OSError):
+        note.unlink(missing_ok=True)
+
+
+class NotBuilt(Exception):
+    """Raised by ``cached()`` inside ``built()``: the part is not built (nothing was compiled)."""
+
+
+_probe = threading.local()
+
+
+def built(build: Callable[[], object]) -> bool:
+    """Whether ``build()`` would find everything built: it runs with every compile refused."""
+    _probe.on = True
+    try:
+        build()
+    except NotBuilt:
+        return False
+    finally:
+        _probe.on = False
+    return True
 
 
 @contextlib.contextmanager
@@ -154,32 +200,84 @@ def install(built: Path, target: Path) -> Path:
     return target
 
 
+def ready(folder: Path, name: str, build_key: str, outputs: Sequence[str]) -> bool:
+    """Whether ``folder`` holds every one of ``outputs``, built from ``build_key``."""
+    stamp = folder / f".{name}.key"   # the key inside the folder (in the cache it is in the path too)
+    return all((folder / o).exists() for o in outputs) and stamp.exists() and stamp.read_text() == build_key
+
+
 def cached(name: str, build_key: str, outputs: Sequence[str], produce: Callable[[Path], object], *, what: str,
-           folder: Path | None = None, force: bool = False) -> Path:
+           folder: Path | None = None, force: bool = False, keep: bool = False) -> Path:
     """The folder that holds ``outputs``, each built once by ``produce(staging)`` and installed atomically.
 
     ``folder`` defaults to ``<cache>/native/<name>/<build_key>/``. ``produce`` writes every name of
     ``outputs`` into the empty ``staging`` folder; it runs under an inter-process lock, after a second
-    look, so concurrent processes build once. ``force`` rebuilds. Raises what ``produce`` raises.
+    look, so concurrent processes build once. ``force`` rebuilds. ``keep``: staging is ``<folder>/build``
+    and stays (a build's logs, what a torch extension's builder loads from). Raises what ``produce`` raises.
     """
     folder = Path(folder) if folder is not None else cache_root() / "native" / name / build_key
-    stamp = folder / f".{name}.key"   # the key in a folder the caller named (in the cache it is the path)
-
-    def current() -> bool:
-        return all((folder / o).exists() for o in outputs) and stamp.exists() and stamp.read_text() == build_key
-
-    if not force and current():
+    if not force and ready(folder, name, build_key, outputs):
         return folder
+    if getattr(_probe, "on", False):
+        raise NotBuilt(name)
     folder.mkdir(parents=True, exist_ok=True)
     with locked(folder):
-        if force or not current():
-            with progress(name, what), tempfile.TemporaryDirectory(prefix=f".build-{name}-", dir=folder) as tmp:
-                produce(Path(tmp))
+        if force or not ready(folder, name, build_key, outputs):
+            with progress(name, what), _staging(folder, name, keep) as staging:
+                produce(staging)
                 for o in outputs:
-                    install(Path(tmp) / o, folder / o)
-                (Path(tmp) / stamp.name).write_text(build_key)
-                os.replace(Path(tmp) / stamp.name, stamp)   # last: the outputs are whole before it says so
+                    install(staging / o, folder / o)
+                stamp = staging / f".{name}.key"
+                stamp.write_text(build_key)
+                os.replace(stamp, folder / stamp.name)   # last: the outputs are whole before it says so
     return folder
+
+
+@contextlib.contextmanager
+def _staging(folder: Path, name: str, keep: bool) -> Iterator[Path]:
+    if not keep:
+        with tempfile.TemporaryDirectory(prefix=f".build-{name}-", dir=folder) as tmp:
+            yield Path(tmp)
+        return
+    staging = folder / "build"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    yield staging
+
+
+@contextlib.contextmanager
+def capturing(what: str) -> Iterator[None]:
+    """For a builder that runs the compiler on this process's own stdout and stderr (cffi, setuptools,
+    torch): what it writes is kept aside, and a failure is one ``BuildError`` carrying its last lines.
+
+    Why the file descriptors, not ``sys.stdout``: the compiler is a child process writing to them. Another
+    thread's output while a build runs is kept aside too (a build is short, and once per machine).
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as log:
+        saved = os.dup(1), os.dup(2)
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        failure: BaseException | None = None
+        try:
+            yield
+        except BuildError:
+            raise
+        except Exception as exc:
+            failure = exc
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+        if failure is not None:
+            log.seek(0)
+            first = (str(failure).splitlines() or [""])[0][:300]
+            output = log.read().decode(errors="replace") + f"\n{failure}"
+            raise BuildError(f"{what}: {type(failure).__name__}: {first}", output=output) from failure
 
 
 def run_compiler(command: Sequence[str], what: str) -> None:

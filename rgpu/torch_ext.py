@@ -1,22 +1,26 @@
-"""Builds and loads a C++ torch extension once per torch version and source tree, under a file lock.
+"""Builds and loads a C++ torch extension once per torch version and source tree (``rgpu.native``'s cache and lock).
 
 Used by the client's device (``device_backend/build.py``) and the server's op path
-(``server/ops/fast_op.py``); neither imports the other. A build lands in
-``~/.cache/rgpu/<kind>/`` (or ``$XDG_CACHE_HOME``) under a name that carries the
-torch version, the Python version and a hash of the sources, so an upgrade or an
-edit rebuilds and an unchanged tree loads the cached ``.so`` directly.
+(``server/ops/fast_op.py``); neither imports the other. ``torch.utils.cpp_extension``
+drives the compiler; ``rgpu.native`` owns the key (the sources, the headers, the
+torch and Python versions, the C++ compiler), the cache folder
+(``<cache>/native/<kind>/<name>/``, the builder's files in ``build/`` beside the
+``.so``), the lock, the progress line and the reason a build failed, so an upgrade
+or an edit rebuilds and an unchanged tree loads the cached ``.so`` directly.
 """
 from __future__ import annotations
 
-import fcntl
-import hashlib
+import contextlib
 import importlib.machinery
 import importlib.util
 import os
 import re
+import shutil
 import sys
 from pathlib import Path
 from types import ModuleType
+
+from . import native
 
 
 class Extension:
@@ -28,50 +32,55 @@ class Extension:
         self.module: ModuleType | None = None
 
     def cache_root(self) -> Path:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-        return Path(base) / "rgpu" / self.kind
+        return native.cache_root() / "native" / self.kind
 
-    def name(self) -> str:
+    def key(self) -> str:
         import torch
 
-        digest = hashlib.sha256()
-        for name in self.sources + self.headers:
-            digest.update((self.here / name).read_bytes())
+        cxx = os.environ.get("CXX") or shutil.which("c++") or ""
+        return native.key(*(self.here / n for n in self.sources + self.headers), torch.__version__, sys.version,
+                          native.compiler_identity(cxx) if cxx else "no c++")
+
+    def name(self) -> str:
+        """The module's name (and its folder's): the torch and Python versions and the key."""
+        import torch
+
         tag = re.sub(r"[^A-Za-z0-9]", "_", f"{torch.__version__}_py{sys.version_info[0]}{sys.version_info[1]}")
-        return f"rgpu_{self.kind}_{tag}_{digest.hexdigest()[:10]}"
+        return f"rgpu_{self.kind}_{tag}_{self.key()[:10]}"
+
+    def _where(self) -> tuple[str, str, Path]:
+        key, name = self.key(), self.name()
+        return key, name, self.cache_root() / name
 
     def built(self) -> bool:
         """Whether it is built for this torch and these sources (loading it then takes a millisecond)."""
-        return (self.cache_root() / self.name() / "ready").exists()
+        key, name, folder = self._where()
+        return native.ready(folder, self.kind, key, [f"{name}.so"])
 
-    def load(self, verbose: bool = False) -> ModuleType:
-        if self.module is not None:
+    def load(self, verbose: bool = False, force: bool = False) -> ModuleType:
+        """The loaded module, built first where it is not (a ``BuildError`` or torch's own error when it fails)."""
+        if self.module is not None and not force:
             return self.module
         import torch  # noqa: F401  (the .so links against libtorch, already in the process)
 
-        name = self.name()
-        build_dir = self.cache_root() / name
-        # Why a marker, not the .so: the linker writes the .so in place, so another
-        # process could see it half-written; the marker appears only after a build.
-        ready = build_dir / "ready"
-        if not ready.exists():
-            build_dir.mkdir(parents=True, exist_ok=True)
-            # Why our own lock: several processes (pytest workers, scripts) can reach this line at once.
-            with open(self.cache_root() / f"{name}.lock", "w") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)
-                if not ready.exists():
-                    self._compile(name, build_dir, verbose)
-                    ready.touch()
-        self.module = _import_so(name, build_dir / f"{name}.so")
+        key, name, folder = self._where()
+        built: list[ModuleType] = []
+
+        def produce(staging: Path) -> None:
+            from torch.utils import cpp_extension
+
+            # torch's builder loads what it built (from staging): this process keeps that module, as
+            # a second copy of the library from the cache would register its kernels twice
+            with contextlib.nullcontext() if verbose else native.capturing(f"building {self.note or self.kind}"):
+                built.append(cpp_extension.load(name=name, sources=[str(self.here / s) for s in self.sources],
+                                                 extra_cflags=["-O2"], build_directory=str(staging), verbose=verbose,
+                                                 is_python_module=True))
+
+        with native.recording(self.kind):
+            native.cached(self.kind, key, [f"{name}.so"], produce, folder=folder, force=force, keep=True,
+                          what=f"{self.note or self.kind} (once for this torch)")
+        self.module = built[0] if built else _import_so(name, folder / f"{name}.so")
         return self.module
-
-    def _compile(self, name: str, build_dir: Path, verbose: bool) -> None:
-        from torch.utils import cpp_extension
-
-        if not verbose and self.note:
-            print(f"rgpu: building {self.note} for this torch (once; ~30-60 s)...", file=sys.stderr)
-        cpp_extension.load(name=name, sources=[str(self.here / s) for s in self.sources], extra_cflags=["-O2"],
-                           build_directory=str(build_dir), verbose=verbose, is_python_module=True)
 
 
 def _import_so(name: str, path: Path) -> ModuleType:

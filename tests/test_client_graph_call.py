@@ -1,6 +1,6 @@
 """A shipped graph's calls made and posted in C++ (graph_call.cpp) send what the Python path sends and train alike.
 
-Each test starts sessions of its own on the test server, with ``RGPU_FAST_PATH`` on
+Each test starts sessions of its own on the test server, with ``RGPU_NATIVE`` auto
 (the C++ call) or off (compile.py's Python call), and leaves a fast one behind.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ def start(rgpu_device, rgpu_server, monkeypatch):  # noqa: F811
 
     def begin(fast: bool) -> tuple[Recorder, list]:
         torch._dynamo.reset()
-        monkeypatch.setenv("RGPU_FAST_PATH", "1" if fast else "0")
+        monkeypatch.setenv("RGPU_NATIVE", "auto" if fast else "off")
         rec = Recorder(rgpu_server.connect("ops"))
         startup.use(rec)
         python_calls.clear()
@@ -39,7 +39,7 @@ def start(rgpu_device, rgpu_server, monkeypatch):  # noqa: F811
 
     yield begin
     torch._dynamo.reset()
-    monkeypatch.setenv("RGPU_FAST_PATH", "1")
+    monkeypatch.setenv("RGPU_NATIVE", "auto")
     startup.use(rgpu_server.connect("ops"))
 
 

@@ -43,7 +43,7 @@ def test_on_shm_the_transport_check_says_whether_its_c_path_runs(rgpu_server, sh
         pytest.skip(str(shm.available() or shm_fast.why_not()))
     checks = by_name(doctor.run_checks(rgpu_server.settings(transport="shm", shm_c=shm_c)))
     assert checks["transport"].data["shm_c"] is shm_c
-    assert ("C path built" if shm_c else "Python path (RGPU_SHM_C=0)") in checks["transport"].detail
+    assert ("C path built" if shm_c else "Python path (RGPU_NATIVE=off)") in checks["transport"].detail
 
 
 def test_no_server_fails_the_first_check_skips_the_rest_and_says_how_to_start_one():

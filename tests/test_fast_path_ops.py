@@ -1,7 +1,7 @@
 """The C++ fast path (device_backend/fast_path.cpp) sends what the Python fallback would, and trains to the same numbers.
 
-Each test starts sessions of its own on the test server, with ``RGPU_FAST_PATH`` on
-or off, and leaves a fast-path session behind for the tests after it.
+Each test starts sessions of its own on the test server, with the fast path on
+or off (``RGPU_NATIVE=auto|off``), and leaves a fast-path session behind for the tests after it.
 """
 from __future__ import annotations
 
@@ -46,14 +46,14 @@ def start(rgpu_device, rgpu_server, monkeypatch):  # noqa: F811
     from rgpu.device_backend import session, startup
 
     def begin(fast: bool) -> Recorder:
-        monkeypatch.setenv("RGPU_FAST_PATH", "1" if fast else "0")
+        monkeypatch.setenv("RGPU_NATIVE", "auto" if fast else "off")
         rec = Recorder(rgpu_server.connect("ops"))
         startup.use(rec)
         session.current().C.fast_path_stats(reset=True)
         return rec
 
     yield begin
-    monkeypatch.setenv("RGPU_FAST_PATH", "1")
+    monkeypatch.setenv("RGPU_NATIVE", "auto")
     startup.use(rgpu_server.connect("ops"))
 
 
@@ -189,7 +189,7 @@ print(json.dumps({"messages": T._canonical(rec.seen), "values": values}))
 
 def test_the_messages_match_those_of_a_process_that_never_installs_the_fast_path(start, rgpu_server):
     got = run_python(PURE_PYTHON, env={"RGPU_SERVER": rgpu_server.address, "RGPU_TOKEN": rgpu_server.token,
-                                       "RGPU_FAST_PATH": "0"})
+                                       "RGPU_NATIVE": "off"})
     assert got.returncode == 0, got.stderr[-2000:]
     pure = json.loads(got.stdout.strip().splitlines()[-1])
     rec = start(True)

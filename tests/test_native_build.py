@@ -142,3 +142,56 @@ def test_concurrent_builds_of_one_library_compile_once(tmp_path, cache):
         t.join()
     assert len(set(results)) == 1 and len(results) == 4
     assert [n for n, _ in native.builds()[before:]] == ["racy"]
+
+
+# ---- rgpu build: every part ahead, one line each ----
+
+def test_rgpu_build_builds_one_part_and_then_finds_it_cached(cache, capsys):
+    from rgpu import cli
+
+    assert cli.main(["build", "--only", "launch_records"]) == 0
+    assert "launch_records" in (out := capsys.readouterr().out) and "built in" in out
+    assert cli.main(["build", "--only", "launch_records"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("cached")
+    assert cli.main(["build", "--list", "--only", "launch_records"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("built")
+
+
+def test_rgpu_build_names_the_parts_when_asked_for_one_it_does_not_have(capsys):
+    from rgpu import cli, parts
+
+    assert cli.main(["build", "--only", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert all(p.name in err for p in parts.PARTS)
+
+
+def test_a_part_that_fails_is_reported_with_the_compilers_lines_and_the_command_fails(cache, capsys, monkeypatch):
+    from rgpu import cli, parts
+
+    def broken(force=False):
+        raise BuildError("building libx.so: the compiler failed (exit 1)", output="x.c:1: error: expected ';'")
+
+    monkeypatch.setattr(parts, "PARTS", (parts.Part("x", "a broken part", lambda: None, broken),
+                                         parts.Part("y", "a part this host lacks", lambda: 1 / 0, "nowhere:none")))
+    assert cli.main(["build"]) == 1
+    out = capsys.readouterr().out
+    assert "x  a broken part" in out and "FAILED: BuildError" in out and "expected ';'" in out
+    assert "skipped: ZeroDivisionError" in out
+    assert "BuildError" in native.why_not("x")
+
+
+def test_rgpu_build_list_shows_every_part_without_building_any(tmp_path):
+    import os
+    import sys
+
+    from rgpu import parts
+
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path))
+    done = subprocess.run([sys.executable, "-m", "rgpu", "build", "--list"], env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert [line.split()[0] for line in lines[:len(parts.PARTS)]] == [p.name for p in parts.PARTS]
+    assert all("not built" in line or "skipped" in line for line in lines[:len(parts.PARTS)])
+    assert "rgpu: building" not in done.stderr
+    assert not list(tmp_path.rglob("*.so*"))

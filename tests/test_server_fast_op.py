@@ -387,7 +387,7 @@ def test_a_session_never_waits_for_the_build_it_starts_one_in_the_background_and
     assert ex.welcome()["op_path_failed"] is False
     assert started == [[fast_op.sys.executable, "-m", "rgpu.server.ops.fast_op"]]   # once per process
     off = Executor(Session(id="v", route="ops", settings=config.settings(environ={}, device="cpu", server_c=False)))
-    assert off.fast is None and len(started) == 1 and off.welcome()["op_path"] == "Python (RGPU_SERVER_C=0)"
+    assert off.fast is None and len(started) == 1 and off.welcome()["op_path"] == "Python (RGPU_NATIVE=off)"
     monkeypatch.setattr(fast_op, "_failed", "CalledProcessError: no compiler")
     broken = Executor(Session(id="w", route="ops", settings=config.settings(environ={}, device="cpu")))
     assert broken.fast is None and "cannot be built here: CalledProcessError" in broken.welcome()["op_path"]

@@ -7,8 +7,8 @@ does.
 
 A session never waits for the compiler: ``for_session()`` (each executor asks) loads the
 build, or starts it in a process of its own when this torch and these sources have
-none yet (~30 s, once per machine), and sessions run everything in Python meanwhile.
-``RGPU_SERVER_C=0`` turns it off.
+none yet (~30 s, once per machine), and sessions run everything in Python meanwhile;
+``rgpu build`` builds it ahead. ``RGPU_NATIVE=off`` turns it off.
 
     python -m rgpu.server.ops.fast_op          # build it now (what the background process runs)
 """
@@ -62,10 +62,20 @@ def describe(module: ModuleType | None, enabled: bool) -> str:
     if module is not None:
         return "C++"
     if not enabled:
-        return "Python (RGPU_SERVER_C=0)"
+        return "Python (RGPU_NATIVE=off)"
     if _failed is not None:
         return f"Python (the C++ op path cannot be built here: {_failed.splitlines()[0][:200]})"
     return "Python (the C++ op path is being built in the background; later sessions use it)"
+
+
+def build(force: bool = False) -> ModuleType:
+    """Build it now (or find it built) and load it (``rgpu build``); raises what the build raises."""
+    return EXTENSION.load(force=force)
+
+
+def built() -> bool:
+    """Whether it is built for this torch and these sources."""
+    return EXTENSION.built()
 
 
 def why_not() -> str | None:
