@@ -188,3 +188,42 @@ def test_a_server_started_from_the_program_gets_none_of_it(rgpu_dir):
     assert without(rgpu_dir, env) == {**base, "LD_PRELOAD": "/opt/y.so"}
     env = environment(rgpu_dir, base, preload=True)
     assert without(rgpu_dir, env) == base
+
+
+STOCK_C = textwrap.dedent("""
+    /* a stand-in for a library rgpu leaves stock (cuFFT): like NVIDIA's, it asks the driver for a private table */
+    int cuGetExportTable(const void **table, const void *id);
+    int cufftCreate(void *plan) { const void *t = 0; static const char id[16]; (void)plan; return cuGetExportTable(&t, id); }
+""")
+
+CALLER_C = textwrap.dedent("""
+    #include <dlfcn.h>
+    #include <stdio.h>
+    int main(int argc, char **argv) {
+        void *h = dlopen(argv[1], RTLD_NOW);
+        if (!h) { printf("dlopen: %s\\n", dlerror()); return 3; }
+        int (*create)(void *) = (int (*)(void *))dlsym(h, "cufftCreate");
+        printf("cufftCreate=%d\\n", create(0));
+        return 0;
+    }
+""")
+
+
+def test_a_library_rgpu_leaves_stock_fails_when_called_and_names_itself(tmp_path):
+    """cuFFT, cuSPARSE, NCCL ... load stock and stay inert; their first call asks for the driver's private
+    tables, which rgpu's driver refuses with a line on stderr naming the library."""
+    from test_cuda_support import build_shim_or_skip
+    build_shim_or_skip()
+    from rgpu.cuda_intercept import libraries
+    folder = libraries.build()
+    stock = tmp_path / "nvidia" / "cufft" / "lib"
+    stock.mkdir(parents=True)
+    (tmp_path / "cufft.c").write_text(STOCK_C)
+    (tmp_path / "caller.c").write_text(CALLER_C)
+    cc("-shared", "-fPIC", "-o", str(stock / "libcufft.so.12"), str(tmp_path / "cufft.c"), "-Wl,-soname,libcufft.so.12",
+       f"-L{folder}", "-l:libcuda.so.1")
+    cc("-o", str(tmp_path / "caller"), str(tmp_path / "caller.c"), "-ldl")
+    done = run([sys.executable, "-m", "rgpu", "intercept", "run", "--", tmp_path / "caller", stock / "libcufft.so.12"],
+               clean_env())
+    assert "cufftCreate=801" in done.stdout, done.stdout + done.stderr          # CUDA_ERROR_NOT_SUPPORTED
+    assert "rgpu: libcufft.so.12 asked for the driver's private tables: FFTs (cuFFT) are not supported" in done.stderr
