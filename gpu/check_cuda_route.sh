@@ -4,7 +4,7 @@
 #   OUT=/some/folder bash gpu/check_cuda_route.sh        (the device tool sets $OUT; finishes in under 8 minutes)
 #
 # Writes $OUT/cuda_route.json (summary) and one log per step. Steps: install cffi (wheel) and rgpu; check
-# libpython is shared; build the interceptor; start the server on the real driver; run the CUDA C demo natively
+# libpython is shared; build rgpu's native parts (`rgpu build`) and find the interceptor; start the server on the real driver; run the CUDA C demo natively
 # and through the interceptor; run numba-cuda kernels through it (both driver bindings); the GPU-marked test;
 # `rgpu bench cuda --json`. A failed step is recorded and the next one still runs.
 set -u
@@ -33,7 +33,8 @@ except OSError as exc:
     smi = f"nvidia-smi: {exc}"
 print(json.dumps({"python": sys.version, "shared": sysconfig.get_config_var("Py_ENABLE_SHARED"),
                   "libpython": sysconfig.get_config_var("INSTSONAME"), "nvidia_smi": smi}))'
-step build 120 "$PY" -m rgpu intercept build
+step native 300 "$PY" -m rgpu build            # every native part ahead, one line each (the CUDA route's among them)
+step build 120 "$PY" -m rgpu intercept build   # cached by now: prints the library's path
 LIB=$(grep -o '/[^ ]*libcuda\.so\.1$' "$OUT/build.log" | tail -n 1)
 LIBDIR=$(dirname "$LIB")
 nm -D --defined-only "$LIB" | grep -c ' T cu' >"$OUT/exports.txt" 2>&1

@@ -28,11 +28,10 @@ step() {  # step NAME LIMIT_S COMMAND...: stdout to $OUT/NAME.json, stderr to $O
   echo $? >"$OUT/$name.rc"
 }
 
-install_rgpu() {  # rgpu from this tree, and its C++ parts (client, server) built against the host's torch (a step)
+install_rgpu() {  # rgpu from this tree, and every native part built against the host's torch (a step)
   stamp install
   python3 -m pip install --no-deps --no-build-isolation -q "$REPO" >"$OUT/install.log" 2>&1
-  step build 150 python3 -c 'import torch, rgpu; from rgpu.device_backend import build; build.load()
-from rgpu.server.ops import fast_op; assert fast_op.load() is not None, fast_op.why_not(); print("{}")'
+  step build 240 python3 -m rgpu build   # a line per part (built, cached, skipped: why); exit 1 when one fails
 }
 
 summarize() {  # summarize NAME...: each step's bench rows, one line each, into $OUT/summary.txt
