@@ -75,23 +75,25 @@ def write_logs(logs: dict, info: str, error: str, values) -> None:
                 values[slot] = ffi.cast("void *", len(data) - 1)
 
 
-def _capability() -> tuple[int, int] | None:
-    """The compute capability of the current context's device, as the server reported it (None: unknown)."""
+def _capabilities() -> list[tuple[int, int]]:
+    """The compute capability of each of the server's devices, as it reported them (empty: unknown).
+
+    All of them: a library loads into every device, whichever context is current."""
     c = client.get()
-    devices = (c.init_info or {}).get("devices") or []
-    dev = c.lib.rgpu_ctx_device(c.ctx()) if c.ctx() else 0
-    if not 0 <= dev < len(devices):
-        return None
-    attrs = devices[dev]["attrs"]
     at = int(c.lib.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR), int(c.lib.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
-    got = [attrs[a] if a < len(attrs) else None for a in at]
-    return (int(got[0]), int(got[1])) if all(isinstance(v, int) and v >= 0 for v in got) and got[0] > 0 else None
+    out = []
+    for d in (c.init_info or {}).get("devices") or []:
+        got = [d["attrs"][a] if a < len(d["attrs"]) else None for a in at]
+        if not (all(isinstance(v, int) and v >= 0 for v in got) and got[0] > 0):
+            return []                    # one device we cannot place: send images whole
+        out.append((got[0], got[1]))
+    return out
 
 
 def load_image(what: str, scalar: dict, data: bytes):
     """Load ``data`` as a module or library on the server by its sha256; the bytes cross only if it lacks them."""
     c = client.get()
-    trimmed = fatbin.trim(data, _capability())
+    trimmed = fatbin.trim(data, _capabilities())
     digest = hashlib.sha256(trimmed).hexdigest()
     IMAGES["loads"] += 1
     IMAGES["bytes_before_trim"] += len(data)

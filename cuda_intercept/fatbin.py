@@ -39,15 +39,25 @@ def choose(found: list[Entry], major: int, minor: int) -> list[Entry]:
     return []
 
 
-def trim(image: bytes, capability: tuple[int, int] | None) -> bytes:
-    """``image`` keeping only what the device of ``capability`` can use; unchanged when that cannot be told."""
-    if capability is None or not is_container(image):
+def trim(image: bytes, capability) -> bytes:
+    """``image`` keeping only what devices of ``capability`` (one (major, minor) or a list of them) can use.
+
+    A library loads into every device, so each capability named keeps its own entries; the image
+    travels unchanged when that cannot be told (no capability, unreadable, or some device fits nothing).
+    """
+    caps = [capability] if isinstance(capability, tuple) else list(capability or ())
+    if not caps or not is_container(image):
         return image
     try:
         found = entries(image)
     except FatbinError:
         return image                     # unreadable here: the server's driver judges it
-    keep = choose(found, *capability)
-    if not keep or len(keep) == len(found):
+    keep: set[int] = set()
+    for major, minor in set(caps):
+        chosen = choose(found, major, minor)
+        if not chosen:
+            return image
+        keep.update(e.offset for e in chosen)
+    if len(keep) == len(found):
         return image
-    return rebuild(image, keep)
+    return rebuild(image, [e for e in found if e.offset in keep])

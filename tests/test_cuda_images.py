@@ -210,3 +210,17 @@ def test_the_real_driver_is_never_handed_an_image_whose_lengths_lie():
     struct.pack_into("<HH", elf, 0x3A, 64, 3)
     assert "past its end" in image_problem(bytes(elf))
     assert "wrapper" in image_problem(struct.pack("<IIQQ", 0x466243B1, 1, 0x1000, 0))
+
+
+def test_the_interceptor_sends_only_the_cubin_of_the_servers_gpu(cu):
+    from rgpu.cuda_intercept.calls_code import IMAGES
+    from rgpu import fatbin
+    image = kernels_fatbin(build("graph", "multi"))                 # sm_80, sm_90, sm_100 and compute_90
+    before = dict(IMAGES)
+    lib = c_void_p()
+    rc = cu.cuLibraryLoadData(byref(lib), ctypes.c_char_p(image), None, None, 0, None, None, 0)
+    assert rc == CUDA_ERROR_NO_BINARY_FOR_GPU                         # the fake (a 9.0 device) runs PTX only
+    assert IMAGES["bytes_before_trim"] - before["bytes_before_trim"] == len(image)
+    sent = IMAGES["bytes_after_trim"] - before["bytes_after_trim"]
+    sm90 = [e for e in fatbin.entries(image) if e.name() == "sm_90"][0]
+    assert sent == 16 + sm90.header_size + sm90.size

@@ -61,6 +61,11 @@ def test_without_a_cubin_it_gets_the_newest_ptx_at_or_below_its_capability():
     assert bytes(kept.payload(trim(TORCH_LIKE, (11, 0)))) == b"zstd-ptx"
 
 
+def test_a_server_with_two_kinds_of_gpu_gets_what_each_needs():
+    assert names(trim(TORCH_LIKE, [(9, 0), (8, 6), (9, 0)])) == ["sm_86", "sm_90", "sm_90a"]
+    assert trim(TORCH_LIKE, [(9, 0), (7, 5)]) is TORCH_LIKE           # one fits nothing: all of it goes
+
+
 def test_an_image_nothing_in_which_fits_travels_unchanged():
     assert trim(TORCH_LIKE, (7, 5)) is TORCH_LIKE
     assert trim(TORCH_LIKE, None) is TORCH_LIKE
