@@ -1,0 +1,135 @@
+"""The "current figures" table atop each docs/perf/ page, generated from the raw run it cites.
+
+    python tools/perf_tables.py transport           print one page's table (tools/check_house.py compares it)
+    python tools/perf_tables.py --write             rewrite every page's table (and the plots whose data is here)
+
+Each figure names the file of docs/perf/gpu/ it is read from (a tarball's member as ``a.tar.gz:member``,
+nested as deep as the checks pack them), the row's transport, metric and size, and its target. A new run:
+put its files under docs/perf/gpu/runN/, point PAGES' sources at them, remove the runs no table reads (git keeps them).
+"""
+from __future__ import annotations
+
+import io
+import json
+import sys
+import tarfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+GPU = ROOT / "docs" / "perf" / "gpu"
+H200 = "one NVIDIA H200, 16 cores, torch 2.11.0+cu130, Python 3.12"
+
+# the runs the tables read: folder -> (date, machine)
+RUNS = {"run14": ("2026-12-01", H200), "run12": ("2026-11-30", H200), "run3": ("2026-11-30", H200)}
+
+T14 = "run14/call5-transports.tar.gz:transports/"
+STEP14 = "run14/call3-step_start.tar.gz:step_start/step_start.tar.gz:"
+MiB = 1 << 20
+
+# page -> (the command that measured it, [(label, source, transport, metric, size, direction, target)])
+PAGES: dict[str, tuple[str, list[tuple]]] = {
+    "transport": ("`bash gpu/run_all.sh transports rtt` (`gpu/check_transports.sh`: `rgpu bench transport --json`)", [
+        ("tcp round trip, 64 B", T14 + "transport_tcp.json", "tcp", "rtt", 64, "", "<= 1.5"),
+        ("tcp upload, 64 MiB", T14 + "transport_tcp.json", "tcp", "bandwidth", 64 * MiB, "", ">= 0.90"),
+        ("tcp download, 64 MiB", T14 + "transport_tcp.json", "tcp", "bandwidth", 64 * MiB, "download", ""),
+        ("shm round trip (the lone call), 64 B", T14 + "transport_shm.json", "shm", "rtt", 64, "", "<= 0.20"),
+        ("shm upload, 64 MiB", T14 + "transport_shm.json", "shm", "bandwidth", 64 * MiB, "", ">= 0.80"),
+        ("shm upload, 256 MiB", T14 + "transport_shm.json", "shm", "bandwidth", 256 * MiB, "", ""),
+        ("shm download, 64 MiB", T14 + "transport_shm.json", "shm", "bandwidth", 64 * MiB, "download", ""),
+    ]),
+    "fast_path": ("`bash gpu/run_all.sh step_start` (run14) and `gpu/check_compiled.sh`-style calls of run12 "
+                  "(`rgpu bench train --pin --repeats 5`, TF32 on; `rgpu bench ops`, `upload`, `train --sim-rtt`)", [
+        ("eager step / native eager, shm", STEP14 + "shm.json", "shm", "training step", None, "", "<= 1.10"),
+        ("eager step / native eager, tcp", STEP14 + "tcp.json", "tcp", "training step", None, "", "<= 1.10"),
+        ("compiled step (reduce-overhead) / native eager, shm", "run12/call5_shm.json", "shm",
+         "training step, torch.compile(backend='rgpu')", None, "", "<= 0.90"),
+        ("compiled step (reduce-overhead) / native eager, tcp", "run12/call5_tcp.json", "tcp",
+         "training step, torch.compile(backend='rgpu')", None, "", "<= 0.90"),
+        ("client cost per streamed op / native enqueue, shm", "run12/call4_ops.json", "shm",
+         "client cost per streamed op (add, 4 elements)", None, "", "<= 1.0"),
+        ("1 GiB upload from pinned memory / pinned copy, shm", "run12/call4_upload.json", "shm",
+         "upload from pinned memory", None, "", ">= 0.50"),
+        ("step at a simulated 30 ms round trip / (0 ms + 1 RTT)", "run12/call4_train_rtt.json", "shm",
+         "training step at a simulated 30 ms round trip", None, "", "<= 1.10"),
+    ]),
+    "device_route": ("`bash gpu/run_all.sh step_start` (`rgpu bench train --pin --repeats 5`, TF32 on)", [
+        ("eager nanoGPT step, shm", STEP14 + "shm.json", "shm", "training step", None, "", "<= 1.10"),
+        ("eager nanoGPT step, tcp", STEP14 + "tcp.json", "tcp", "training step", None, "", "<= 1.10"),
+        ("round trips per step, shm", STEP14 + "shm.json", "shm", "round trips per step", None, "", "1"),
+        ("max |loss - native loss|, 3 warm-up steps, shm", STEP14 + "shm.json", "shm",
+         "max |loss - native loss| over 3 warm-up steps", None, "", ""),
+    ]),
+    "cuda_route": ("`bash gpu/run_all.sh cuda_route` (`gpu/check_cuda_route.sh`: `rgpu bench cuda --json`)", [
+        ("round-trip call (cuMemGetInfo)", "run3/cuda_route.json", "auto", "round-trip call (cuMemGetInfo)", None, "", ""),
+        ("2000 launches + synchronise", "run3/cuda_route.json", "auto", "2000 launches + synchronise", None, "", ""),
+        ("64 MiB host-to-device copy (pageable)", "run3/cuda_route.json", "auto",
+         "64 MiB host-to-device copy (pageable)", None, "", ""),
+    ]),
+}
+
+
+# plots the checks drew from the same run, brought up beside the pages: docs/perf/<name> <- source
+PLOTS = {"transport_gpu_tcp.png": T14 + "transport_tcp.png", "transport_gpu_shm.png": T14 + "transport_shm.png"}
+
+
+def read(source: str) -> bytes:
+    """A file of docs/perf/gpu/, or a member of a tarball there (``a.tar.gz:member[:member...]``)."""
+    outer, *members = source.split(":")
+    data = (GPU / outer).read_bytes()
+    for m in members:
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            names = {n.removeprefix("./"): n for n in tar.getnames()}
+            data = tar.extractfile(names[m]).read()
+    return data
+
+
+def rows(source: str) -> list[dict]:
+    doc = json.loads(read(source))
+    return doc["bench"]["rows"] if isinstance(doc, dict) else doc
+
+
+def _num(x: float) -> str:
+    return f"{x:.3g}" if abs(x) < 100 else f"{x:.0f}"
+
+
+def table(page: str) -> str:
+    command, figures = PAGES[page]
+    runs = sorted({src.split("/")[0] for _, src, *_ in figures}, reverse=True)
+    out = ["## Current figures", "",
+           f"Generated by `python tools/perf_tables.py {page}` from the raw runs in `docs/perf/gpu/` "
+           f"({', '.join(f'{r}: {RUNS[r][0]}' for r in runs)}; {RUNS[runs[0]][1]}). Command: {command}. "
+           "Each figure beside its baseline measured in the same run; median of interleaved runs.", "",
+           "| figure | rgpu | baseline | ratio | target | from |", "|---|---|---|---|---|---|"]
+    for label, src, transport, metric, size, direction, target in figures:
+        match = [r for r in rows(src) if r.get("transport") == transport and r["metric"] == metric
+                 and (size is None or r["size"] == size) and r.get("direction", "") == direction]
+        if len(match) != 1:
+            raise SystemExit(f"{page}: {label}: {len(match)} rows of {src} match (want 1)")
+        r = match[0]
+        unit = "" if r["unit"] in ("count", "abs") else " " + r["unit"]
+        base = f"{_num(r['baseline'])}{unit} ({r['baseline_name']})" if r.get("baseline_name") else "—"
+        ratio = f"**{r['ratio']:.3f}**" if r.get("ratio") is not None else "—"
+        out.append(f"| {label} | {_num(r['value'])}{unit} | {base} | {ratio} | {target or '—'} | "
+                   f"`{src.split(':')[0]}` |".replace("|loss", "\\|loss").replace("loss|", "loss\\|"))
+    return "\n".join(out) + "\n"
+
+
+def write() -> None:
+    sys.path.insert(0, str(ROOT / "tools"))
+    from house import generated
+    problems = generated.check(ROOT, write=True, only=tuple(g for g in generated.GENERATED
+                                                           if g.command[1:2] == ("tools/perf_tables.py",)))
+    for p in problems:
+        print(p, file=sys.stderr)
+    for name, source in PLOTS.items():
+        (ROOT / "docs" / "perf" / name).write_bytes(read(source))
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    if args == ["--write"]:
+        write()
+    elif len(args) == 1 and args[0] in PAGES:
+        print(table(args[0]), end="")
+    else:
+        raise SystemExit(__doc__)
