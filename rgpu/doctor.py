@@ -314,12 +314,15 @@ def main(args) -> int:
         s = s.with_(server=args.server)
     results = run_checks(s)
     ok = not any(c.status == "fail" for c in results)
+    from rgpu.cuda_intercept import libraries   # the CUDA route: what `rgpu intercept run` would load, from where
+    cuda = libraries.report()
     if args.json:
-        print(json.dumps({"ok": ok, "checks": [asdict(c) for c in results]}, indent=1, default=str))
+        print(json.dumps({"ok": ok, "checks": [asdict(c) for c in results], "cuda_libraries": cuda}, indent=1, default=str))
     else:
         for c in results:
             print(f"  {c.status.upper() if c.status in ('fail', 'warn') else c.status:5} {c.name:10} {c.detail}")
             if c.fix:
                 print(f"  {'':5} {'':10} fix: {c.fix}")
+        print("\n".join(f"  {line}" for line in ["", "CUDA route:", *libraries.describe(cuda)]))
         print("rgpu doctor: all checks pass" if ok else "rgpu doctor: some checks failed", file=sys.stderr)
     return 0 if ok else 1
