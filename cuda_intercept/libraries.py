@@ -23,13 +23,16 @@ HERE = Path(__file__).resolve().parent
 REDIRECTOR = "librgpu_redirect.so"
 REPLACED = ("libcuda.so.1", "libcudart.so.13", "libcublas.so.13", "libcublasLt.so.13", "libcudnn.so.9")
 
-# What rgpu leaves stock: inert until called, then refused by rgpu's driver at cuGetExportTable (they
-# need the driver's private tables), with the caller named.
+# What rgpu leaves stock, and what becomes of it. The math and communication libraries load and stay
+# inert; their first call asks the driver for its private tables, which rgpu's driver refuses with a line
+# naming the library. The compilers need no GPU and run here.
+_REFUSED = "loads; its first call fails, naming it"
 STOCK = {
-    "libcufft.so.12": "cuFFT", "libcusparse.so.12": "cuSPARSE", "libcurand.so.10": "cuRAND",
-    "libcusolver.so.12": "cuSOLVER", "libnccl.so.2": "NCCL", "libcupti.so.13": "CUPTI",
-    "libnvrtc.so.13": "NVRTC", "libnvJitLink.so.13": "nvJitLink", "libcusparseLt.so.0": "cuSPARSELt",
-    "libcufile.so.0": "cuFile",
+    "libcufft.so.12": f"cuFFT: {_REFUSED}", "libcusparse.so.12": f"cuSPARSE: {_REFUSED}",
+    "libcurand.so.10": f"cuRAND: {_REFUSED}", "libcusolver.so.12": f"cuSOLVER: {_REFUSED}",
+    "libnccl.so.2": f"NCCL: {_REFUSED}", "libcupti.so.13": f"CUPTI: {_REFUSED}",
+    "libcusparseLt.so.0": f"cuSPARSELt: {_REFUSED}", "libcufile.so.0": f"cuFile: {_REFUSED}",
+    "libnvrtc.so.13": "NVRTC: compiles on this machine", "libnvJitLink.so.13": "nvJitLink: links on this machine",
 }
 
 # The variables a program run through rgpu gets, and a server it starts must not.
@@ -101,6 +104,57 @@ def without(folder: str | os.PathLike, env: dict) -> dict:
         if env.get(var) == folder:
             del env[var]
     return env
+
+
+def default_folder() -> Path:
+    """Where ``rgpu intercept run`` builds the set: libcuda.so.1's cache folder (keyed by cuda.h and the sources)."""
+    from . import build as driver_build
+    from . import header, model
+    return driver_build.default_cache_dir() / driver_build.build_key(model.parse(header.load()))
+
+
+def _stock_path(name: str) -> str | None:
+    """Where the stock ``name`` is, if anywhere: a pip wheel's nvidia/*/lib or torch/lib, else ldconfig's cache."""
+    import glob
+    import site
+    import subprocess
+    for d in [*site.getsitepackages(), site.getusersitepackages(), *sys.path]:
+        found = sorted(glob.glob(os.path.join(d, "nvidia", "*", "lib", name)) + glob.glob(os.path.join(d, "torch", "lib", name)))
+        if found:
+            return found[0]
+    try:
+        cache = subprocess.run(["/sbin/ldconfig", "-p"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in cache.splitlines():
+        if line.strip().startswith(name + " ") and "=>" in line:
+            return line.split("=>")[-1].strip()
+    return None
+
+
+def report(folder: str | os.PathLike | None = None) -> dict:
+    """What a run through ``rgpu intercept run`` would load, and from where (for ``rgpu doctor``)."""
+    try:
+        folder = Path(folder) if folder is not None else default_folder()
+    except Exception as exc:     # noqa: BLE001  (no cuda.h: nothing can be built, and the report says why)
+        return {"folder": None, "why": f"{type(exc).__name__}: {exc}", "libraries": []}
+    rows = [{"name": n, "from": "rgpu", "path": str(folder / n), "built": (folder / n).exists()} for n in REPLACED]
+    rows += [{"name": n, "from": "stock", "what": what, "path": _stock_path(n)} for n, what in STOCK.items()]
+    return {"folder": str(folder), "built": (folder / REDIRECTOR).exists(), "how": "LD_AUDIT" if audit_available() else "LD_PRELOAD",
+            "libraries": rows}
+
+
+def describe(rep: dict) -> list[str]:
+    """The report as lines of text."""
+    if rep["folder"] is None:
+        return [f"rgpu's CUDA libraries cannot be built here: {rep['why']}"]
+    lines = [f"a run through `rgpu intercept run` loads ({rep['how']}{'' if rep['built'] else '; not built yet: rgpu intercept build'}):"]
+    for r in rep["libraries"]:
+        if r["from"] == "rgpu":
+            lines.append(f"  {r['name']:20} rgpu   {r['path']}{'' if r['built'] else '  (not built)'}")
+        else:
+            lines.append(f"  {r['name']:20} stock  {r['path'] or '(not found here)'}  ({r['what']})")
+    return lines
 
 
 if __name__ == "__main__":
