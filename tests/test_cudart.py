@@ -1,0 +1,201 @@
+"""rgpu's libcudart.so.13: its exports, its loud stubs, its state answered in C, and real nvcc programs through it.
+
+The programs (``tests/cuda_programs``) are built with ``nvcc -cudart shared``
+(PTX only, uncompressed, so the fake driver reads their kernels) and run
+through ``rgpu intercept run`` against a local ``rgpu serve --cuda-driver
+fake``; their printed values are compared with numpy's.  On a GPU host the
+same programs, built for sm_90, are compared with their native run.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import clean_env
+from cuda_programs import PROGRAMS, build as build_program, check
+from test_cuda_programs import run
+from test_cuda_support import build_shim_or_skip, cuda_headers_or_skip
+
+
+@pytest.fixture(scope="module")
+def cudart() -> Path:
+    build_shim_or_skip()
+    from rgpu.cuda_intercept import cudart_build
+    return cudart_build.build()
+
+
+@pytest.fixture(scope="module")
+def fake_server(tmp_path_factory):
+    from conftest import RunningServer
+    server = RunningServer(tmp_path_factory.mktemp("rgpu-cudart-server"), ("--cuda-driver", "fake"))
+    yield server
+    server.stop()
+
+
+def _dyn_syms(lib: Path) -> list[str]:
+    if not shutil.which("readelf"):
+        pytest.skip("readelf (binutils) is not installed")
+    out = subprocess.run(["readelf", "--dyn-syms", "-W", str(lib)], capture_output=True, text=True, check=True).stdout
+    return [f[7] for f in (line.split() for line in out.splitlines()) if len(f) >= 8 and f[6] != "UND"
+            and f[4] in ("GLOBAL", "WEAK") and f[5] == "DEFAULT"]
+
+
+def test_every_export_carries_the_libcudart_version_node(cudart):
+    syms = _dyn_syms(cudart)
+    assert len(syms) > 400
+    unversioned = [s for s in syms if not s.endswith("@@libcudart.so.13") and s != "libcudart.so.13"]
+    assert not unversioned, unversioned[:10]
+    soname = subprocess.run(["readelf", "-d", str(cudart)], capture_output=True, text=True).stdout
+    assert "Library soname: [libcudart.so.13]" in soname and "[libcuda.so.1]" in soname and "$ORIGIN" in soname
+
+
+def test_every_export_of_the_stock_runtime_is_there(cudart):
+    from rgpu.cuda_intercept import cudart_gen
+    have = {s.split("@")[0] for s in _dyn_syms(cudart)}
+    missing = sorted(set(cudart_gen.stock_exports()) - have)
+    assert not missing, missing
+    header = set(cudart_gen.header_functions(cuda_headers_or_skip()))
+    assert not header - have
+
+
+STUB_SCRIPT = textwrap.dedent("""
+    import ctypes, sys
+    rt = ctypes.CDLL(sys.argv[1])
+    rt.cudaGetErrorName.restype = rt.cudaGetErrorString.restype = ctypes.c_char_p
+    first, second = rt.cudaArrayGetInfo(None, None, None, None), rt.cudaArrayGetInfo(None, None, None, None)
+    peek, last, cleared = rt.cudaPeekAtLastError(), rt.cudaGetLastError(), rt.cudaGetLastError()
+    v = ctypes.c_int()
+    rt.cudaRuntimeGetVersion(ctypes.byref(v))
+    print(first, second, peek, last, cleared, rt.cudaGetErrorName(801).decode(), "|",
+          rt.cudaGetErrorString(1).decode(), "|", v.value, rt.cudaGetErrorName(100).decode())
+""")
+
+
+def test_an_unimplemented_call_returns_801_sets_the_last_error_and_says_its_name_once(cudart, tmp_path):
+    script = tmp_path / "stub.py"
+    script.write_text(STUB_SCRIPT)
+    done = subprocess.run([sys.executable, str(script), str(cudart)], capture_output=True, text=True, timeout=60,
+                          env=clean_env())
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["801", "801", "801", "801", "0", "cudaErrorNotSupported", "|", "invalid",
+                                   "argument", "|", "13000", "cudaErrorNoDevice"]
+    assert done.stderr.count("rgpu: cudaArrayGetInfo is not supported over rgpu (yet)") == 1, done.stderr
+
+
+STATE_C = textwrap.dedent(r"""
+    #include <cuda.h>
+    #include <cuda_runtime_api.h>
+    #include <stdio.h>
+    #include <time.h>
+    static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
+    #define OK(call) do { int r_ = (int)(call); if (r_) { printf("error %s = %d\n", #call, r_); return 1; } } while (0)
+    int main(void) {
+        unsigned flags; int active = -1, dev = -1, n = 0;
+        OK(cudaGetDeviceCount(&n));
+        OK(cuDevicePrimaryCtxGetState(0, &flags, &active));
+        printf("before %d\n", active);
+        OK(cudaFree(0));                                   /* the runtime's idiom: make the context */
+        OK(cuDevicePrimaryCtxGetState(0, &flags, &active));
+        printf("after %d\n", active);
+        cudaStream_t s;
+        enum cudaStreamCaptureStatus st;
+        unsigned long long id = 0;
+        OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        OK(cudaStreamIsCapturing(s, &st));
+        printf("idle %d\n", (int)st);
+        OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+        OK(cudaStreamIsCapturing(s, &st));
+        OK(cudaStreamGetCaptureInfo(s, &st, &id, NULL, NULL, NULL, NULL));
+        printf("capturing %d %d\n", (int)st, id != 0);
+        cudaGraph_t g;
+        OK(cudaStreamEndCapture(s, &g));
+        OK(cudaStreamIsCapturing(s, &st));
+        printf("ended %d\n", (int)st);
+        enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+        OK(cudaThreadExchangeStreamCaptureMode(&mode));
+        printf("mode %d\n", (int)mode);
+        struct cudaDeviceProp p;
+        OK(cudaGetDeviceProperties(&p, 0));
+        printf("props %s %d.%d %d\n", p.name, p.major, p.minor, p.warpSize);
+        int calls = 200000;
+        double t0 = now();
+        for (int i = 0; i < calls; i++) {
+            OK(cudaGetDevice(&dev));
+            OK(cudaGetLastError());
+            OK(cudaStreamIsCapturing(s, &st));
+            OK(cuDevicePrimaryCtxGetState(0, &flags, &active));
+            OK(cudaGetDeviceProperties(&p, 0));
+        }
+        printf("per_call_us %.3f\n", (now() - t0) / (5.0 * calls) * 1e6);
+        return 0;
+    }
+""")
+
+
+def test_the_hot_questions_are_answered_in_c(cudart, tmp_path, fake_server):
+    include = cuda_headers_or_skip()
+    src = tmp_path / "state.c"
+    src.write_text(STATE_C)
+    exe = tmp_path / "state"
+    subprocess.run(["cc", "-O2", f"-I{include}", str(src), "-o", str(exe), f"-L{cudart.parent}",
+                    "-l:libcudart.so.13", "-l:libcuda.so.1", f"-Wl,-rpath,{cudart.parent}"], check=True)
+    done = run([exe], fake_server)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    assert (out["before"], out["after"], out["idle"], out["capturing"], out["ended"]) == ("0", "1", "0", "1 1", "0")
+    assert out["mode"] == "0"                          # the thread's previous mode: global
+    assert out["props"].startswith("rgpu fake device 9.0 32")
+    # a Python entry costs microseconds and a round trip tens of them: these stay well under one
+    assert float(out["per_call_us"]) < 1.0, out["per_call_us"]
+
+
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_an_nvcc_program_runs_through_the_runtime_with_numpys_values(name, cudart, fake_server, tmp_path):
+    exe = build_program(name, "ptx", tmp_path)
+    done = run([exe], fake_server)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    assert "not supported over rgpu" not in done.stderr, done.stderr
+    check(name, done.stdout)
+
+
+EXPORT_TABLE_C = textwrap.dedent("""
+    #include <stdio.h>
+    typedef struct { char bytes[16]; } uuid_t_;
+    int cuGetExportTable(const void **table, const uuid_t_ *id);
+    int ask(void) { const void *t = (const void *)1; uuid_t_ id = {{0}}; int r = cuGetExportTable(&t, &id); return t ? -1 : r; }
+""")
+
+
+def test_a_library_asking_for_the_private_tables_is_named_in_the_refusal(cudart, tmp_path):
+    src = tmp_path / "asker.c"
+    src.write_text(EXPORT_TABLE_C)
+    lib = tmp_path / "libcusparse.so.12"
+    subprocess.run(["cc", "-shared", "-fPIC", str(src), "-o", str(lib), f"-L{cudart.parent}", "-l:libcuda.so.1",
+                    f"-Wl,-rpath,{cudart.parent}"], check=True)
+    script = f"import ctypes; a = ctypes.CDLL({str(lib)!r}); print(a.ask(), a.ask())"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=clean_env())
+    assert done.stdout.split() == ["801", "801"], done.stdout + done.stderr
+    said = "rgpu: libcusparse.so.12 asked for the driver's private tables: sparse ops are not supported over rgpu"
+    assert done.stderr.count(said) == 1, done.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_an_nvcc_program_prints_through_rgpu_what_it_prints_natively(name, cudart, tmp_path, start_server):
+    from rgpu.server.cuda_driver import real_api
+    if not real_api.candidates() or not shutil.which("nvidia-smi"):
+        pytest.skip("needs an NVIDIA GPU and its driver (runs through the device tool, not in CI)")
+    exe = build_program(name, "sm_90", tmp_path)
+    native = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120, env=clean_env())
+    assert native.returncode == 0, native.stdout + native.stderr
+    server = start_server("--cuda-driver", "real")
+    done = run([exe], server)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    strip = re.compile(r"^elapsed\S* .*$", re.M)           # timings differ run to run
+    assert strip.sub("", done.stdout) == strip.sub("", native.stdout)
