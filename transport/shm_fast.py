@@ -88,6 +88,11 @@ def build(force: bool = False) -> Path:
 
 
 def _produce(staging: Path) -> None:
+    with native.capturing("building shm's C path"):
+        _compile(staging)
+
+
+def _compile(staging: Path) -> None:
     """``shm_fast.c`` through cffi and ``shm_native.c`` as a CPython extension (setuptools builds it, as it builds
     cffi's), both written into ``staging``."""
     import cffi
