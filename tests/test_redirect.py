@@ -227,3 +227,17 @@ def test_a_library_rgpu_leaves_stock_fails_when_called_and_names_itself(tmp_path
                clean_env())
     assert "cufftCreate=801" in done.stdout, done.stdout + done.stderr          # CUDA_ERROR_NOT_SUPPORTED
     assert "rgpu: libcufft.so.12 asked for the driver's private tables: FFTs (cuFFT) are not supported" in done.stderr
+
+
+def test_the_report_names_rgpus_file_for_the_five_and_the_stock_path_for_the_rest(rgpu_dir):
+    """What ``rgpu doctor`` prints under "CUDA route"."""
+    from rgpu.cuda_intercept import libraries
+    rep = libraries.report(rgpu_dir)
+    rows = {r["name"]: r for r in rep["libraries"]}
+    assert set(libraries.REPLACED) | set(libraries.STOCK) == set(rows)
+    assert rows["libcublas.so.13"] == {"name": "libcublas.so.13", "from": "rgpu",
+                                       "path": str(rgpu_dir / "libcublas.so.13"), "built": True}
+    assert rows["libcuda.so.1"]["built"] is False            # this folder holds the stand-ins only
+    assert all(rows[n]["from"] == "stock" for n in libraries.STOCK)
+    text = "\n".join(libraries.describe(rep))
+    assert "libcuda.so.1" in text and "(not built)" in text and "cuFFT" in text
