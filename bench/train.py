@@ -290,7 +290,7 @@ def _profile(path: str, run) -> None:
     import pstats
 
     from rgpu.device_backend import session
-    from rgpu.ops_protocol import Msg
+    from rgpu.protocol.ops import Msg
 
     s = session.get()
     s.post([Msg.PROFILE, "start"])
@@ -312,7 +312,7 @@ def _trace(path: str, run) -> dict:
 
     from rgpu.bench import timeline
     from rgpu.device_backend import session
-    from rgpu.ops_protocol import Msg
+    from rgpu.protocol.ops import Msg
 
     s = session.get()
     s.post([Msg.PROFILE, "start", "trace"])

@@ -55,9 +55,11 @@ def rows(args=None) -> list[dict]:
     import numpy as np
     import torch
 
+    import rgpu
     from rgpu.device_backend import session
-    from rgpu.ops_protocol import Msg
+    from rgpu.protocol.ops import Msg
 
+    rgpu.register()  # the rgpu command loaded rgpu as a parent, which registers nothing
     quick = getattr(args, "quick", False)
     sizes = harness.parse_sizes(getattr(args, "sizes", None), [64 << 20] if quick else [1 << 30])
     repeats = 3 if quick else harness.repeats_of(args)

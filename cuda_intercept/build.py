@@ -15,7 +15,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from rgpu import native
+from rgpu import native, protocol
 from rgpu.errors import ConfigError
 
 from . import cgen, header, model
@@ -92,7 +92,7 @@ def build_key(api: model.Api) -> str:
     import cffi
 
     return native.key(api.header.text, sys.version, cffi.__version__, native.compiler_identity(native.compiler()),
-                      *(HERE / f for f in C_SOURCES + ("cgen.py", "build.py", "annotations.py", "model.py")))
+                      *(HERE / f for f in C_SOURCES + ("cgen.py", "build.py", "annotations.py", "model.py")), protocol.HEADER)
 
 
 def build(out_dir: str | os.PathLike | None = None, *, cuda_home: str | None = None, force: bool = False) -> Path:
@@ -130,6 +130,7 @@ def _compile(api: model.Api, staging: Path) -> None:
         cgen.wrappers(api),
     ])
     ffi.set_source(MODULE, source, libraries=["pthread", "dl"], library_dirs=[libdir, _dev_link(str(staging), libpython)],
+                   include_dirs=[str(protocol.HEADER_DIR)],
                    extra_compile_args=["-O2", "-Wno-unused-function", "-Wno-unused-variable"],
                    extra_link_args=[f"-Wl,-rpath,{libdir}", "-Wl,-soname,libcuda.so.1"])
     with native.capturing("building libcuda.so.1"):

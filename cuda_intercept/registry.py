@@ -15,21 +15,16 @@ import traceback
 from typing import Callable
 
 from rgpu.errors import AuthenticationError, ConnectError, ConnectionLost, RgpuError, Timeout
+from rgpu.protocol.cuda import (  # noqa: F401  (the CUresult numbers: one table for both ends)
+    CUDA_ERROR_DEVICE_UNAVAILABLE, CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE,
+    CUDA_ERROR_NO_DEVICE, CUDA_ERROR_NOT_FOUND, CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_NOT_SUPPORTED,
+    CUDA_ERROR_UNKNOWN, CUDA_SUCCESS,
+)
 
 from .annotations import REFUSED, base_of
 
 log = logging.getLogger("rgpu.cuda")
 
-CUDA_SUCCESS = 0
-CUDA_ERROR_INVALID_VALUE = 1
-CUDA_ERROR_NOT_INITIALIZED = 3
-CUDA_ERROR_NO_DEVICE = 100
-CUDA_ERROR_DEVICE_UNAVAILABLE = 46
-CUDA_ERROR_INVALID_CONTEXT = 201
-CUDA_ERROR_INVALID_HANDLE = 400
-CUDA_ERROR_NOT_FOUND = 500
-CUDA_ERROR_NOT_SUPPORTED = 801
-CUDA_ERROR_UNKNOWN = 999
 STREAM_PER_THREAD = 0x2
 
 IMPLS: dict[str, Callable] = {}

@@ -12,10 +12,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "rgpu_protocol.h"  /* rgpu/protocol: the launch record's kind and size (generated) */
+
 #define RGPU_EXPORT __attribute__((visibility("default")))
 #define RGPU_PY ((CUresult)-1)          /* "not answered here: go to Python" */
 #define RGPU_MAX_CTX_DEPTH 64
-#define RGPU_REC_LAUNCH 1u
+#define RGPU_REC_LAUNCH ((uint32_t)RGPU_CUDA_REC_LAUNCH)
 #define RGPU_STREAM_PER_THREAD ((CUstream)0x2)   /* cuda.h's CU_STREAM_PER_THREAD: a macro, gone after preprocessing */
 
 /* ---- process state ------------------------------------------------------ */

@@ -9,7 +9,7 @@
  *   u32 size, u32 kind, u64 func, u64 ctx, u64 stream,
  *   u32 grid[3], u32 block[3], u32 shared_bytes, u32 arg_bytes, u8 args[arg_bytes]
  */
-#define RGPU_REC_HEADER 64u
+#define RGPU_REC_HEADER ((uint32_t)RGPU_CUDA_LAUNCH_HEADER_BYTES)
 
 struct rgpu_layout { uint64_t func; uint32_t nparams, argbytes; uint32_t *offsets, *sizes; };
 static struct rgpu_layout *rgpu_funcs;  /* open addressing, key 0 = empty */

@@ -26,7 +26,7 @@ import weakref
 
 import torch
 
-from rgpu.ops_protocol import Msg
+from rgpu.protocol.ops import Msg
 
 from . import session as _session
 from .encode import CODE, Encoder

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from rgpu.ops_protocol import DTYPES
+from rgpu.protocol.ops import DTYPES
 
 CODE = {getattr(torch, n): i for i, n in enumerate(DTYPES) if hasattr(torch, n)}
 _SCALARS = (bool, int, float, str)

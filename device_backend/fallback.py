@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from rgpu.ops_protocol import CALL_RESERVED_IDS, CALL_RESERVED_IDS_FOR_LISTS
+from rgpu.protocol.ops import CALL_RESERVED_IDS, CALL_RESERVED_IDS_FOR_LISTS
 
 from . import copies, meta, optable, session
 from .encode import Encoder

@@ -6,7 +6,7 @@
 // bits, generators, devices, layouts). The wire form is what the Python fallback
 // would send for the same call: positional arguments up to the last that is not
 // its default, keyword-only ones unless at their default, values tagged as in
-// rgpu.ops_protocol.TAG.
+// rgpu.protocol.ops.TAG (RGPU_TAG_* in rgpu_protocol.h).
 #include "fast_path.h"
 #include "rgpu_device.h"
 
@@ -160,13 +160,13 @@ void pack_value(Packer& p, const c10::IValue& v, Kind kind) {  // sig_value() ac
     p.nil();
   } else if (kind == Kind::kDtype) {
     p.map(1);
-    p.str("d");
+    p.str(RGPU_TAG_DTYPE);
     p.integer(v.toInt());
   } else if (v.isTensor()) {
     const auto& t = v.toTensor();
     if (!wrapped_number(t)) {
       p.map(1);
-      p.str("t");
+      p.str(RGPU_TAG_TENSOR);
       pack_descriptor(p, t);
     } else if (t.scalar_type() == at::kDouble) {
       p.real(*t.const_data_ptr<double>());

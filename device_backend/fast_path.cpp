@@ -25,8 +25,8 @@ namespace rgpu {
 namespace {
 
 constexpr c10::DispatchKeySet kKeys(c10::DispatchKey::PrivateUse1);
-constexpr int kMsgOp = 2;  // Msg.OP
-constexpr int kMsgUpload = 4;  // Msg.UPLOAD
+constexpr int kMsgOp = RGPU_MSG_OP;
+constexpr int kMsgUpload = RGPU_MSG_UPLOAD;
 constexpr size_t kMaxPlans = 50000;  // why a bound: scalar values are part of some signatures
 
 // kInt: an int the op returns (attention's max_q); kUndefined: a Tensor return it leaves undefined

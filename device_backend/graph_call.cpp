@@ -17,7 +17,7 @@ namespace rgpu {
 namespace {
 
 constexpr c10::DispatchKeySet kKeys(c10::DispatchKey::PrivateUse1);
-constexpr int kMsgRun = 12;  // Msg.RUN: [events, graph id, inputs, outs]
+constexpr int kMsgRun = RGPU_MSG_RUN;  // [events, graph id, inputs, outs]
 
 // compile.py's spec kinds, in the order of its _cpp_spec()
 enum class Make : int { kNew = 0, kBase = 1, kInput = 2, kAliasIn = 3, kAliasOut = 4, kValue = 5 };

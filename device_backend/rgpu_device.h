@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "rgpu_protocol.h"  // rgpu/protocol: message kinds, events, value tags (generated)
+
 namespace rgpu {
 
 // Why 20 bits: every storage gets its own 1 MiB window of fake addresses, so a
@@ -26,8 +28,8 @@ inline uint64_t id_of(const void* ptr) {
 
 // Events the Python side drains (in order) before it sends the next message.
 enum EventKind : int64_t {
-  kFree = 0,  // [kFree, id]
-  kCopy = 1,  // [kCopy, dst_id, dst_nbytes, device, src_id, count]: storage grew
+  kFree = RGPU_EVENT_FREE,  // [kFree, id]
+  kCopy = RGPU_EVENT_COPY,  // [kCopy, dst_id, dst_nbytes, device, src_id, count]: storage grew
 };
 
 // allocator.cpp

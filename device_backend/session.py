@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 
 from rgpu.errors import RgpuError
-from rgpu.ops_protocol import Msg
+from rgpu.protocol.ops import Msg
 
 from .transfers import Transfers
 

@@ -13,7 +13,7 @@ import random as _random
 import torch
 
 from rgpu.errors import RgpuError
-from rgpu.ops_protocol import Msg
+from rgpu.protocol.ops import Msg
 
 from . import session as _session
 

@@ -14,7 +14,7 @@ import threading
 import numpy as np
 import torch
 
-from rgpu.ops_protocol import Msg
+from rgpu.protocol.ops import Msg
 from rgpu.transport import fastcopy
 from rgpu.transport.buffers import as_bytes_view
 

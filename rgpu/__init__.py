@@ -21,8 +21,8 @@ Loaded as the parent of a submodule (``import rgpu.errors``,
 Why not later, on first use: torch parses ``"rgpu"`` in C++ and knows the name
 only once PrivateUse1 is renamed; there is no hook at the first ``.to("rgpu")``.
 Why not an environment variable: the two processes that must not register
-reach this file only as a submodule's parent already, and ``rgpu.config`` reads
-the environment, never import. Where the package was loaded as a parent first
+reach this file only as a submodule's parent already, and nothing in rgpu reads
+the environment at import (``rgpu.config`` does, when asked). Where the package was loaded as a parent first
 and the device is wanted after all (the ``rgpu bench`` command running the
 device in its own process), ``rgpu.register()`` registers it.
 """

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from . import native
+from . import native, protocol
 
 
 class Extension:
@@ -73,7 +73,8 @@ class Extension:
             # a second copy of the library from the cache would register its kernels twice
             with contextlib.nullcontext() if verbose else native.capturing(f"building {self.note or self.kind}"):
                 built.append(cpp_extension.load(name=name, sources=[str(self.here / s) for s in self.sources],
-                                                 extra_cflags=["-O2"], build_directory=str(staging), verbose=verbose,
+                                                 extra_cflags=["-O2"], extra_include_paths=[str(protocol.HEADER_DIR)],
+                                                 build_directory=str(staging), verbose=verbose,
                                                  is_python_module=True))
 
         with native.recording(self.kind):

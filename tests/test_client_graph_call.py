@@ -12,7 +12,7 @@ from device_helpers import rgpu_device, tiny_gpt  # noqa: F401
 from test_fast_path_ops import Recorder
 
 from rgpu.device_backend import compile as rcompile
-from rgpu.ops_protocol import Msg
+from rgpu.protocol.ops import Msg
 
 
 @pytest.fixture

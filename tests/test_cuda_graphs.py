@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rgpu.ops_protocol import Event
+from rgpu.protocol.ops import Event
 from rgpu.server.ops.codec import CODE_BY_DTYPE
 from rgpu.server.ops.cuda_graphs import MAX_RECAPTURES, WARM_CALLS, Replayer
 from rgpu.server.ops.graphs import Graphs

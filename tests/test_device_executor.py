@@ -6,7 +6,7 @@ import torch
 from device_helpers import op_path, ops_settings, run_python  # noqa: F401  (op_path: every test on both op paths)
 
 from rgpu.server.ops.codec import CODE_BY_DTYPE
-from rgpu.ops_protocol import Event, Msg
+from rgpu.protocol.ops import Event, Msg
 from rgpu.server.routes.base import OpFailed, Session
 from rgpu.server.routes.ops import Executor
 

@@ -8,7 +8,7 @@ import torch
 from device_helpers import rgpu_device  # noqa: F401
 
 import rgpu
-from rgpu.ops_protocol import Msg
+from rgpu.protocol.ops import Msg
 
 
 def test_views_share_storage_with_their_base_and_see_in_place_changes(rgpu_device):

@@ -12,7 +12,7 @@ import pytest
 import torch
 from device_helpers import rgpu_device, run_python  # noqa: F401
 
-from rgpu.ops_protocol import Msg
+from rgpu.protocol.ops import Msg
 
 
 class Recorder:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from device_helpers import op_path, ops_settings  # noqa: F401  (op_path: every test on both op paths)
 
-from rgpu.ops_protocol import Event, Msg
+from rgpu.protocol.ops import Event, Msg
 from rgpu.server.ops.codec import CODE_BY_DTYPE
 from rgpu.server.ops.handles import MAX_VIEWS
 from rgpu.server.routes.base import OpFailed, Session

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rgpu import config
-from rgpu.ops_protocol import Event, Msg
+from rgpu.protocol.ops import Event, Msg
 from rgpu.server.ops import fast_op
 from rgpu.server.ops.codec import CODE_BY_DTYPE
 from rgpu.server.routes.base import OpFailed, Session

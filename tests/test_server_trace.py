@@ -10,7 +10,7 @@ import torch
 from test_device_executor import define, desc, download, executor, upload
 
 from rgpu.bench import timeline
-from rgpu.ops_protocol import Msg
+from rgpu.protocol.ops import Msg
 
 
 def test_a_trace_names_each_message_and_comes_back_gzipped_with_the_handlers_put_back():

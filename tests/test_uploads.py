@@ -10,7 +10,7 @@ import rgpu
 from rgpu import config
 from rgpu.device_backend.transfers import UPLOAD_PIECE_BYTES
 from rgpu.server.ops.codec import CODE_BY_DTYPE
-from rgpu.ops_protocol import Msg
+from rgpu.protocol.ops import Msg
 from rgpu.server.routes.base import Session
 from rgpu.server.routes.ops import Executor
 
@@ -261,7 +261,7 @@ def test_the_cpu_executor_copies_whole_uploads_plainly_and_makes_no_ring():
 def test_many_small_uploads_arrive_value_by_value_on_a_gpu_with_compute_between_them(server_c):
     import random
 
-    from rgpu.ops_protocol import Event
+    from rgpu.protocol.ops import Event
     from rgpu.server.ops import fast_op
     from rgpu.server.ops.staging import RING_BYTES
 

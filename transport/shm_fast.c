@@ -15,11 +15,13 @@
 #include <immintrin.h>
 #include <poll.h>
 
-#define KIND_FRAME 1u
-#define KIND_WRAP 2u
-#define NO_SLOT 0xFFFFFFFFu
-#define REC_BYTES 24u       /* length, kind, slot, descriptors, blob length, blob in heap */
-#define HEADER_BYTES 36u    /* magic, version, kind, flags, seq, ack, meta length, buffers */
+#include "rgpu_protocol.h"  /* rgpu/protocol: the frame's and the ring's numbers (generated) */
+
+#define KIND_FRAME ((uint32_t)RGPU_SHM_KIND_FRAME)
+#define KIND_WRAP ((uint32_t)RGPU_SHM_KIND_WRAP)
+#define NO_SLOT ((uint32_t)RGPU_SHM_NO_SLOT)
+#define REC_BYTES ((uint32_t)RGPU_SHM_RECORD_BYTES)       /* length, kind, slot, descriptors, blob length, blob in heap */
+#define HEADER_BYTES ((uint32_t)RGPU_WIRE_HEADER_BYTES)   /* magic, version, kind, flags, seq, ack, meta length, buffers */
 #define FAST_BUFS 8         /* a frame with more buffers goes the Python way */
 
 typedef struct {

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rgpu import native
+from rgpu import native, protocol
 
 HERE = Path(__file__).resolve().parent
 MODULE = "_rgpu_shm_fast"
@@ -80,7 +80,7 @@ def build(force: bool = False) -> Path:
 
     if platform.machine().lower() not in ("x86_64", "amd64"):
         raise RuntimeError(f"shm's C path is x86-64 only; this is {platform.machine()}")
-    sources = [HERE / "shm_fast.c", *(HERE / f for f in NATIVE_SOURCES)]
+    sources = [HERE / "shm_fast.c", *(HERE / f for f in NATIVE_SOURCES), protocol.HEADER]
     key = native.key(*sources, CDEF, sys.version, cffi.__version__, platform.machine(),
                      native.compiler_identity(native.compiler()))
     return native.cached("shm", key, [MODULE + SUFFIX, NATIVE + SUFFIX], _produce, folder=cache_dir() / key,
@@ -100,9 +100,11 @@ def _compile(staging: Path) -> None:
 
     ffi = cffi.FFI()
     ffi.cdef(CDEF)
-    ffi.set_source(MODULE, (HERE / "shm_fast.c").read_text(), extra_compile_args=["-O2"])
+    ffi.set_source(MODULE, (HERE / "shm_fast.c").read_text(), include_dirs=[str(protocol.HEADER_DIR)],
+                   extra_compile_args=["-O2"])
     shutil.copyfile(ffi.compile(tmpdir=str(staging / "cffi"), verbose=False), staging / (MODULE + SUFFIX))
-    ext = Extension(NATIVE, [str(HERE / "shm_native.c")], include_dirs=[str(HERE)], extra_compile_args=["-O2"])
+    ext = Extension(NATIVE, [str(HERE / "shm_native.c")], include_dirs=[str(HERE), str(protocol.HEADER_DIR)],
+                    extra_compile_args=["-O2"])
     tmp = str(staging / "ext")
     dist = Distribution({"name": NATIVE, "ext_modules": [ext], "script_args": ["build_ext", "--build-lib", tmp,
                                                                                  "--build-temp", tmp]})

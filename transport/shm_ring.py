@@ -20,6 +20,8 @@ import socket
 import struct
 import threading
 
+from rgpu.protocol.wire import SHM_KIND_FRAME, SHM_KIND_WRAP, SHM_NO_SLOT, SHM_RECORD
+
 from .wire import MsgKind
 
 CTL_MAGIC = b"RGPUSHM1"
@@ -34,13 +36,13 @@ RINGS_OFF = 16384
 CONTROL_BYTES = RINGS_OFF + 2 * RING_BYTES
 NONCE_OFF, NONCE_BYTES = 24, 32
 CTL_HEAD = struct.Struct("<8sIII")         # magic, version, ring bytes, slots
-REC = struct.Struct("<IIIIII")             # length, kind, slot, descriptors, blob length, blob in heap
+REC = SHM_RECORD                           # length, kind, slot, descriptors, blob length, blob in heap
 REC_HEAD = struct.Struct("<II")            # length, kind: all a wrap marker has
 DESC = struct.Struct("<IIQ")               # buffer index (BLOB: the prefix itself), segment id, offset
 CTL_MSG = struct.Struct("<IIQ")            # op, segment id, size: on the Unix socket
 OP_SEGMENT, OP_DROP = 1, 2
-KIND_FRAME, KIND_WRAP = 1, 2
-NO_SLOT = BLOB = 0xFFFFFFFF
+KIND_FRAME, KIND_WRAP = SHM_KIND_FRAME, SHM_KIND_WRAP   # rgpu.protocol's (shm_fast.c reads rgpu_protocol.h)
+NO_SLOT = BLOB = SHM_NO_SLOT
 BACKSTOP_S = 0.05
 SHARED_CORE_S = 1.0
 CORE_CHECK_S = 0.1

@@ -17,7 +17,6 @@ list, dict); extension types are refused. Nothing is ever unpickled or evaluated
 """
 from __future__ import annotations
 
-import enum
 import struct
 import threading
 from dataclasses import dataclass, field
@@ -26,33 +25,9 @@ from typing import Any, Callable, Sequence
 import msgpack
 
 from rgpu.errors import ProtocolError, VersionMismatch
+# the constants are rgpu.protocol's (C reads them from rgpu_protocol.h); the codec below uses them
+from rgpu.protocol.wire import HEADER, KNOWN_FLAGS, LENGTH, MAGIC, PROTOCOL_VERSION, Flags, MsgKind  # noqa: F401
 
-MAGIC = b"RGPU"
-PROTOCOL_VERSION = 1
-HEADER = struct.Struct("<4sHHIQQII")
-LENGTH = struct.Struct("<Q")
-
-
-class MsgKind(enum.IntEnum):
-    HELLO = 1       # client -> server: {proto, versions, route, session, transports, nonce, options}
-    CHALLENGE = 2   # server -> client: {versions, nonce, proof}; proof = HMAC(token, server|cn|sn|session)
-    PROOF = 3       # client -> server: {proof}; proof = HMAC(token, client|sn|cn|session)
-    WELCOME = 4     # server -> client: {transport, session, info (the route's welcome dict)}
-    REFUSED = 5     # either way: {code: "auth"|"version"|"route"|"busy"|"protocol", message}
-    POST = 10       # call with no reply: route-defined meta + buffers
-    REQUEST = 11    # call answered by REPLY or ERROR carrying the same seq
-    REPLY = 12      # answer: route-defined meta + buffers; seq = the request's
-    ERROR = 13      # {seq, op, type, message}: a request or an earlier post failed
-    BYE = 14        # orderly close, no payload
-    UPGRADE = 15    # transport negotiation after WELCOME: {transport, ...} (shm, ucx)
-
-
-class Flags(enum.IntFlag):
-    NONE = 0
-    LAST_IN_BATCH = 1  # informational: the writer flushed after this frame
-
-
-KNOWN_FLAGS = int(Flags.LAST_IN_BATCH)
 _KINDS = {int(k): k for k in MsgKind}   # a dict lookup: MsgKind(n) costs 10x more on every frame
 _LENGTH_STRUCTS = {n: struct.Struct(f"<{n}Q") for n in range(1, 65)}
 

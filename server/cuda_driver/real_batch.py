@@ -11,7 +11,7 @@ from __future__ import annotations
 import ctypes
 from pathlib import Path
 
-from rgpu import native
+from rgpu import native, protocol
 
 NAME = "launch_records"
 SOURCE = Path(__file__).resolve().parent / "launch_records.c"
@@ -19,7 +19,8 @@ SOURCE = Path(__file__).resolve().parent / "launch_records.c"
 
 def build(force: bool = False) -> Path:
     """The built library's path (a ``BuildError`` when it cannot be built here)."""
-    return native.build_library(NAME, [SOURCE], force=force)
+    return native.build_library(NAME, [SOURCE], include_dirs=[protocol.HEADER_DIR],
+                                key_extra=protocol.HEADER.read_text(), force=force)
 
 
 def load():

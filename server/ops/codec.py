@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from .handles import DTYPE_BY_CODE, HandleTable, dtype_of
-from rgpu.ops_protocol import LAYOUTS, MEMORY_FORMATS
+from rgpu.protocol.ops import LAYOUTS, MEMORY_FORMATS
 
 CODE_BY_DTYPE = {d: i for i, d in enumerate(DTYPE_BY_CODE) if d is not None}
 _LAYOUT = {name: getattr(torch, name) for name in LAYOUTS if hasattr(torch, name)}

@@ -19,6 +19,7 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include "rgpu_protocol.h"  // rgpu/protocol: message kinds, events, value tags (generated)
 #include "fast_substitutes.h"
 #include "fast_table.h"
 #include "fast_upload.h"
@@ -101,7 +102,8 @@ class FastOps {
   FastOps(py::object table, py::object entry_type, int64_t max_views, py::sequence dtypes, bool on_cuda,
           py::object written, py::object bind)
       : table_(table, entry_type, max_views, dtypes), on_written_(written), on_bind_(bind), on_cuda_(on_cuda) {
-    for (const char* k : {"t", "d", "v", "l", "m"}) tags_.push_back(steal(PyUnicode_InternFromString(k)));
+    for (const char* k : {RGPU_TAG_TENSOR, RGPU_TAG_DTYPE, RGPU_TAG_DEVICE, RGPU_TAG_LAYOUT, RGPU_TAG_MEMORY_FORMAT})
+      tags_.push_back(steal(PyUnicode_InternFromString(k)));
   }
 
   // Whether op #index (aten::name.overload; "default" is the unnamed overload) runs here; checked:

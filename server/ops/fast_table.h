@@ -8,6 +8,8 @@
 // the C++ path leaves an entry's ``flat`` tensors (the Python path's way to its views) alone.
 #pragma once
 
+#include "rgpu_protocol.h"  // rgpu/protocol (generated)
+
 #include <ATen/EmptyTensor.h>
 #include <torch/extension.h>
 #include <torch/csrc/Device.h>
@@ -80,7 +82,7 @@ inline py::object view_key(PyObject* desc) {  // HandleTable's view-cache key: (
 
 class Table {
  public:
-  static constexpr int64_t kEventFree = 0;  // ops_protocol.Event.FREE: [FREE, id]
+  static constexpr int64_t kEventFree = RGPU_EVENT_FREE;  // [FREE, id]
 
   // table: the session's HandleTable; entry_type: its Entry class; max_views: its MAX_VIEWS; dtypes:
   // its dtype per wire code (None where this torch lacks one).

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from rgpu.ops_protocol import DTYPES, EVENT_FIELDS, Event
+from rgpu.protocol.ops import DTYPES, EVENT_FIELDS, Event
 
 DTYPE_BY_CODE = tuple(getattr(torch, name, None) for name in DTYPES)
 MAX_VIEWS = 16  # cached views per storage; past it the storage's cache starts again (x[i] for every i)

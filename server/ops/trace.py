@@ -18,7 +18,7 @@ import tempfile
 
 import torch
 
-from rgpu.ops_protocol import Msg
+from rgpu.protocol.ops import Msg
 
 SPAN_PREFIX = "rgpu "  # a span per message: "rgpu OP", "rgpu RUN", "rgpu DOWNLOAD", ...
 

@@ -17,7 +17,7 @@ from rgpu.server.ops.graphs import Graphs
 from rgpu.server.ops.staging import RING_BYTES
 from rgpu.server.ops.uploads import Uploads
 from rgpu.server.ops.handles import DTYPE_BY_CODE, MAX_VIEWS, Entry, HandleTable, Poisoned, dtype_of
-from rgpu.ops_protocol import Msg
+from rgpu.protocol.ops import Msg
 from rgpu.server.ops.as_on_cuda import CPU_ADAPT, CPU_RESULTS
 from rgpu.server.ops.resolve import OpRefused, Resolved, resolve
 from rgpu.server.ops.trace import Calls, Trace

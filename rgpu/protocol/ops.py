@@ -3,7 +3,8 @@
 Every message is a msgpack list whose first item is a ``Msg``. Tensors travel as
 descriptors; nothing is pickled. Both ends import it from here
 (``rgpu.device_backend`` and ``rgpu.server``'s ops route), so neither imports the
-other; it stays free of torch so that importing it is cheap anywhere.
+other; it stays free of torch so that importing it is cheap anywhere. The C++
+parts read the same numbers and tags from ``rgpu_protocol.h`` (``header.py``).
 
 Values inside ``args``/``kwargs``: None, bool, int, float, str and lists stay as
 they are; everything else is a one-key dict, the key naming its kind (``TAG``).

@@ -1,0 +1,42 @@
+"""The cuda route's numbers: the CUresult values rgpu itself produces (cuda.h's), and the launch record.
+
+Both ends of the route use them (``cuda_intercept/registry.py`` on the client,
+``server/cuda_driver/base.py`` on the server); ``shim*.c`` reads them from
+``rgpu_protocol.h``.
+"""
+from __future__ import annotations
+
+import struct
+
+CUDA_SUCCESS = 0
+CUDA_ERROR_INVALID_VALUE = 1
+CUDA_ERROR_OUT_OF_MEMORY = 2
+CUDA_ERROR_NOT_INITIALIZED = 3
+CUDA_ERROR_DEVICE_UNAVAILABLE = 46
+CUDA_ERROR_NO_DEVICE = 100
+CUDA_ERROR_INVALID_DEVICE = 101
+CUDA_ERROR_INVALID_IMAGE = 200
+CUDA_ERROR_INVALID_CONTEXT = 201
+CUDA_ERROR_NO_BINARY_FOR_GPU = 209
+CUDA_ERROR_INVALID_PTX = 218
+CUDA_ERROR_INVALID_SOURCE = 300
+CUDA_ERROR_INVALID_HANDLE = 400
+CUDA_ERROR_NOT_FOUND = 500
+CUDA_ERROR_NOT_READY = 600
+CUDA_ERROR_ILLEGAL_ADDRESS = 700
+CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701
+CUDA_ERROR_INVALID_PC = 718
+CUDA_ERROR_LAUNCH_FAILED = 719
+CUDA_ERROR_NOT_PERMITTED = 800
+CUDA_ERROR_NOT_SUPPORTED = 801
+CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900
+CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901
+CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD = 908
+CUDA_ERROR_UNKNOWN = 999
+
+CURESULTS = {name: value for name, value in globals().items() if name.startswith("CUDA_")}
+
+# A launch record from the interceptor's C queue (shim_launch.c), read by the server's cuda route:
+# u32 size, u32 kind, u64 func, u64 ctx, u64 stream, u32 grid[3], u32 block[3], u32 shared, u32 arg_bytes, args
+LAUNCH = struct.Struct("<IIQQQ3I3III")
+LAUNCH_KIND = 1
