@@ -30,6 +30,7 @@ SAMPLES = {
     "RGPU_DEVICE": ("cpu", "cpu"),
     "RGPU_DEVICES": ("3", 3),
     "RGPU_CUDA_DRIVER": ("fake", "fake"),
+    "RGPU_CUDA_IMAGE_CACHE": ("1G", GiB),
     "RGPU_TF32": ("1", True),
     "RGPU_NATIVE": ("off", "off"),
     "RGPU_SIM_RTT_MS": ("2.5", 2.5),
