@@ -9,7 +9,7 @@ interpreted on the CPU). A call
 then mints its output tensors here from the fake trace's metadata and posts one
 ``Msg.RUN`` naming its inputs and outputs: nothing waits. While the session streams
 from C++ (``RGPU_FAST_PATH``), ``graph_call.cpp`` does that call with no Python per
-tensor (a forward of ~80 inputs and ~170 outputs: ~0.7 ms in Python, ~0.1 ms there).
+tensor (a forward of ~80 inputs and ~170 outputs: docs/perf/fast_path-history.md, run7).
 
 A graph that cannot be shipped (a tensor constant other than a CPU scalar, a
 non-aten node) runs eagerly, op by op, with one warning saying why. Dynamic shapes are compiled per

@@ -10,7 +10,7 @@
 // (CPU tensors, math bits, generators, devices, layouts) goes to Python.
 // A small upload (``x.to("rgpu")`` of a batch) is posted here too, as copies.upload
 // posts it, when there is nothing to convert: the step's first message, its
-// Python path measured at 0.3 ms on the GPU host when its caches are cold.
+// Python path the start's costliest piece when its caches are cold (docs/perf/fast_path-history.md, run11).
 #include "fast_path.h"
 #include "rgpu_device.h"
 

@@ -21,7 +21,7 @@ from .wire import (
 
 # How long a waiting end polls before it sleeps (shm's waits, tcp's reads) when its session does not say:
 # on a machine of SPIN_CORES cores or more, long enough to span the waits of a training step (GPU host,
-# eager nanoGPT step over shm: 18.3 ms with a 100 us spin, 14.8 with 20 ms, native 14.9; every write to
+# eager nanoGPT step over shm, docs/perf/transport-history.md, run9: every write to
 # a sleeping end cost a wake-up, and a client woken from its wait at loss.item() ran cold). CUDA's own
 # synchronize keeps its core likewise where there are more cores than GPUs. On small machines a
 # spinning end takes the core its peer needs: the transport's own short spin there. Never longer than

@@ -77,7 +77,7 @@ class Connection(LoneCalls, Receiving):
         # Where the transport sets post_batch_s (tcp), small posts gather and the caller writes them
         # itself once the oldest has waited that long (or POST_FLUSH_COUNT have), a request takes them
         # along, and the I/O thread writes only what sat longer (the caller went quiet): a hand-off to
-        # it per post cost the GPU host ~40 us of GIL hand-offs a post, a write per post a syscall each.
+        # it per post cost GIL hand-offs a post (docs/perf/fast_path-history.md), a write per post a syscall each.
         # A post on a connection quiet for that long goes at once: the server is idle (a training
         # step's first message, after the last one's .item()), and gathering would only delay it; the
         # caller's next batches then go at 2, 4, 8... frames up to POST_FLUSH_COUNT, so the server has

@@ -81,7 +81,8 @@ def warm_up() -> None:
 
     Never in a background thread: a compile holds the GIL for a second or more, and
     every call that needs Python meanwhile waits out the 5 ms switch interval
-    (measured on the GPU host: a 6 us driver call took 5.1 ms, streamed ops slowed alike).
+    (on the GPU host a short driver call took the whole interval, streamed ops slowed alike:
+    docs/perf/transport-history.md, the parallel copy).
     """
     if _owner_pid is None and cores() >= MIN_CORES:
         _setup()
@@ -92,8 +93,8 @@ def memcpy_only() -> None:
 
     For processes that are someone else's program (the CUDA interceptor inside a C or numba
     program): a compile in a background thread holds the GIL for a second or more, and every
-    driver call entering Python meanwhile waits out the 5 ms switch interval (measured on the
-    GPU host: a 6 us call took 5.1 ms); a compile still running at exit can abort the process.
+    driver call entering Python meanwhile waits out the 5 ms switch interval
+    (docs/perf/transport-history.md, the parallel copy); a compile still running at exit can abort the process.
     """
     global _enabled, _owner_pid
     with _lock:

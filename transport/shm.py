@@ -97,8 +97,8 @@ class ShmTransport(Receiving, NativeCalls, Transport):
     spin_s = 100e-6
     spin_yield = True
     # A write is a copy into the ring: on the caller's thread it costs less than the hand-off to the
-    # connection's I/O thread (GPU host, 5000 streamed adds: 25 us per op inline, 67 us through the
-    # thread, whose GIL hand-offs also slowed the caller; `gpu/diag_client.sh`).
+    # connection's I/O thread, whose GIL hand-offs also slowed the caller (GPU host, streamed adds:
+    # docs/perf/transport-history.md, run4 and run5).
     posts_inline = True
     # Set by the layer above: find_shared(address, nbytes) -> (memfd, base, size) of host memory holding
     # that range which the peer may map (pinned tensors, pinned.cpp), or None. Such buffers are sent by

@@ -1,8 +1,8 @@
 """shm's hot path in C (``shm_fast.c``), built with cffi on first use and cached (and tcp's spin before a read).
 
 A 64 B round trip over shm is nothing but both ends' per-message work, and in
-Python that was the whole of it (17 us here, 29 us on the GPU host, against a
-target of a fifth of tcp's). In C the ring's writes, waits and reads cost well
+Python that was the whole of it, against a target of a fifth of tcp's
+(docs/perf/transport-history.md, "shm's hot path in C"). In C the ring's writes, waits and reads cost well
 under a microsecond each, and a waiting thread spins without the GIL.
 
 ``load()`` returns the compiled module or None (no cffi, no C compiler,

@@ -29,7 +29,7 @@ def tune(sock: socket.socket) -> None:
 class TcpTransport(Transport):
     name = "tcp"
     # A client's small posts gather this long before its own thread writes them (Connection): a post
-    # handed to the I/O thread cost ~40 us of GIL hand-offs on the GPU host, one written alone a syscall
+    # handed to the I/O thread cost GIL hand-offs (docs/perf/fast_path-history.md), one written alone a syscall
     post_batch_s = 200e-6
 
     def __init__(self, sock: socket.socket):

@@ -5,7 +5,7 @@
 // op's own argument parsing, binding the outputs). Here the wire's values (already unpacked by
 // msgpack) become a boxed stack by the op's schema, views and fresh outputs come straight out of the
 // Python handle table (fast_table.h), and the op runs through the dispatcher. GPU host, an eager
-// nanoGPT step's messages replayed (gpu/diag_replay.py): 56 -> 38 us a message, 16 of it the op's own.
+// nanoGPT step's messages replayed (tools/diag/diag_replay.py): docs/perf/fast_path-history.md, run9.
 //
 // The Python executor stays the reference and the rest: run() answers false, having changed
 // nothing the Python path would not do the same way, for anything it does not take (a tagged value
