@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# The CUDA runtime layer on a GPU host: rgpu's libcudart.so.13 (translated into driver calls on rgpu's
+# libcuda.so.1) against the real runtime, same host, same programs.
+#
+#   OUT=/some/folder bash gpu/check_cuda_runtime.sh      (the device tool sets $OUT; under 8 minutes)
+#
+# Steps: install rgpu and the cffi wheels (.whl/; the host has no cffi), build the library set; start
+# `rgpu serve --cuda-driver real`; build the five test programs (tests/cuda_programs, nvcc -cudart shared,
+# sm_90) and run each natively and through `rgpu intercept run`, values compared line by line and with
+# numpy; then stock torch (the first Python that imports it): is_available, device_count, properties,
+# 1024-float copies both ways (pinned too), add/sum/softmax/arange/seeded randn and an elementwise chain,
+# natively and through rgpu, compared bitwise, with the CUDA libraries each run mapped.
+# Results: $OUT/summary.txt and $OUT/cuda_runtime.tar.gz (cuda_runtime.json inside, one log per step).
+BUDGET=450
+cd "$(dirname "$0")/.."
+. gpu/steps.sh
+
+stamp wheels
+python3 -m pip install --no-index --no-deps -q .whl/*.whl >"$OUT/wheels.log" 2>&1
+install_rgpu
+step libs 120 python3 -c "from rgpu.cuda_intercept import libraries; print(libraries.build())"
+LIBDIR=$(tail -n 1 "$OUT/libs.json")
+readelf --dyn-syms -W "$LIBDIR/libcudart.so.13" | grep -c '@@libcudart.so.13' >"$OUT/cudart_exports.txt" 2>&1
+
+export RGPU_TOKEN=gpu-check-$RANDOM$RANDOM
+python3 -m rgpu serve --port 0 --cuda-driver "${CHECK_DRIVER:-real}" --preload "" >"$OUT/server.log" 2>&1 &
+SERVER_PID=$!
+for _ in $(seq 150); do grep -q "listening on" "$OUT/server.log" && break; sleep 0.2; done
+export RGPU_SERVER=$(grep -o "listening on [^;]*" "$OUT/server.log" | head -1 | awk '{print $3}')
+stamp "server $RGPU_SERVER (pid $SERVER_PID), libraries in $LIBDIR"
+
+# ---- the nvcc programs: native vs rgpu ------------------------------------------------------------
+cat >"$OUT/programs.py" <<'EOF'
+"""Build tests/cuda_programs (sm_90, -cudart shared), run each natively and through rgpu; JSON rows."""
+import json, os, re, subprocess, sys
+sys.path.insert(0, os.path.join(sys.argv[1], "tests"))
+from cuda_programs import PROGRAMS, build, check
+variant = os.environ.get("VARIANT", "sm_90")
+timing = re.compile(r"^elapsed\S* .*$", re.M)
+native_env = {k: v for k, v in os.environ.items() if not k.startswith("RGPU_")}
+rows = []
+for name in PROGRAMS:
+    row = {"program": name, "variant": variant}
+    try:
+        exe = build(name, variant)
+        native = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60, env=native_env)
+        ours = subprocess.run([sys.executable, "-m", "rgpu", "intercept", "run", "--", str(exe)],
+                              capture_output=True, text=True, timeout=120)
+        row.update(native_rc=native.returncode, rgpu_rc=ours.returncode, rgpu_err=ours.stderr[-1500:],
+                   same=timing.sub("", native.stdout) == timing.sub("", ours.stdout))
+        for side, out in (("native", native.stdout), ("rgpu", ours.stdout)):
+            try:
+                check(name, out)
+                row[side + "_numpy"] = True
+            except Exception as exc:
+                row[side + "_numpy"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        if not row["same"]:
+            row["native_out"], row["rgpu_out"] = native.stdout[:800], ours.stdout[:800]
+    except Exception as exc:
+        row["error"] = f"{type(exc).__name__}: {str(exc)[:800]}"
+    row["ok"] = row.get("same") is True and row.get("native_rc") == 0 and row.get("rgpu_rc") == 0
+    rows.append(row)
+print(json.dumps(rows, indent=1))
+sys.exit(0 if all(r["ok"] for r in rows) else 1)
+EOF
+step programs 200 python3 "$OUT/programs.py" "$REPO"
+
+# ---- stock torch: R0-R3 natively and through rgpu -------------------------------------------------
+TPY=""
+for p in "${TORCH_PYTHON:-}" /opt/torch/.venv/bin/python python3; do
+  [ -n "$p" ] && "$p" -c "import torch" 2>/dev/null && { TPY=$p; break; }
+done
+stamp "torch python: ${TPY:-none}"
+if [ -n "$TPY" ] && [ "$TPY" != python3 ]; then   # rgpu (and cffi) must import in the program's own Python
+  "$TPY" -m pip install --no-index --no-deps -q .whl/*.whl "$REPO" >"$OUT/torch_install.log" 2>&1 \
+    || "$TPY" -m pip install --no-deps --no-build-isolation -q "$REPO" >>"$OUT/torch_install.log" 2>&1
+fi
+cat >"$OUT/torch_r3.py" <<'EOF'
+"""Stock torch on cuda: rungs R0-R3; each result as its bytes' sha256, so two runs compare bitwise."""
+import hashlib, json, sys
+import torch
+def h(t):
+    return hashlib.sha256(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
+res = {"torch": torch.__version__}
+try:
+    res["available"] = torch.cuda.is_available()
+    res["count"] = torch.cuda.device_count()
+    p = torch.cuda.get_device_properties(0)
+    res["props"] = {k: getattr(p, k) for k in ("name", "major", "minor", "total_memory", "multi_processor_count",
+                                               "warp_size", "L2_cache_size") if hasattr(p, k)}
+    x = torch.arange(1024, dtype=torch.float32) * 0.5 - 7
+    d = x.cuda()
+    res["copy_both_ways"] = bool(torch.equal(d.cpu(), x))
+    pinned = x.pin_memory()
+    res["copy_pinned"] = bool(torch.equal(pinned.cuda(non_blocking=True).cpu(), x))
+    g = torch.Generator(device="cuda").manual_seed(1234)
+    r = torch.randn(4096, device="cuda", generator=g)
+    a = torch.arange(3000, device="cuda", dtype=torch.float32)
+    res["digests"] = {"add": h(d + d * 3), "sum": h(d.sum()), "softmax": h(torch.softmax(d.view(32, 32), dim=1)),
+                      "arange": h(a), "randn": h(r), "chain": h(((d * 1.5 + 2).relu() - d.sin()).exp().clamp(max=9))}
+    torch.cuda.synchronize()
+except Exception as exc:
+    res["error"] = f"{type(exc).__name__}: {str(exc)[:1500]}"
+res["maps"] = sorted({l.split()[-1] for l in open("/proc/self/maps")
+                      if any(k in l for k in ("libcuda", "libcudart", "libcublas", "libcudnn"))})
+print(json.dumps(res))
+EOF
+if [ -n "$TPY" ]; then
+  step torch_native 120 env -u LD_LIBRARY_PATH "$TPY" "$OUT/torch_r3.py"
+  step torch_rgpu 180 "$TPY" -m rgpu intercept run -- "$TPY" "$OUT/torch_r3.py"
+fi
+
+kill "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null
+stamp summary
+python3 - "$OUT" <<'EOF' | tee "$OUT/summary.txt"
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+def load(name):
+    try:
+        return json.loads((out / f"{name}.json").read_text().strip().splitlines()[-1] if name.startswith("torch")
+                          else (out / f"{name}.json").read_text())
+    except Exception as exc:
+        err = (out / f"{name}.err").read_text(errors="replace")[-2000:] if (out / f"{name}.err").exists() else ""
+        return {"unreadable": f"{type(exc).__name__}: {exc}", "stderr": err}
+s = {"cudart_exports_with_node": (out / "cudart_exports.txt").read_text().strip(),
+     "programs": load("programs"), "torch_native": load("torch_native"), "torch_rgpu": load("torch_rgpu")}
+tn, tr = s["torch_native"], s["torch_rgpu"]
+if isinstance(tn, dict) and isinstance(tr, dict):
+    keys = ("available", "count", "props", "copy_both_ways", "copy_pinned", "digests")
+    s["torch_equal"] = {k: tn.get(k) == tr.get(k) for k in keys}
+    s["torch_rgpu_loaded_only_rgpu"] = all("rgpu" in m or "libcuda.so" not in m for m in tr.get("maps", []))
+s["rc"] = {p.stem: p.read_text().strip() for p in out.glob("*.rc")}
+s["server_log_tail"] = (out / "server.log").read_text(errors="replace")[-3000:]
+(out / "cuda_runtime.json").write_text(json.dumps(s, indent=1))
+progs = s["programs"] if isinstance(s["programs"], list) else []
+print("cudart exports with node:", s["cudart_exports_with_node"])
+for r in progs:
+    print(f"program {r['program']:9s} ok={r['ok']} same={r.get('same')} numpy native={r.get('native_numpy')} "
+          f"rgpu={r.get('rgpu_numpy')} {r.get('error', '')}")
+print("torch equal:", s.get("torch_equal"), "| rgpu run error:", tr.get("error") if isinstance(tr, dict) else tr)
+print("rc:", s["rc"])
+EOF
+pack cuda_runtime.tar.gz
