@@ -241,3 +241,24 @@ def test_the_report_names_rgpus_file_for_the_five_and_the_stock_path_for_the_res
     assert all(rows[n]["from"] == "stock" for n in libraries.STOCK)
     text = "\n".join(libraries.describe(rep))
     assert "libcuda.so.1" in text and "(not built)" in text and "cuFFT" in text
+
+
+def test_while_the_client_connects_the_environment_holds_none_of_rgpus_loading(monkeypatch, tmp_path):
+    """A local server started from inside the program inherits os.environ at that moment."""
+    import os
+    import types
+
+    from rgpu.cuda_intercept.client import Client
+    from rgpu.cuda_intercept.libraries import environment
+    folder = str(tmp_path)
+    (tmp_path / "librgpu_redirect.so").write_bytes(b"")
+    ffi = types.SimpleNamespace(string=lambda p: p)
+    lib = types.SimpleNamespace(rgpu_self_path=lambda: f"{folder}/libcuda.so.1".encode())
+    for k, v in environment(folder, {"LD_LIBRARY_PATH": "/opt/lib", "PATH": os.environ["PATH"]}).items():
+        monkeypatch.setenv(k, v)
+    before = dict(os.environ)
+    with Client(ffi, lib)._without_us():
+        inside = dict(os.environ)
+    assert dict(os.environ) == before
+    assert inside["LD_LIBRARY_PATH"] == "/opt/lib"
+    assert not {"LD_AUDIT", "RGPU_LIBRARY_DIR", "TRITON_LIBCUDA_PATH"} & set(inside)
