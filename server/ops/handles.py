@@ -20,6 +20,8 @@ import torch
 
 from rgpu.protocol.ops import DTYPES, EVENT_FIELDS, Event
 
+from .. import quotas
+
 DTYPE_BY_CODE = tuple(getattr(torch, name, None) for name in DTYPES)
 MAX_VIEWS = 16  # cached views per storage; past it the storage's cache starts again (x[i] for every i)
 _FREE, _COPY = int(Event.FREE), int(Event.COPY)
@@ -64,10 +66,11 @@ class Entry:
 
 
 class HandleTable:
-    def __init__(self, devices: list[torch.device]):
+    def __init__(self, devices: list[torch.device], max_bytes: int | None = None):
         self.devices = devices
         self.entries: dict[int, Entry] = {}
-        self.allocated = [0] * len(devices)
+        self.max_bytes = max_bytes     # RGPU_MAX_SESSION_BYTES: over it an allocation fails (quotas.py)
+        self.allocated = quotas.counts(len(devices), max_bytes)
         self.peak = [0] * len(devices)
         # free_all(events) -> bool: the C++ op path's (FastOps.free_events), which applies an events list
         # when it is all frees (nearly always) and else does nothing; None: everything here
@@ -85,6 +88,8 @@ class HandleTable:
     def entry(self, sid: int, nbytes: int, dev: int) -> Entry:
         e = self.entries.get(sid)
         if e is None:
+            if self.max_bytes is not None:
+                self.allocated.check(nbytes)
             storage = torch.empty(nbytes, dtype=torch.uint8, device=self.device(dev)).untyped_storage()
             e = self.entries[sid] = Entry(storage, dev)
             self._account(dev, nbytes)
@@ -159,6 +164,8 @@ class HandleTable:
         size_key = tuple(size)
         contiguous = _CONTIGUOUS.get(size_key) or _contiguous(size_key)
         if offset == 0 and stride == contiguous[0] and contiguous[1] * dtype.itemsize == nbytes:
+            if self.max_bytes is not None:
+                self.allocated.check(nbytes)
             v = torch.empty(size, dtype=dtype, device=self.device(dev))
             e = self.entries[sid] = Entry(v.untyped_storage(), dev)
             self._account(dev, nbytes)
@@ -245,4 +252,4 @@ class HandleTable:
     def close(self) -> None:
         self.free_all = None
         self.entries.clear()
-        self.allocated = [0] * len(self.devices)
+        self.allocated = quotas.counts(len(self.devices), self.max_bytes)

@@ -19,14 +19,17 @@ buffer, the rest of it in ``value``.
 from __future__ import annotations
 
 import logging
-import struct
 
 import numpy as np
 
+from rgpu.protocol.cuda import ATTR_BYTES, LAUNCH, LAUNCH_EX_ATTRS, LAUNCH_EX_KIND, LAUNCH_KIND
 from rgpu.server.cuda_driver import open_driver
-from rgpu.server.cuda_driver.base import CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_UNKNOWN, CudaDriverError
+from rgpu.server.cuda_driver.base import (
+    CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_UNKNOWN, CudaDriverError,
+)
 from rgpu.server.cuda_driver.images import ImageStore, digest_of, valid_digest
 
+from .. import quotas
 from .base import Executor as BaseExecutor, OpFailed
 
 log = logging.getLogger("rgpu.server.cuda")
@@ -46,17 +49,11 @@ event_create event_destroy event_record event_synchronize event_query event_elap
 stream_begin_capture stream_end_capture stream_is_capturing graph_instantiate graph_launch graph_upload
 graph_exec_destroy graph_destroy graph_get_nodes stream_get_capture_info kernel_get_attribute kernel_set_attribute
 mem_alloc_async mem_free_async device_get_default_mem_pool mem_pool_set_attribute mem_pool_get_attribute mem_pool_trim_to
+library_get_kernel_layout module_get_function_layout
 """.split())
 
-# A launch record from the interceptor's C queue (shim_launch.c), 8-byte aligned:
-# u32 size, u32 kind, u64 func, u64 ctx, u64 stream, u32 grid[3], u32 block[3], u32 shared, u32 arg_bytes, then
-#   kind 1 (cuLaunchKernel):   args[arg_bytes]
-#   kind 2 (cuLaunchKernelEx): u32 nattrs, u32 0, CUlaunchAttribute[nattrs] (72 bytes each), args[arg_bytes]
+# Launch records from the interceptor's C queue (shim_launch.c): their layout is rgpu.protocol.cuda's.
 # func may be a CUfunction or a CUkernel (the driver launches either in the current context).
-LAUNCH = struct.Struct("<IIQQQ3I3III")
-LAUNCH_KIND, LAUNCH_EX_KIND = 1, 2
-LAUNCH_EX_ATTRS = struct.Struct("<II")
-ATTR_BYTES = 72
 MAX_DEFERRED = 32
 
 
@@ -74,6 +71,7 @@ class Executor(BaseExecutor):
         self.current = None
         self.deferred: list[list] = []
         self.images = ImageStore(image_folder(), settings.cuda_image_cache)
+        self.held = quotas.CudaHeld(getattr(settings, "max_session_bytes", None))   # RGPU_MAX_SESSION_BYTES
 
     def welcome(self) -> dict:
         return {"route": "cuda", "driver": self.driver.name}
@@ -91,7 +89,13 @@ class Executor(BaseExecutor):
             return self._image_load(*args, *buffers)
         if op in ("ctx_destroy", "primary_ctx_release", "primary_ctx_reset"):
             self.current = None     # the driver may have popped or dropped the current context
-        return getattr(self.driver, op)(*args, *buffers)
+        try:
+            self.held.before(op, args)
+        except quotas.QuotaExceeded as exc:   # what the driver says when memory runs out, with the quota named
+            raise CudaDriverError(CUDA_ERROR_OUT_OF_MEMORY, str(exc), op=op) from None
+        value = getattr(self.driver, op)(*args, *buffers)
+        self.held.after(op, ctx, args, value)
+        return value
 
     def handle(self, meta, buffers, reply):
         if not isinstance(meta, list) or len(meta) < 2 or not isinstance(meta[0], str):

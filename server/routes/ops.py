@@ -67,7 +67,7 @@ class Executor(BaseExecutor):
     def __init__(self, session):
         super().__init__(session)
         self.kind, devices, self.names = pick_devices(session.settings)
-        self.table = HandleTable(devices)
+        self.table = HandleTable(devices, session.settings.max_session_bytes)
         self.ops: dict[int, object] = {}
         # TF32 off unless asked for, so results match a CPU reference
         torch.backends.cuda.matmul.allow_tf32 = session.settings.tf32
@@ -90,15 +90,18 @@ class Executor(BaseExecutor):
                          Msg.GET_RNG_STATE: self._get_rng_state, Msg.SET_RNG_STATE: self._set_rng_state,
                          Msg.PROFILE: self._profile}
         self.profiler = None
-        fast = fast_op.for_session(session.settings.server_c)
+        # A session with a device memory quota runs ops in Python: the C++ op path allocates an op's fresh
+        # outputs before the table counts them, past the quota's check (RGPU_MAX_SESSION_BYTES)
+        use_c = session.settings.server_c and session.settings.max_session_bytes is None
+        fast = fast_op.for_session(use_c)
         # the common op in C++; what it does not take, and whatever is unusual after an op, is done here
         self.fast = fast.FastOps(self.table, Entry, MAX_VIEWS, DTYPE_BY_CODE, self.kind == "cuda",
                                  self._check_written, self._bind) if fast is not None else None
         if self.fast is not None:
             self.table.free_all = self.fast.free_events   # every message's frees (ops, graph runs, uploads)
-        self.op_path = fast_op.describe(fast, session.settings.server_c)
+        self.op_path = fast_op.describe(fast, use_c)
         # said apart from the words: `rgpu doctor` tells its user to install a compiler when this is true
-        self.op_path_failed = fast is None and session.settings.server_c and fast_op.why_not() is not None
+        self.op_path_failed = fast is None and use_c and fast_op.why_not() is not None
 
     def welcome(self) -> dict:
         return {"device": self.kind, "device_count": len(self.names), "names": self.names,
