@@ -35,12 +35,12 @@ class Library:
 
 
 # cuBLAS and cuBLASLt share cublasStatus_t (CUBLAS_STATUS_NOT_SUPPORTED = 15, cublas_api.h);
-# cudnnStatus_t's CUDNN_STATUS_NOT_SUPPORTED = 3000 (cudnn_graph.h). cuDNN's version is the one
-# torch was built against (the JSON's info.cudnn); cuBLAS's the series of CUDA 13.0 (the forwarders
-# that replace these stubs answer with the server's).
+# cudnnStatus_t's CUDNN_STATUS_NOT_SUPPORTED = 3000 (cudnn_graph.h). The versions are those torch
+# 2.11.0 pins: cuDNN the one it was built against (the JSON's info.cudnn), cuBLAS 13.1.0 (its
+# cuda-toolkit==13.0.2 requires nvidia-cublas 13.1.0.3). The forwarders answer with the server's.
 LIBRARIES = {
-    "libcublas.so.13": Library("libcublas.so.13", ("stub.c", "stub_cublas.c"), 15, (13, 0, 0)),
-    "libcublasLt.so.13": Library("libcublasLt.so.13", ("stub.c", "stub_cublaslt.c"), 15, (13, 0, 0)),
+    "libcublas.so.13": Library("libcublas.so.13", ("stub.c", "stub_cublas.c"), 15, (13, 1, 0)),
+    "libcublasLt.so.13": Library("libcublasLt.so.13", ("stub.c", "stub_cublaslt.c"), 15, (13, 1, 0)),
     "libcudnn.so.9": Library("libcudnn.so.9", ("stub.c", "stub_cudnn.c"), 3000, None),
 }
 
