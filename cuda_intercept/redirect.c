@@ -8,8 +8,9 @@
  *
  * rgpu's folder: $RGPU_LIBRARY_DIR, else this module's own folder (libraries.py builds them
  * together).  A replaced library missing from it is let through, with one line saying so.
- * RGPU_REDIRECT_DEBUG=1 prints every redirection.  No allocation after la_version, no libc state
- * shared with the program: this runs inside the loader, in the audit namespace.
+ * RGPU_REDIRECT_DEBUG=1 prints every redirection.  This runs inside the loader, in the audit
+ * namespace (a libc of its own), for every library every process loads: the paths are made once,
+ * in la_version, and a look-up is a few string compares.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
