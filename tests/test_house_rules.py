@@ -102,7 +102,7 @@ def test_a_stale_generated_file_fails_and_write_makes_it_current(tmp_path, path)
     assert copy.read_text() == text
 
 
-def test_a_c_warning_fails_the_compiled_check_and_so_does_a_c_file_no_unit_compiles(tmp_path):
+def test_a_c_warning_fails_the_compiled_check_and_so_does_a_header_no_unit_includes(tmp_path):
     unit = tmp_path / "transport" / "shm_fast.c"
     unit.parent.mkdir(parents=True)
     unit.write_text('#include "part.c"\nint f(void) { return g(); }\n')
@@ -113,10 +113,10 @@ def test_a_c_warning_fails_the_compiled_check_and_so_does_a_c_file_no_unit_compi
     [problem] = compiled.check(tmp_path, [unit, part], cxx=False)
     assert "transport/shm_fast.c: does not compile with -Wall -Werror" in problem and "unused" in problem
     part.write_text("static int g(void) { return 0; }\n")
-    stray = tmp_path / "transport" / "stray.c"
-    stray.write_text("int h(void) { return 1; }\n")
+    stray = tmp_path / "transport" / "stray.h"
+    stray.write_text("int h(void);\n")
     assert compiled.check(tmp_path, [unit, part, stray], cxx=False) == [
-        "transport/stray.c: compiled by no unit of tools/house/compiled.py (add its unit)"]
+        "transport/stray.h: compiled by no unit of tools/house/compiled.py (add its unit)"]
 
 
 def test_the_runner_exits_nonzero_and_names_the_breach(tmp_path):

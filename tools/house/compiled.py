@@ -1,13 +1,16 @@
 """The C and C++ parts compiled with warnings as errors (-Wall -Werror, syntax only: no object is kept).
 
-Each unit is compiled as its real build sees it: shm's extension with Python's headers,
-the CUDA route's libcuda.so.1 as cffi emits it (the generated declarations, shim*.c and the
-wrappers in one file), the torch C++ parts against the installed torch (one precompiled
-<torch/extension.h> shared by them). A C or C++ file that no unit compiles, directly or by
-#include, fails the check: add its unit here.
+Each unit is compiled as its real build sees it: every .c of the package that no other .c
+includes on its own (with its folder, rgpu/protocol's generated header, CUDA's and Python's headers,
+and the defines EXTRA names), the CUDA route's libcuda.so.1 as cffi emits it (the generated
+declarations, shim*.c and the wrappers in one file), the torch C++ parts against the installed torch
+(one precompiled <torch/extension.h> shared by them). A header or C++ file that no unit compiles
+fails the check: add its unit here.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import subprocess
@@ -19,37 +22,43 @@ from pathlib import Path
 
 WARN = ["-Wall", "-Werror"]
 CXX_FLAGS = ["-std=c++17", "-fvisibility=hidden", "-DTORCH_EXTENSION_NAME=rgpu_check"]  # as torch's extension builder
-TORCH_PARTS = ("device_backend", "server/ops")   # every .cpp there is one unit
-PLAIN_C = (                                       # (unit, include folders)
-    ("transport/shm_native.c", ("transport", "<python>")),
-    ("transport/shm_fast.c", ()),
-    ("cuda_intercept/demo_vecadd.c", ("<cuda>",)),
-)
-CUDA_SHIM = "cuda_intercept"                      # shim*.c: compiled as one cffi module
+TORCH_PARTS = ("device_backend", "server/ops")   # every .cpp there is one unit, against the installed torch
+CUDA_SHIM = "cuda_intercept/shim"                 # shim*.c: one cffi module, compiled as cffi emits it
+_STUB = ['-DRGPU_LIB="libcheck.so"', "-DRGPU_NOT_SUPPORTED=15", "-DRGPU_VERSION_MAJOR=13", "-DRGPU_VERSION_MINOR=0",
+         "-DRGPU_VERSION_PATCH=0", "-DRGPU_CUDART_VERSION=13000", "-std=gnu11", "-fvisibility=hidden"]
+# Every other .c of the package that no .c includes is a unit of its own, with these flags besides the
+# include folders (its own, rgpu/protocol's generated header, CUDA's and Python's headers):
+EXTRA = {  # path -> flags its build passes (cuda_intercept/stubs.py's defines, placeholder values)
+    "cuda_intercept/stub.c": _STUB, "cuda_intercept/stub_cublas.c": _STUB,
+    "cuda_intercept/stub_cublaslt.c": _STUB, "cuda_intercept/stub_cudnn.c": _STUB,
+}
 
 
 def _includes(path: Path) -> list[Path]:
     return [path.parent / m for m in re.findall(r'^\s*#\s*include\s+"([^"]+)"', path.read_text(), re.M)]
 
 
-def _covered(root: Path, units: list[Path]) -> set[Path]:
+def _covered(units: list[Path], folders: list[Path]) -> set[Path]:
+    """Every file the units include, found beside the includer or in one of the include folders."""
     seen, todo = set(), [u.resolve() for u in units]
     while todo:
         p = todo.pop()
         if p in seen or not p.exists():
             continue
         seen.add(p)
-        todo += [q.resolve() for q in _includes(p)]
+        for inc in _includes(p):
+            todo += [(d / inc.name).resolve() for d in (inc.parent, *folders) if (d / inc.name).exists()][:1]
     return seen
 
 
-def _folder(token: str, root: Path) -> str:
-    if token == "<python>":
-        return sysconfig.get_paths()["include"]
-    if token == "<cuda>":
+def _folders(root: Path) -> list[Path]:
+    out = [root / "rgpu" / "protocol", Path(sysconfig.get_paths()["include"])]
+    try:
         from rgpu.cuda_intercept import header
-        return str(header.find_include_dir())
-    return str(root / token)
+        out.append(Path(header.find_include_dir()))
+    except Exception:  # noqa: BLE001 - no CUDA headers here: units that need them fail by name
+        pass
+    return [d for d in out if d.is_dir()]
 
 
 def _run(cmd: list[str], what: str) -> str | None:
@@ -74,32 +83,39 @@ def _cuda_shim_source(out: Path) -> None:
         "#include <stdint.h>\n#include <stddef.h>", '#define RGPU_LIBPYTHON "libpython.so"',
         api.header.text, cgen.tables(api), *((build.HERE / f).read_text() for f in build.C_SOURCES),
         cgen.wrappers(api)]))
-    ffi.emit_c_code(str(out))
+    with contextlib.redirect_stdout(io.StringIO()):  # cffi says "generating ..."
+        ffi.emit_c_code(str(out))
 
 
 def check(root: Path, files: list[Path], cxx: bool = True) -> list[str]:
-    """One entry per unit that fails, and one per C/C++ file no unit compiles."""
+    """One entry per unit that fails, and one per C/C++ file of the package no unit compiles."""
+    from .layers import package_dirs
     cc, cxx_cmd = os.environ.get("CC", "cc"), os.environ.get("CXX", "c++")
-    problems: list[str] = []
-    units = [root / u for u, _ in PLAIN_C if (root / u).exists()]
-    shim = sorted((root / CUDA_SHIM).glob("shim*.c"))
+    package = [f for f in files if any(d in f.parents for d in package_dirs(root).values())] \
+        if (root / "pyproject.toml").exists() else files
+    folders = _folders(root)
+    inc = [f"-I{d}" for d in folders]
+    cfiles = [f for f in package if f.suffix == ".c"]
+    included = {q.resolve() for f in cfiles for q in _includes(f)}
+    shim = sorted(f for f in cfiles if str(f.relative_to(root)).startswith(CUDA_SHIM))
+    units = [f for f in cfiles if f.resolve() not in included and f not in shim]
     cpps = sorted(p for part in TORCH_PARTS for p in (root / part).glob("*.cpp")) if cxx else []
-    covered = _covered(root, units + shim + cpps)
-    kinds = (".c", ".cpp", ".h") if cxx else (".c",)
-    for f in files:
-        if f.suffix in kinds and f.resolve() not in covered:
-            problems.append(f"{f.relative_to(root)}: compiled by no unit of tools/house/compiled.py (add its unit)")
-    jobs = [([cc, "-fsyntax-only", *WARN, *(f"-I{_folder(i, root)}" for i in inc), str(root / u)], u)
-            for u, inc in PLAIN_C if (root / u).exists()]
+    covered = _covered(units + shim + cpps, folders)
+    kinds = (".c", ".cpp", ".h") if cxx else (".c", ".h")
+    problems = [f"{f.relative_to(root)}: compiled by no unit of tools/house/compiled.py (add its unit)"
+                for f in package if f.suffix in kinds and f.resolve() not in covered
+                and not (not cxx and any(part in str(f.relative_to(root)) for part in TORCH_PARTS))]
+    jobs = [([cc, "-fsyntax-only", *WARN, *EXTRA.get(str(u.relative_to(root)), []), f"-I{u.parent}", *inc, str(u)],
+             str(u.relative_to(root))) for u in units]
     with tempfile.TemporaryDirectory(prefix="rgpu-house-") as tmp:
         if shim:
             out = Path(tmp) / "libcuda_shim.c"
             _cuda_shim_source(out)
-            jobs.append(([cc, "-fsyntax-only", *WARN, f"-I{sysconfig.get_paths()['include']}", str(out)],
+            jobs.append(([cc, "-fsyntax-only", *WARN, f"-I{shim[0].parent}", *inc, str(out)],
                          "the CUDA route's libcuda.so.1 (shim*.c as cffi emits it)"))
         if cpps:
             pch = _torch_pch(Path(tmp), cxx_cmd)
-            jobs += [([cxx_cmd, "-fsyntax-only", *pch, *WARN, f"-I{p.parent}", str(p)], str(p.relative_to(root)))
+            jobs += [([cxx_cmd, "-fsyntax-only", *pch, *WARN, f"-I{p.parent}", *inc, str(p)], str(p.relative_to(root)))
                      for p in cpps]
         with ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1))) as pool:
             problems += [p for p in pool.map(lambda j: _run(*j), jobs) if p]
