@@ -192,8 +192,8 @@ def layout(f) -> dict:
 def cu_module_get_function(pf, mod, name):
     c = client.get()
     text, m = c.ffi.string(name).decode(), handle(c.ffi, mod)
-    f, _ = c.call("module_get_function", m, text)
-    note_function(f, text, m)
+    (f, lay), _ = c.call("module_get_function_layout", m, text)
+    note_function(f, text, m, lay)
     pf[0] = c.ffi.cast("CUfunction", f)
     return CUDA_SUCCESS
 

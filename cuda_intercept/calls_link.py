@@ -54,8 +54,8 @@ def cu_library_get_module(pmod, lib):
 def cu_library_get_kernel(pkernel, lib, name):
     c = client.get()
     text, h = c.ffi.string(name).decode(), handle(c.ffi, lib)
-    k, _ = c.call("library_get_kernel", h, text)
-    note_function(k, text, h)
+    (k, lay), _ = c.call("library_get_kernel_layout", h, text)
+    note_function(k, text, h, lay)
     pkernel[0] = c.ffi.cast("CUkernel", k)
     return CUDA_SUCCESS
 

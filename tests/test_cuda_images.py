@@ -224,3 +224,16 @@ def test_the_interceptor_sends_only_the_cubin_of_the_servers_gpu(cu):
     sent = IMAGES["bytes_after_trim"] - before["bytes_after_trim"]
     sm90 = [e for e in fatbin.entries(image) if e.name() == "sm_90"][0]
     assert sent == 16 + sm90.header_size + sm90.size
+
+
+def test_a_kernel_look_up_and_its_layout_cost_one_round_trip(cu):
+    from rgpu.cuda_intercept import client
+    lib, k = c_void_p(), c_void_p()
+    assert cu.cuLibraryLoadData(byref(lib), ctypes.c_char_p(kernels_fatbin(build("graph"))), None, None, 0,
+                                None, None, 0) == 0
+    stats = client.get().conn.stats
+    before = stats["round_trips"]
+    assert cu.cuLibraryGetKernel(byref(k), lib, b"saxpy") == 0
+    assert stats["round_trips"] - before == 1
+    offset, size = c_size_t(), c_size_t()
+    assert cu.cuKernelGetParamInfo(k, 3, byref(offset), byref(size)) == 0 and (offset.value, size.value) == (24, 4)
