@@ -36,7 +36,12 @@ CUDA_ERROR_UNKNOWN = 999
 
 CURESULTS = {name: value for name, value in globals().items() if name.startswith("CUDA_")}
 
-# A launch record from the interceptor's C queue (shim_launch.c), read by the server's cuda route:
-# u32 size, u32 kind, u64 func, u64 ctx, u64 stream, u32 grid[3], u32 block[3], u32 shared, u32 arg_bytes, args
+# A launch record from the interceptor's C queue (shim_launch.c), read by the server's cuda route
+# (server/routes/cuda.py, launch_records.c), 8-byte aligned:
+# u32 size, u32 kind, u64 func, u64 ctx, u64 stream, u32 grid[3], u32 block[3], u32 shared, u32 arg_bytes, then
+#   kind 1 (cuLaunchKernel):   args[arg_bytes]
+#   kind 2 (cuLaunchKernelEx): u32 nattrs, u32 0, CUlaunchAttribute[nattrs] (72 bytes each), args[arg_bytes]
 LAUNCH = struct.Struct("<IIQQQ3I3III")
-LAUNCH_KIND = 1
+LAUNCH_KIND, LAUNCH_EX_KIND = 1, 2
+LAUNCH_EX_ATTRS = struct.Struct("<II")
+ATTR_BYTES = 72   # sizeof(CUlaunchAttribute)

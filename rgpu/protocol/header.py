@@ -60,6 +60,7 @@ def render() -> str:
         "",
         "/* cuda.py: the interceptor's launch record (its fixed part, then the arguments) */",
         _define("RGPU_CUDA_REC_LAUNCH", cuda.LAUNCH_KIND),
+        _define("RGPU_CUDA_REC_LAUNCH_EX", cuda.LAUNCH_EX_KIND),
         _define("RGPU_CUDA_LAUNCH_HEADER_BYTES", cuda.LAUNCH.size),
         "",
         "#endif /* RGPU_PROTOCOL_H */",

@@ -63,6 +63,7 @@
 
 /* cuda.py: the interceptor's launch record (its fixed part, then the arguments) */
 #define RGPU_CUDA_REC_LAUNCH 1
+#define RGPU_CUDA_REC_LAUNCH_EX 2
 #define RGPU_CUDA_LAUNCH_HEADER_BYTES 64
 
 #endif /* RGPU_PROTOCOL_H */
