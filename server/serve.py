@@ -27,6 +27,7 @@ from rgpu.transport.tcp import TcpTransport
 
 from . import routes
 from .gate import Admitted, Gate
+from .stopping import GRACE_S
 
 log = logging.getLogger("rgpu.server")
 
@@ -206,7 +207,8 @@ class Server:
                 w.proc.terminate()
             except OSError:
                 pass
-        deadline = time.monotonic() + 3
+        # each session's worker finishes the op it runs and tells its client why it goes (stopping.py)
+        deadline = time.monotonic() + (GRACE_S if self.sessions else 3)
         for w in self.sessions + self.spares:
             try:
                 w.proc.wait(max(0.1, deadline - time.monotonic()))

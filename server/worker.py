@@ -26,6 +26,7 @@ from rgpu.transport.wire import Limits, MsgKind
 
 from . import routes
 from .routes.base import Session
+from .stopping import REASON as STOPPING, Stopping, StopSignal
 
 log = logging.getLogger("rgpu.server.worker")
 
@@ -45,6 +46,7 @@ def serve_session(transport, session: Session, transports: list) -> None:
         handshake.refuse(transport, "route", f"cannot start the {session.route!r} route: {exc}")
         log.exception("route %s failed to start", session.route)
         return
+    stop = StopSignal().install()   # SIGTERM (rgpu serve stops): the op running finishes, then a BYE says why
     try:
         handshake.welcome(transport, session.id, transports, executor.welcome())
         if negotiate.expects_upgrade(transports):  # the client switches to shm / ucx or stays on tcp
@@ -52,7 +54,9 @@ def serve_session(transport, session: Session, transports: list) -> None:
         if transport.name == "tcp":   # waiting for the next op: poll before sleeping (RGPU_TCP_SPIN_US)
             transport.spin_reads(session.settings.tcp_spin_us, session.settings.shm_c)
         with _serving(executor):
-            _loop(transport, executor, session, limits, pool)
+            _loop(transport, executor, session, limits, pool, stop)
+    except Stopping:
+        _say_bye(transport, STOPPING, error="ServerStopping")
     except (ProtocolError, VersionMismatch) as exc:
         log.warning("session %s: %s; closing it", session.id, exc)
         _say_bye(transport, f"protocol error: {exc}", error=type(exc).__name__)
@@ -77,16 +81,20 @@ def _serving(executor):
 _BYE, _POST, _REQUEST, _REPLY, _ERROR = MsgKind.BYE, MsgKind.POST, MsgKind.REQUEST, MsgKind.REPLY, MsgKind.ERROR
 
 
-def _loop(transport, executor, session: Session, limits: Limits, pool: BufferPool) -> None:
+def _loop(transport, executor, session: Session, limits: Limits, pool: BufferPool, stop: StopSignal | None = None) -> None:
     """The frame loop: each POST and REQUEST through the executor in order, until BYE.
 
     Where the transport has a frame loop in C (``serve``: shm's), frames run there and come back here
     only when Python is needed: ``handle`` raised, an answer it cannot put, a frame it leaves to
     ``recv_frame`` (a BYE, heap buffers, anything malformed), or nothing to read (``recv_frame`` sleeps).
+    ``stop``: SIGTERM ends the loop between frames, or at once while it waits for one (``Stopping``).
     """
     applied = 0
     handle, recv_frame, serve = executor.handle, transport.recv_frame, transport.serve
+    stop = stop or StopSignal()
     while True:
+        if stop.requested:
+            raise Stopping()
         if serve is not None:
             why, applied, detail = serve(handle, applied, limits)
             if why == SERVE_RAISED:
@@ -96,7 +104,9 @@ def _loop(transport, executor, session: Session, limits: Limits, pool: BufferPoo
                 seq, result = detail
                 _send_reply(transport, session, seq, result)
                 continue
+        stop.idle = True
         frame = recv_frame(limits, pool)
+        stop.idle = False
         try:
             kind = frame.kind
             if kind == _BYE:
