@@ -237,3 +237,20 @@ def test_a_kernel_look_up_and_its_layout_cost_one_round_trip(cu):
     assert stats["round_trips"] - before == 1
     offset, size = c_size_t(), c_size_t()
     assert cu.cuKernelGetParamInfo(k, 3, byref(offset), byref(size)) == 0 and (offset.value, size.value) == (24, 4)
+
+
+@pytest.mark.parametrize("cut", [16, 40, 95, 200])
+def test_a_cut_or_damaged_fatbin_is_an_error_reply_never_a_crash(route, cut):
+    from hypothesis import given, settings, strategies as st
+    image = kernels_fatbin(build("saxpy"))
+    ex, ctx = route()
+
+    @settings(max_examples=40, deadline=None)
+    @given(st.binary(min_size=1, max_size=64), st.integers(0, 4096))
+    def damaged(junk, at):
+        bad = bytearray(image[:cut] + junk + image[cut:])
+        bad[at % len(bad)] ^= 0xFF
+        bad = bytes(bad)
+        code, _, _ = ex.handle(["image_load", ctx, "library", {}, sha(bad), len(bad)], [memoryview(bad)], True)[0]
+        assert code in (0, 200, 209, 218, 1)         # loaded, or INVALID_IMAGE / NO_BINARY / INVALID_PTX / VALUE
+    damaged()
