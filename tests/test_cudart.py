@@ -164,6 +164,47 @@ def test_an_nvcc_program_runs_through_the_runtime_with_numpys_values(name, cudar
     check(name, done.stdout)
 
 
+STATE_CU = textwrap.dedent(r"""
+    // The runtime's state: the device is per thread; a kernel fault comes back at the next synchronising
+    // call and stays (sticky), as CUDA's does.
+    #include <cstdio>
+    #include <thread>
+    #include <cuda_runtime.h>
+    extern "C" __global__ void not_in_the_fake(float *p) { p[threadIdx.x] = 1; }
+    int main() {
+        int n = 0, here = -1, there = -1;
+        cudaGetDeviceCount(&n);
+        cudaSetDevice(1);
+        std::thread t([&] { cudaGetDevice(&there); cudaFree(0); });
+        t.join();
+        cudaGetDevice(&here);
+        printf("devices %d here %d there %d\n", n, here, there);
+        float *p;
+        cudaMalloc(&p, 256);
+        not_in_the_fake<<<1, 32>>>(p);
+        int launch = cudaGetLastError();
+        int sync = cudaDeviceSynchronize();
+        int last = cudaGetLastError(), again = cudaGetLastError(), later = cudaMalloc(&p, 256);
+        printf("launch %d sync %d last %d again %d later %d\n", launch, sync, last, again, later);
+        return 0;
+    }
+""")
+
+
+def test_the_device_is_per_thread_and_a_kernel_fault_is_reported_late_and_stays(cudart, tmp_path, start_server):
+    from cuda_programs import nvcc_or_skip
+    src = tmp_path / "state.cu"
+    src.write_text(STATE_CU)
+    exe = tmp_path / "state_cu"
+    subprocess.run([nvcc_or_skip(), "-cudart", "shared", "-gencode", "arch=compute_90,code=compute_90", "-no-compress",
+                    "-o", str(exe), str(src)], check=True, capture_output=True)
+    done = run([exe], start_server("--cuda-driver", "fake", "--devices", "2"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "devices 2 here 1 there 0" in done.stdout, done.stdout
+    # queued: the launch itself succeeds; the fault arrives at the sync and never clears
+    assert "launch 0 sync 719 last 719 again 719 later 719" in done.stdout, done.stdout + done.stderr
+
+
 EXPORT_TABLE_C = textwrap.dedent("""
     #include <stdio.h>
     typedef struct { char bytes[16]; } uuid_t_;
