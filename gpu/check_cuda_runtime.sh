@@ -17,13 +17,15 @@ cd "$(dirname "$0")/.."
 
 stamp wheels
 python3 -m pip install --no-index --no-deps -q .whl/*.whl >"$OUT/wheels.log" 2>&1
-install_rgpu
+# rgpu itself, not editable (the device's C++ part is not needed here: no install_rgpu build step)
+stamp install
+python3 -m pip install --no-deps --no-build-isolation -q "$REPO" >"$OUT/install.log" 2>&1
 step libs 120 python3 -c "from rgpu.cuda_intercept import libraries; print(libraries.build())"
 LIBDIR=$(tail -n 1 "$OUT/libs.json")
 readelf --dyn-syms -W "$LIBDIR/libcudart.so.13" | grep -c '@@libcudart.so.13' >"$OUT/cudart_exports.txt" 2>&1
 
 export RGPU_TOKEN=gpu-check-$RANDOM$RANDOM
-python3 -m rgpu serve --port 0 --cuda-driver "${CHECK_DRIVER:-real}" --preload "" >"$OUT/server.log" 2>&1 &
+(cd /tmp && exec python3 -m rgpu serve --port 0 --cuda-driver "${CHECK_DRIVER:-real}" --preload "") >"$OUT/server.log" 2>&1 &   # from /tmp: ./rgpu would shadow the installed package
 SERVER_PID=$!
 for _ in $(seq 150); do grep -q "listening on" "$OUT/server.log" && break; sleep 0.2; done
 export RGPU_SERVER=$(grep -o "listening on [^;]*" "$OUT/server.log" | head -1 | awk '{print $3}')
@@ -80,7 +82,7 @@ cat >"$OUT/torch_r3.py" <<'EOF'
 import hashlib, json, sys
 import torch
 def h(t):
-    return hashlib.sha256(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
+    return hashlib.sha256(t.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
 res = {"torch": torch.__version__}
 try:
     res["available"] = torch.cuda.is_available()
