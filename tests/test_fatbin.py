@@ -137,3 +137,34 @@ def test_a_ptx_only_uncompressed_build_keeps_its_ptx_readable():
     assert e.kind == PTX and e.arch == 90 and not e.compressed
     text = fatbin.ptx_text(image, e)
     assert ".entry poly3" in text and "coeffs" in text
+
+
+def _stock_torch_cuda_library():
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.find_spec("torch")
+    lib = Path(spec.origin).parent / "lib" / "libtorch_cuda.so" if spec and spec.origin else None
+    if lib is None or not lib.exists():
+        pytest.skip("needs a CUDA build of torch (its libtorch_cuda.so carries the fatbins; the GPU host has one)")
+    return lib
+
+
+def test_every_fatbin_of_stock_torch_reads_and_trims_to_a_fraction():
+    import mmap
+    with open(_stock_torch_cuda_library(), "rb") as f:
+        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    names_at = sections[shstrndx][4]
+    off, size = next((s[4], s[5]) for s in sections if data[names_at + s[0]:names_at + s[0] + 11] == b".nv_fatbin\0")
+    pos, count, whole, trimmed = off, 0, 0, 0
+    while pos + 16 <= off + size:
+        if struct.unpack_from("<I", data, pos)[0] != fatbin.MAGIC:
+            pos += 8                                        # padding between containers
+            continue
+        image = bytes(data[pos:pos + fatbin.container_size(data[pos:pos + 16])])
+        assert fatbin.entries(image)
+        count, whole, trimmed = count + 1, whole + len(image), trimmed + len(trim(image, (9, 0)))
+        pos = (pos + len(image) + 7) // 8 * 8
+    assert count > 100 and trimmed < whole / 3, (count, whole, trimmed)   # torch 2.11+cu130: 444, 298 MB -> 51 MB
