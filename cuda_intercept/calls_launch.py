@@ -1,8 +1,9 @@
-"""Kernel launches that C hands over: ``extra`` argument buffers, cuLaunchKernelEx, and every refusal, explained.
+"""Kernel launches that C hands over: ``extra`` argument buffers, cuLaunchKernelEx with attributes, and every refusal, explained.
 
-The common cuLaunchKernel (kernelParams, a known function, a current
-context) never gets here: shim_launch.c queues it.  Arguments are packed by
-the layout the server read with cuFuncGetParamInfo, the same packing C does.
+The common cuLaunchKernel and cuLaunchKernelEx without attributes
+(kernelParams, a known function or CUkernel, a current context) never get
+here: shim_launch.c queues them.  Arguments are packed by the layout the
+server read with cuFuncGetParamInfo, the same packing C does.
 """
 from __future__ import annotations
 
