@@ -106,7 +106,7 @@ def rows(args=None) -> list[dict]:
         how = s.request([Msg.UPLOAD_INFO])  # which path the server's pieces took
         for r in out[-len(FIGURES):]:
             r["server_pieces"] = how
-        del dst
+        dst = None  # the device copy goes before the next size's is made (a name, not del: the lambdas above read it)
     return out
 
 
