@@ -11,6 +11,7 @@
 # 1024-float copies both ways (pinned too), add/sum/softmax/arange/seeded randn and an elementwise chain,
 # natively and through rgpu, compared bitwise, with the CUDA libraries each run mapped.
 # Results: $OUT/summary.txt and $OUT/cuda_runtime.tar.gz (cuda_runtime.json inside, one log per step).
+# Needs nvcc on the host (the programs are built there) and the ignored .whl/ folder carried with the tree.
 BUDGET=450
 cd "$(dirname "$0")/.."
 . gpu/steps.sh
@@ -74,8 +75,18 @@ for p in "${TORCH_PYTHON:-}" /opt/torch/.venv/bin/python python3; do
 done
 stamp "torch python: ${TPY:-none}"
 if [ -n "$TPY" ] && [ "$TPY" != python3 ]; then   # rgpu (and cffi) must import in the program's own Python
-  "$TPY" -m pip install --no-index --no-deps -q .whl/*.whl "$REPO" >"$OUT/torch_install.log" 2>&1 \
-    || "$TPY" -m pip install --no-deps --no-build-isolation -q "$REPO" >>"$OUT/torch_install.log" 2>&1
+  { "$TPY" -m pip install --no-index --no-deps .whl/*.whl
+    "$TPY" -m pip install --no-deps --no-build-isolation "$REPO"; } >"$OUT/torch_install.log" 2>&1
+  # what that Python still lacks of rgpu's dependencies comes from python3's (same version), one package each
+  mkdir -p "$OUT/pylink"
+  for mod in msgpack cffi _cffi_backend pycparser; do
+    "$TPY" -c "import $mod" 2>/dev/null && continue
+    src=$(python3 -c "import $mod, os; f = $mod.__file__; print(os.path.dirname(f) if f.endswith('__init__.py') else f)" 2>/dev/null)
+    [ -n "$src" ] && ln -sf "$src" "$OUT/pylink/" && echo "linked $mod from $src" >>"$OUT/torch_install.log"
+  done
+  export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$OUT/pylink
+  "$TPY" -c "import rgpu.cuda_intercept.client, cffi; print('rgpu imports in', __import__('sys').executable)" \
+    >>"$OUT/torch_install.log" 2>&1
 fi
 cat >"$OUT/torch_r3.py" <<'EOF'
 """Stock torch on cuda: rungs R0-R3; each result as its bytes' sha256, so two runs compare bitwise."""
@@ -130,6 +141,7 @@ tn, tr = s["torch_native"], s["torch_rgpu"]
 if isinstance(tn, dict) and isinstance(tr, dict):
     keys = ("available", "count", "props", "copy_both_ways", "copy_pinned", "digests")
     s["torch_equal"] = {k: tn.get(k) == tr.get(k) for k in keys}
+    s["torch_ok"] = not tn.get("error") and not tr.get("error") and all(s["torch_equal"].values())
     s["torch_rgpu_loaded_only_rgpu"] = all("rgpu" in m or "libcuda.so" not in m for m in tr.get("maps", []))
 s["rc"] = {p.stem: p.read_text().strip() for p in out.glob("*.rc")}
 s["server_log_tail"] = (out / "server.log").read_text(errors="replace")[-3000:]
@@ -139,7 +151,7 @@ print("cudart exports with node:", s["cudart_exports_with_node"])
 for r in progs:
     print(f"program {r['program']:9s} ok={r['ok']} same={r.get('same')} numpy native={r.get('native_numpy')} "
           f"rgpu={r.get('rgpu_numpy')} {r.get('error', '')}")
-print("torch equal:", s.get("torch_equal"), "| rgpu run error:", tr.get("error") if isinstance(tr, dict) else tr)
+print("torch ok:", s.get("torch_ok"), "equal:", s.get("torch_equal"), "| rgpu run error:", tr.get("error") if isinstance(tr, dict) else tr)
 print("rc:", s["rc"])
 EOF
 pack cuda_runtime.tar.gz
