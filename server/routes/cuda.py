@@ -50,7 +50,6 @@ stream_begin_capture stream_end_capture stream_is_capturing graph_instantiate gr
 graph_exec_destroy graph_destroy graph_get_nodes stream_get_capture_info kernel_get_attribute kernel_set_attribute
 mem_alloc_async mem_free_async device_get_default_mem_pool mem_pool_set_attribute mem_pool_get_attribute mem_pool_trim_to
 library_get_kernel_layout module_get_function_layout
-library_get_kernel_layout module_get_function_layout
 """.split())
 
 # Launch records from the interceptor's C queue (shim_launch.c): their layout is rgpu.protocol.cuda's.
