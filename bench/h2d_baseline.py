@@ -2,7 +2,7 @@
 
 Why a process of its own: with PrivateUse1 registered (``import rgpu``), torch's
 current accelerator is rgpu, and ``pin_memory()`` there did not give CUDA pinned
-memory (the baseline ran at pageable speed: 6.8 GB/s where pinned is ~52).
+memory (the baseline ran at pageable speed: docs/perf/fast_path-history.md, "Uploads and downloads").
 
     python bench/h2d_baseline.py NBYTES      # then a copy's name on stdin -> {"GBps": x} on stdout, one per line
 
