@@ -209,7 +209,10 @@ RT_API cudaError_t cudaFuncGetName(const char **name, const void *func) {
 
 /* ---- launches ---------------------------------------------------------------------------- */
 static cudaError_t launch_k(CUkernel k, dim3 g, dim3 b, void **args, size_t shmem, cudaStream_t s, int pt) {
-    if (rt_sticky()) return rt_ret(rt_sticky());
+    cudaError_t e = rt_ctx();             /* a thread's first launch binds its device's primary context */
+    if (e) return e;
+    /* nvcc's stub launches whatever handle __cudaGetKernel left: NULL after a failed load, whose error stands */
+    if (!k) return rt_ret(cudaPeekAtLastError() ? cudaPeekAtLastError() : cudaErrorInvalidDeviceFunction);
     return rt_cu(cuLaunchKernel((CUfunction)k, g.x, g.y, g.z, b.x, b.y, b.z, (unsigned)shmem, rt_stream(s, pt), args, NULL));
 }
 
