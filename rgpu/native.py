@@ -41,6 +41,7 @@ T = TypeVar("T")
 
 _failed: dict[str, str] = {}          # part name -> why its build (or load) failed in this process
 _built: list[tuple[str, float]] = []  # (part name, seconds) of every compile this process ran
+_waited: list[tuple[str, float]] = []  # (folder, seconds) this process waited for another's build
 
 
 def cache_root() -> Path:
@@ -117,6 +118,11 @@ def builds() -> list[tuple[str, float]]:
     return list(_built)
 
 
+def waits() -> list[tuple[str, float]]:
+    """(folder name, seconds) of every wait for another process's build of what this one wanted, in order."""
+    return list(_waited)
+
+
 def attempt(name: str, build: Callable[[], T], *, wanted: bool | None = None) -> T | None:
     """``build()``, or None where ``RGPU_NATIVE=off`` or it raises; ``why_not(name)`` then says which.
 
@@ -172,11 +178,19 @@ def built(build: Callable[[], object]) -> bool:
 
 
 @contextlib.contextmanager
-def locked(folder: Path) -> Iterator[None]:
-    """An exclusive inter-process lock on ``folder`` (a ``.lock`` file beside it), held for the block."""
+def locked(folder: Path, what: str = "") -> Iterator[None]:
+    """An exclusive inter-process lock on ``folder`` (a ``.lock`` file beside it), held for the block;
+    with ``what``, a line on stderr when another process holds it (building what this one wants)."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     with open(folder.parent / f".{folder.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if what:
+                print(f"rgpu: waiting for another process building {what} ...", file=sys.stderr, flush=True)
+            start = time.monotonic()
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            _waited.append((folder.name, time.monotonic() - start))
         yield
 
 
@@ -221,7 +235,7 @@ def cached(name: str, build_key: str, outputs: Sequence[str], produce: Callable[
     if getattr(_probe, "on", False):
         raise NotBuilt(name)
     folder.mkdir(parents=True, exist_ok=True)
-    with locked(folder):
+    with locked(folder, what):
         if force or not ready(folder, name, build_key, outputs):
             with progress(name, what), _staging(folder, name, keep) as staging:
                 produce(staging)

@@ -97,15 +97,18 @@ def build(part: Part, force: bool = False) -> tuple[bool, str]:
     missing = _missing(part)
     if missing:
         return True, f"skipped: {missing}"
-    before, start = len(native.builds()), time.monotonic()
+    before, waits, start = len(native.builds()), len(native.waits()), time.monotonic()
     try:
         with native.recording(part.name):
             _resolve(part.build)(force=force)
     except Exception as exc:  # noqa: BLE001  (each part's failure is reported, the others still build)
         first, *rest = str(exc).splitlines() or [""]
         return False, "\n".join([f"FAILED: {type(exc).__name__}: {first}", *(f"    {line}" for line in rest[-15:])])
+    seconds = time.monotonic() - start
     if len(native.builds()) > before:
-        return True, f"built in {time.monotonic() - start:.1f} s"
+        return True, f"built in {seconds:.1f} s"
+    if len(native.waits()) > waits:
+        return True, f"cached (another process built it meanwhile; waited {seconds:.0f} s)"
     return True, "cached"
 
 
