@@ -129,7 +129,8 @@ def _run(args) -> int:
             ok = ok and usable
         print(line, flush=True)
     if not native.enabled():
-        print("note: RGPU_NATIVE=off, so rgpu runs its Python paths and uses none of these", flush=True)
+        print("note: RGPU_NATIVE=off: rgpu runs the Python path wherever a part has one (shm, the server's op path, "
+              "the launch batcher, the device's fast path)", flush=True)
     return 0 if ok else 1
 
 
