@@ -7,7 +7,7 @@ names is the face (the top). `python tools/check_house.py layers` runs this alon
 from __future__ import annotations
 
 import ast
-import tomllib
+import re
 from pathlib import Path
 
 # bottom first; a tuple of tuples is a layer of independent parts (none imports another)
@@ -48,8 +48,10 @@ def place(module: str) -> tuple[int, int, str]:
 
 def package_dirs(root: Path) -> dict[str, Path]:
     """Import name -> folder, from pyproject.toml's package-dir table."""
-    table = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
-    return {name: root / folder for name, folder in table.items()}
+    text = (root / "pyproject.toml").read_text()  # read by hand: tomllib is Python 3.11's, rgpu runs on 3.10
+    block = re.search(r"^\[tool\.setuptools\.package-dir\]\n(.*?)(?=^\[|\Z)", text, re.M | re.S)
+    pairs = re.findall(r'^"([\w.]+)"\s*=\s*"([^"]+)"', block.group(1) if block else "", re.M)
+    return {name: root / folder for name, folder in pairs}
 
 
 def modules(root: Path) -> dict[str, Path]:
