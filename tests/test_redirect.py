@@ -262,3 +262,39 @@ def test_while_the_client_connects_the_environment_holds_none_of_rgpus_loading(m
     assert dict(os.environ) == before
     assert inside["LD_LIBRARY_PATH"] == "/opt/lib"
     assert not {"LD_AUDIT", "RGPU_LIBRARY_DIR", "TRITON_LIBCUDA_PATH"} & set(inside)
+
+
+TORCH_PROBE = textwrap.dedent("""
+    import json, torch
+    names = ("libcuda.", "libcudart.", "libcublas.", "libcublasLt.", "libcudnn")
+    maps = sorted({l.split()[-1] for l in open("/proc/self/maps") if "/" in l
+                   and l.split()[-1].rsplit("/", 1)[-1].startswith(names)})
+    out = {"torch": torch.__version__, "maps": maps, "cudnn": torch.backends.cudnn.version(),
+           "available": torch.cuda.is_available()}
+    a = torch.empty(4, 4, device="cuda")
+    try:
+        a @ a
+    except RuntimeError as exc:
+        out["matmul"] = str(exc).splitlines()[0]
+    print(json.dumps(out))
+""")
+
+
+def test_stock_torch_binds_to_rgpus_five_libraries_and_loads_none_of_nvidias(tmp_path):
+    """Stock torch 2.11+cu130 (ctypes preloads by absolute path, DT_RPATH, RTLD_NOW) through ``rgpu intercept run``."""
+    import json
+    import os
+    python = os.environ.get("RGPU_TEST_CUDA_TORCH_PYTHON")
+    if not python:
+        pytest.skip("set RGPU_TEST_CUDA_TORCH_PYTHON to a Python with stock torch 2.11+cu130 and rgpu importable")
+    (tmp_path / "probe.py").write_text(TORCH_PROBE)
+    done = subprocess.run([sys.executable, "-m", "rgpu", "intercept", "run", "--", python, str(tmp_path / "probe.py")],
+                          capture_output=True, text=True, timeout=600, env=clean_env(), stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    from rgpu.cuda_intercept.libraries import REPLACED, default_folder
+    folder = default_folder()
+    assert out["maps"] == sorted(str(folder / n) for n in REPLACED), out["maps"]
+    assert out["cudnn"] == 91900 and out["available"] is True
+    assert "CUBLAS_STATUS_NOT_SUPPORTED" in out["matmul"]
+    assert "rgpu: cublasCreate_v2 (libcublas.so.13) is not supported over rgpu yet" in done.stderr
