@@ -239,6 +239,92 @@ def test_a_triple_chevron_launch_is_queued_in_c(cudart, tmp_path, fake_server):
     assert float(per_launch) < 5.0, done.stdout
 
 
+MEMORY_CU = textwrap.dedent(r"""
+    // Copies of every kind, pointer attributes, 2D copies and memsets, stream-ordered allocation, symbols,
+    // function attributes, driver entry points: each line "name value..." for the test to read.
+    #include <cstdio>
+    #include <cstring>
+    #include <cuda.h>
+    #include <cuda_runtime.h>
+    __device__ float table[8];
+    extern "C" __global__ void noop() {}
+    #define OK(call) do { cudaError_t e_ = (call); if (e_) { printf("error %s %d\n", #call, (int)e_); return 1; } } while (0)
+    int main() {
+        float h[64], back[64], *d, *d2, *pinned;
+        for (int i = 0; i < 64; i++) h[i] = i * 0.5f;
+        OK(cudaMalloc(&d, sizeof h));
+        OK(cudaMalloc(&d2, sizeof h));
+        OK(cudaMallocHost(&pinned, sizeof h));
+        OK(cudaMemcpy(d, h, sizeof h, cudaMemcpyDefault));              // host -> device, by the pointers
+        OK(cudaMemcpy(d2, d, sizeof h, cudaMemcpyDefault));             // device -> device
+        OK(cudaMemcpy(back, d2, sizeof h, cudaMemcpyDefault));          // device -> host
+        printf("default %d\n", memcmp(back, h, sizeof h) == 0);
+        cudaPointerAttributes a;
+        int types[3];
+        OK(cudaPointerGetAttributes(&a, d + 3)); types[0] = a.type;
+        OK(cudaPointerGetAttributes(&a, pinned)); types[1] = a.type;
+        OK(cudaPointerGetAttributes(&a, h)); types[2] = a.type;
+        printf("types %d %d %d\n", types[0], types[1], types[2]);
+        // a 4x8 window of an 8x8 matrix, both ways, through a pitched copy
+        float win[32];
+        OK(cudaMemcpy2D(win, 8 * sizeof(float), d, 8 * sizeof(float), 8 * sizeof(float), 4, cudaMemcpyDeviceToHost));
+        OK(cudaMemset2D(d, 8 * sizeof(float), 0, 4 * sizeof(float), 8));
+        OK(cudaMemcpy(back, d, sizeof h, cudaMemcpyDeviceToHost));
+        printf("window %g %g zeroed %g %g kept %g\n", win[0], win[31], back[0], back[59], back[4]);
+        cudaStream_t s;
+        OK(cudaStreamCreate(&s));
+        void *p;
+        OK(cudaMallocAsync(&p, 256, s));
+        OK(cudaMemsetAsync(p, 0x3f, 256, s));
+        unsigned char bytes[4];
+        OK(cudaMemcpyAsync(bytes, p, 4, cudaMemcpyDeviceToHost, s));
+        OK(cudaStreamSynchronize(s));
+        OK(cudaFreeAsync(p, s));
+        printf("async %d %d query %d\n", bytes[0], bytes[3], (int)cudaStreamQuery(s));
+        float t[8] = {1, 2, 3, 4, 5, 6, 7, 8}, tb[2];
+        void *ta;
+        size_t tsize;
+        OK(cudaMemcpyToSymbol(table, t, sizeof t));
+        OK(cudaMemcpyFromSymbol(tb, table, 2 * sizeof(float), 5 * sizeof(float)));
+        OK(cudaGetSymbolAddress(&ta, table));
+        OK(cudaGetSymbolSize(&tsize, table));
+        printf("symbol %g %g size %zu address %d\n", tb[0], tb[1], tsize, ta != nullptr);
+        printf("bad_symbol %d\n", (int)cudaMemcpyFromSymbol(tb, table, 4, 30));
+        cudaGetLastError();
+        cudaFuncAttributes fa;
+        OK(cudaFuncGetAttributes(&fa, (const void *)noop));
+        printf("func_attrs %d\n", fa.maxThreadsPerBlock > 0);
+        void *fn = nullptr;
+        cudaDriverEntryPointQueryResult q;
+        OK(cudaGetDriverEntryPoint("cuMemAlloc", &fn, cudaEnableDefault, &q));
+        printf("entry %d %d\n", fn != nullptr, (int)q);
+        int v = 0;
+        OK(cudaDriverGetVersion(&v));
+        printf("driver %d\n", v >= 13000);
+        return 0;
+    }
+""")
+
+
+def test_copies_pointers_symbols_and_attributes_through_the_runtime(cudart, tmp_path, fake_server):
+    from cuda_programs import nvcc_or_skip
+    src = tmp_path / "memory.cu"
+    src.write_text(MEMORY_CU)
+    exe = tmp_path / "memory_cu"
+    subprocess.run([nvcc_or_skip(), "-cudart", "shared", "-gencode", "arch=compute_90,code=compute_90", "-no-compress",
+                    "-o", str(exe), str(src)], check=True, capture_output=True)
+    done = run([exe], fake_server)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    assert out["default"] == "1"
+    assert out["types"] == "2 1 0"                 # device, (page-locked) host, unregistered
+    assert out["window"] == "0 15.5 zeroed 0 0 kept 2"
+    assert out["async"] == "63 63 query 0"
+    assert out["symbol"] == "6 7 size 32 address 1"
+    assert out["bad_symbol"] == "1"                # cudaErrorInvalidValue: past the variable's end
+    assert out["func_attrs"] == "1" and out["entry"] == "1 0" and out["driver"] == "1"
+
+
 EXPORT_TABLE_C = textwrap.dedent("""
     #include <stdio.h>
     typedef struct { char bytes[16]; } uuid_t_;
