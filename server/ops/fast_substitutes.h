@@ -1,11 +1,11 @@
 // The fused attention substitutes of rgpu/ops_substitutes.py, for the op path in fast_op.cpp.
 //
-// PyTorch sends a PrivateUse1 device's scaled dot product attention to "overrideable" ops whose
-// only kernels raise; the server runs a substitute instead. In Python each call cost the GPU host
-// more than its own aten work, 12 calls a step of the bench's nanoGPT (docs/perf/fast_path-history.md,
-// run12). Here are the same substitutes on the stack the overrideable op's schema parsed: ops_substitutes.py stays the reference
-// (the client sizes its outputs with it; tests/test_server_fast_op.py compares both paths value by value),
-// and an overrideable op without a recipe here is never defined on this path.
+// PyTorch sends a PrivateUse1 device's scaled dot product attention to "overrideable" ops whose only kernels
+// raise; the server runs a substitute instead. In Python each call cost the GPU host more than its own aten
+// work, 12 calls a step of the bench's nanoGPT (docs/perf/fast_path-history.md, run12). Here are the same
+// substitutes on the stack the overrideable op's schema parsed: ops_substitutes.py stays the reference (the
+// client sizes its outputs with it; tests/test_server_fast_op.py compares both paths value by value), and an
+// overrideable op without a recipe here is never defined on this path.
 #pragma once
 
 #include <ATen/ATen.h>

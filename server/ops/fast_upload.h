@@ -1,10 +1,11 @@
 // A whole upload (Msg.UPLOAD: a training step's batch) for the op path in fast_op.cpp.
 //
-// Why in C++: in Python (Uploads.whole and its pinned ring, uploads.py) the step's first upload cost
-// the GPU host several times the server's time it costs here, the GPU idle meanwhile, at every step's
-// start (docs/perf/fast_path-history.md, run12). The bytes go into pinned memory from CUDA's caching
-// host allocator and from there to the device on its current stream, after what came before; the block goes back to the allocator with an
-// event and is reused once the copy has read it. On the CPU executor they are copied in place.
+// Why in C++: in Python (Uploads.whole and its pinned ring, uploads.py) the step's first upload cost the GPU
+// host several times the server's time it costs here, the GPU idle meanwhile, at every step's start
+// (docs/perf/fast_path-history.md, run12). The bytes go into pinned memory from CUDA's caching host
+// allocator and from there to the device on its current stream, after what came before; the block goes back
+// to the allocator with an event and is reused once the copy has read it. On the CPU executor they are
+// copied in place.
 #pragma once
 
 #include <ATen/core/CachingHostAllocator.h>
