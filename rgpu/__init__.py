@@ -28,8 +28,6 @@ device in its own process), ``rgpu.register()`` registers it.
 """
 from __future__ import annotations
 
-import sys
-
 __version__ = "0.1.0"
 
 _ERRORS = ("RgpuError", "ConnectError", "AuthenticationError", "VersionMismatch", "ProtocolError",
@@ -67,6 +65,8 @@ def _loaded_as_parent() -> bool:
     ``_find_and_load_unlocked(name)`` imports a dotted name's parent first, and
     runpy's ``_get_module_details(mod_name)`` does for ``python -m``.
     """
+    import sys
+
     f = sys._getframe(1)
     while f is not None:
         code = f.f_code.co_name
