@@ -26,6 +26,9 @@ T14 = "run14/call5-transports.tar.gz:transports/"
 STEP14 = "run14/call3-step_start.tar.gz:step_start/step_start.tar.gz:"
 MiB = 1 << 20
 
+STEP_CMD = ("run14: `rgpu bench train --pin --repeats 5`, TF32 on, by `bash gpu/run_all.sh step_start` "
+            "(a one-off check since removed, in git history; `gpu/check_fast_path.sh` measures the same step)")
+
 # page -> (the command that measured it, [(label, source, transport, metric, size, direction, target)])
 PAGES: dict[str, tuple[str, list[tuple]]] = {
     "transport": ("`bash gpu/run_all.sh transports rtt` (`gpu/check_transports.sh`: `rgpu bench transport --json`)", [
@@ -37,8 +40,8 @@ PAGES: dict[str, tuple[str, list[tuple]]] = {
         ("shm upload, 256 MiB", T14 + "transport_shm.json", "shm", "bandwidth", 256 * MiB, "", ""),
         ("shm download, 64 MiB", T14 + "transport_shm.json", "shm", "bandwidth", 64 * MiB, "download", ""),
     ]),
-    "fast_path": ("`bash gpu/run_all.sh step_start` (run14) and `gpu/check_compiled.sh`-style calls of run12 "
-                  "(`rgpu bench train --pin --repeats 5`, TF32 on; `rgpu bench ops`, `upload`, `train --sim-rtt`)", [
+    "fast_path": (STEP_CMD + "; run12: the same for the compiled step, then `rgpu bench ops`, `upload`, "
+                  "`train --sim-rtt 1,10,30` (`gpu/check_fast_path.sh` runs them all now)", [
         ("eager step / native eager, shm", STEP14 + "shm.json", "shm", "training step", None, "", "<= 1.10"),
         ("eager step / native eager, tcp", STEP14 + "tcp.json", "tcp", "training step", None, "", "<= 1.10"),
         ("compiled step (reduce-overhead) / native eager, shm", "run12/call5_shm.json", "shm",
@@ -52,7 +55,7 @@ PAGES: dict[str, tuple[str, list[tuple]]] = {
         ("step at a simulated 30 ms round trip / (0 ms + 1 RTT)", "run12/call4_train_rtt.json", "shm",
          "training step at a simulated 30 ms round trip", None, "", "<= 1.10"),
     ]),
-    "device_route": ("`bash gpu/run_all.sh step_start` (`rgpu bench train --pin --repeats 5`, TF32 on)", [
+    "device_route": (STEP_CMD, [
         ("eager nanoGPT step, shm", STEP14 + "shm.json", "shm", "training step", None, "", "<= 1.10"),
         ("eager nanoGPT step, tcp", STEP14 + "tcp.json", "tcp", "training step", None, "", "<= 1.10"),
         ("round trips per step, shm", STEP14 + "shm.json", "shm", "round trips per step", None, "", "1"),
