@@ -119,8 +119,8 @@ class StreamReader:
     STAGE = 256 << 10
     SMALL = 64 << 10   # buffers up to this size get their own bytearray: no pool lock, no lease to release
     # Read ahead at most this much: whatever arrives with a header is copied once more out of the
-    # stage (the whole stage measured 0.75x a raw socket at 256 KiB), yet batches of small frames
-    # still come in a few calls.
+    # stage (whole-stage reads lagged a raw socket at 256 KiB: docs/perf/transport-history.md, tcp),
+    # yet batches of small frames still come in a few calls.
     READ_AHEAD = 64 << 10
 
     def __init__(self, recv_into):
