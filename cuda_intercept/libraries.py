@@ -11,7 +11,7 @@ Where ``LD_AUDIT`` is unavailable, ``LD_PRELOAD`` of the five is the fallback: t
 (musl has no audit interface), or the program runs in secure-execution mode (set-user-ID or file
 capabilities: the loader drops an ``LD_AUDIT`` that names a path), or ``--preload`` asks for it. It is
 weaker: preloaded libraries win by SONAME, but a stock copy loaded by absolute path still loads beside
-ours and runs its constructor.
+ours and runs its constructor; and every child (a compiler too) gets all five loaded.
 """
 from __future__ import annotations
 
@@ -80,11 +80,11 @@ def environment(folder: str | os.PathLike, env: dict | None = None, *, preload: 
     env[LIBRARY_DIR] = folder
     env["TRITON_LIBCUDA_PATH"] = folder
     redirector = os.path.join(folder, REDIRECTOR)
-    if not preload and audit_available() and os.path.exists(redirector):
-        env["LD_AUDIT"] = ":".join([redirector, *(p for p in _entries(env.get("LD_AUDIT")) if p != redirector)])
-    else:
+    if preload or not audit_available():
         ours = [os.path.join(folder, n) for n in REPLACED if os.path.exists(os.path.join(folder, n))]
         env["LD_PRELOAD"] = ":".join([*ours, *(p for p in _entries(env.get("LD_PRELOAD")) if p not in ours)])
+    elif os.path.exists(redirector):       # a folder with libcuda.so.1 alone (demo.py's) needs LD_LIBRARY_PATH only
+        env["LD_AUDIT"] = ":".join([redirector, *(p for p in _entries(env.get("LD_AUDIT")) if p != redirector)])
     return env
 
 
