@@ -2,8 +2,9 @@
 
 Defaults are sized to finish in under 3 minutes on a 2-core machine against the
 local (embedded) server; ``--preset bench`` is the 6-layer, 384-wide model of
-the performance figures. Writes ``loss.png`` and ``ckpt.pt`` into ``--out``;
-``--resume`` continues from the checkpoint there.
+the performance figures. Writes ``ckpt.pt`` and ``loss.png`` (with matplotlib:
+``pip install -e ".[example]"``) into ``--out``; ``--resume`` continues from the
+checkpoint there.
 """
 from __future__ import annotations
 
@@ -70,8 +71,13 @@ def evaluate(model, data, args, device, batches: int = 4) -> float:
     return total / batches
 
 
-def save_plot(history: list, evals: list, path: Path) -> None:
-    import matplotlib
+def save_plot(history: list, evals: list, path: Path) -> bool:
+    """The loss curve as a PNG; False (and one line saying how to get it) without matplotlib."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"no {path.name}: the plot needs matplotlib (pip install matplotlib, or pip install -e \".[example]\")")
+        return False
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -86,6 +92,7 @@ def save_plot(history: list, evals: list, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+    return True
 
 
 def main(argv=None) -> int:
@@ -139,8 +146,8 @@ def main(argv=None) -> int:
         print(f"{done} steps in {elapsed:.1f} s ({1000 * elapsed / done:.1f} ms/step)")
     torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "generator": gen.get_state(),
                 "step": args.steps, "history": history, "evals": evals, "config": vars(cfg)}, ckpt_path)
-    save_plot(history, evals, out / "loss.png")
-    print(f"wrote {ckpt_path} and {out / 'loss.png'}")
+    plotted = save_plot(history, evals, out / "loss.png")
+    print(f"wrote {ckpt_path}" + (f" and {out / 'loss.png'}" if plotted else ""))
     if args.sample:
         model.eval()
         prompt = torch.tensor([data.encode("def ")], dtype=torch.long, device=device)
