@@ -8,7 +8,8 @@ Needs root and iproute2 (``ip``, ``tc``). A rate is a ``tc qdisc ... tbf`` on bo
 veth ends; this kernel has no ``netem``, so added delay, where wanted, comes from
 the transport's own delay line (``RGPU_SIM_RTT_MS``). Everything made (both
 namespaces, and with them the veth pair and the qdiscs) is deleted on exit, also
-when the body raises; ``leftovers()`` lists any that a killed run left behind.
+when the body raises and when the process is ended by SIGTERM as by Ctrl-C (a SIGKILL
+cannot be caught: ``leftovers()`` lists what such a run left behind).
 """
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import subprocess
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -89,6 +92,7 @@ def lan(rate: str | None = None):
     dev_a, dev_b = f"rgv{tag}a", f"rgv{tag}b"          # interface names: 15 characters at most
     net = f"10.{200 + secrets.randbelow(50)}.{secrets.randbelow(256)}"
     made: list[str] = []
+    previous = _exit_on_sigterm()
     try:
         for ns in (ns_a, ns_b):
             _ip("netns", "add", ns)
@@ -113,6 +117,23 @@ def lan(rate: str | None = None):
                 subprocess.run(["ip", "netns", "del", name], capture_output=True)
             else:  # the veth pair goes with its namespaces; this is for a failure before it moved
                 subprocess.run(["ip", "link", "del", name], capture_output=True)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _terminated(signum, frame):
+    raise SystemExit(128 + signum)   # unwinds through the finally blocks above, as Ctrl-C's KeyboardInterrupt does
+
+
+def _exit_on_sigterm():
+    """SIGTERM made an exception for the body's duration (the main thread only); the handler it replaced."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, _terminated)
+        return previous
+    return None    # the program has its own handler: it decides
 
 
 def leftovers() -> list[str]:

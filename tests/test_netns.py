@@ -118,3 +118,24 @@ def test_the_lan_benchmark_gives_tcp_rows_beside_a_raw_socket_in_the_same_namesp
     assert all(r["baseline_name"].startswith("raw socket") and r["value"] > 0 and r["baseline"] > 0 for r in rows)
     assert rows[0]["lan"] == "netns veth, tbf 5gbit"
     assert len(made) == 2 and not set(made) & names()
+
+
+HOLD = """
+import sys, time
+from rgpu.bench import netns
+with netns.lan() as lan:
+    print(lan.ns_a, lan.ns_b, flush=True)
+    time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_run_ended_by_sigterm_removes_its_namespaces_as_ctrl_c_does(sig):
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-c", HOLD], stdout=subprocess.PIPE, text=True, env=clean_env())
+    made = set(proc.stdout.readline().split())
+    assert len(made) == 2 and made <= names()
+    proc.send_signal(getattr(signal, sig))
+    assert proc.wait(30) != 0
+    assert not made & names()
