@@ -7,6 +7,9 @@ runs the suite's ``main``, one call of ``main`` here with the suite's own flags.
     bench, transport, metric, unit, size, value, baseline_name, baseline, ratio, spread
     (+ baseline_spread, ratio_spread, runs)
 
+While a suite runs (``progress``: what ``rgpu bench`` opens) a tqdm line on stderr counts the runs
+``compare`` has made and the time gone; stdout (the table, or ``--json``) is untouched.
+
 ``compare`` runs ``rgpu, baseline, rgpu, baseline, ...`` (``repeats`` pairs, at least 5 by
 default, each run optionally cut into alternating slices), so drift on a shared machine hits
 both alike; ``value`` and ``baseline`` are the
@@ -24,7 +27,9 @@ import os
 import re
 import statistics
 import subprocess
+import sys
 import tempfile
+import threading
 from typing import Callable, Sequence
 
 from rgpu.transport import local_server
@@ -54,6 +59,37 @@ def repeats_of(args, default: int = 5) -> int:
     return max(1, int(getattr(args, "repeats", None) or default))
 
 
+_bar: list = []   # the running suite's progress line (``progress``), ticked by each run ``compare`` makes
+
+
+@contextlib.contextmanager
+def progress(what: str):
+    """A tqdm line on stderr for the block: the runs made so far and the time gone, redrawn every second
+    (also while one long run, a training step in another process, say, goes on)."""
+    from tqdm import tqdm
+
+    bar = tqdm(desc=what, unit="run", file=sys.stderr, leave=False, dynamic_ncols=True, mininterval=0.5)
+    done = threading.Event()
+
+    def redraw():
+        while not done.wait(1.0):
+            bar.refresh()
+
+    threading.Thread(target=redraw, daemon=True).start()
+    _bar.append(bar)
+    try:
+        yield bar
+    finally:
+        _bar.remove(bar)
+        done.set()
+        bar.close()
+
+
+def _tick() -> None:
+    if _bar:
+        _bar[-1].update(1)
+
+
 def compare(measure: Callable[[], float], baseline: Callable[[], float], repeats: int = 5, slices: int = 1) -> dict:
     """Interleave ``measure`` and ``baseline`` ``repeats`` times each; medians, per-pair ratio, spreads.
 
@@ -70,6 +106,7 @@ def compare(measure: Callable[[], float], baseline: Callable[[], float], repeats
             for _ in range(slices):
                 vs.append(measure())
                 bs.append(baseline())
+                _tick()
             v, b = statistics.median(vs), statistics.median(bs)
             values.append(v)
             bases.append(b)

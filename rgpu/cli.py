@@ -34,12 +34,13 @@ def _bench(args) -> int:
 
         if args.transport:
             args.transport += f",{tls.NAME}"
-    if args.suite == "transport" and args.netns:  # two network namespaces: tcp (and ucx) beside a raw socket there
-        from rgpu.bench import transport_lan
+    with harness.progress(f"rgpu bench {args.suite}"):   # on stderr: stdout stays the table or the JSON
+        if args.suite == "transport" and args.netns:  # two network namespaces: tcp (and ucx) beside a raw socket there
+            from rgpu.bench import transport_lan
 
-        rows = transport_lan.rows(args)
-    else:
-        rows = harness.run_suite(args.suite, args)
+            rows = transport_lan.rows(args)
+        else:
+            rows = harness.run_suite(args.suite, args)
     if args.json:
         print(json.dumps(rows, indent=1))
     else:
@@ -53,8 +54,20 @@ def _config(args) -> int:
         return 0
     s = config.settings()
     for item in config.TABLE:
-        print(f"{item.env:24} {getattr(s, item.field)!r}")
+        value = _secret(s, item) if item.field in SECRETS else repr(getattr(s, item.field))
+        print(f"{item.env:24} {value}")
     return 0
+
+
+# settings whose value is a secret: `rgpu config` says whether it is set and where it comes from, never what it is
+SECRETS = {"token"}
+
+
+def _secret(s, item) -> str:
+    if getattr(s, item.field) is not None:
+        return f"set (from {item.env}; not shown)"
+    path = s.token_path
+    return f"unset (the token comes from the token file {path}, {'present' if path.exists() else 'absent'})"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_serve)
 
     p = sub.add_parser("bench", help="measure rgpu beside its baseline; prints a table or JSON rows")
-    p.add_argument("suite", help="transport, ops, train, cuda, upload")
+    p.add_argument("suite", help="transport, ops, train, cuda, upload, resilience")
     p.add_argument("--json", action="store_true", help="print one JSON array of rows")
     p.add_argument("--transport", default=None, help="tcp, shm, ucx (default: every one available)")
     p.add_argument("--sizes", default=None, help="comma list of sizes for bandwidth, e.g. 64,1M,64M")
@@ -92,7 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", nargs="?", const="default", default=None,
                    help="train: also the step under torch.compile(backend='rgpu') [mode, e.g. reduce-overhead]")
     p.add_argument("--sim-rtt", default=None, help="train: comma list of simulated round trips in ms, e.g. 1,10,30")
-    p.add_argument("--tls", action="store_true", help="transport: add TLS rows beside plain tcp (what TLS costs)")
+    p.add_argument("--tls", action="store_true",
+                   help="transport: add TLS rows beside plain tcp (what TLS costs); resilience: a TLS server's row too")
+    p.add_argument("--flood", type=int, default=None, help="resilience: connections in the strangers' flood (256)")
     p.add_argument("--netns", action="store_true",
                    help="transport: across two network namespaces joined by a veth pair (root), beside a raw socket")
     p.add_argument("--rate", default=None, help="with --netns: tbf rate limit on the veth pair, e.g. 10gbit")

@@ -177,3 +177,15 @@ def test_rgpu_config_prints_every_variable_and_its_value():
                          env={**env, "RGPU_PORT": "4444"}, check=True).stdout
     assert "RGPU_PORT                4444" in out
     assert all(item.env in out for item in TABLE)
+
+
+def test_rgpu_config_says_whether_the_token_is_set_and_where_from_never_what_it_is(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RGPU_")}
+    token_file = tmp_path / "token"
+    out = subprocess.run([sys.executable, "-m", "rgpu", "config"], capture_output=True, text=True, check=True,
+                         env={**env, "RGPU_TOKEN": "s3cret-value-42", "RGPU_TOKEN_FILE": str(token_file)}).stdout
+    assert "s3cret-value-42" not in out
+    assert "RGPU_TOKEN               set (from RGPU_TOKEN; not shown)" in out
+    out = subprocess.run([sys.executable, "-m", "rgpu", "config"], capture_output=True, text=True, check=True,
+                         env={**env, "RGPU_TOKEN_FILE": str(token_file)}).stdout
+    assert f"RGPU_TOKEN               unset (the token comes from the token file {token_file}, absent)" in out
