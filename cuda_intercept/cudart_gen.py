@@ -19,7 +19,7 @@ from . import header
 
 HERE = Path(__file__).resolve().parent
 STOCK = HERE / "abi" / "stock_cuda_13_torch_2_11.json"
-SOURCES = ("cudart.c", "cudart_launch.c", "cudart_memory.c", "cudart_order.c")
+SOURCES = ("cudart.c", "cudart_launch.c", "cudart_code.c", "cudart_memory.c", "cudart_order.c")
 NOT_SUPPORTED = 801
 
 # cudaGetErrorString's words for the errors programs meet most (the stock runtime's); the rest read their doc's

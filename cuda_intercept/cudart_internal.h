@@ -4,7 +4,7 @@
  * calls on rgpu's libcuda.so.1 (this library's DT_NEEDED), which answers the
  * hot ones in C and queues the rest.  Nothing here talks to the network.
  * cudart.c holds the state, cudart_launch.c registration and launches,
- * cudart_memory.c memory, cudart_order.c streams, events, capture and graphs;
+ * cudart_code.c attributes, occupancy and symbols, cudart_memory.c memory, cudart_order.c streams, events, capture and graphs;
  * cudart_gen.py writes the loud stubs of everything else.
  */
 #ifndef RGPU_CUDART_INTERNAL_H
@@ -48,6 +48,10 @@ static inline CUstream rt_stream(cudaStream_t s, int per_thread) {
 /* Registration tables (cudart_launch.c): a host symbol's device object, found without the network. */
 CUresult rt_symbol(const void *symbol, CUdeviceptr *dptr, size_t *size);
 CUresult rt_kernel_of(const void *host_fun, CUkernel *k);
+/* The same for a call: the thread's context made first; an unknown host function is cudaErrorInvalidDeviceFunction. */
+cudaError_t rt_kernel(const void *func, CUkernel *k);
+/* Where a kernel's cudaFuncAttributes are cached (NULL slot: not asked yet); NULL for an unknown function. */
+struct cudaFuncAttributes **rt_attrs_slot(const void *func);
 /* The device address of symbol+offset for count bytes, checked against the variable's size. */
 cudaError_t rt_symbol_range(const void *symbol, size_t offset, size_t count, CUdeviceptr *at);
 

@@ -1,5 +1,5 @@
 /* rgpu's libcudart.so.13: registration as nvcc 13 emits it, kernel handles, launches, the call-configuration
- * stack, function attributes, occupancy, and symbols.
+ * stack (function attributes, occupancy and symbols are cudart_code.c's).
  *
  * Registration only fills C tables (torch registers 444 fatbins, 21,495
  * kernels and 12,884 variables at import: nothing may cross the network
@@ -176,17 +176,22 @@ CUresult rt_symbol(const void *symbol, CUdeviceptr *dptr, size_t *size) {
 }
 
 /* A host function the runtime does not know is the program's mistake: cudaErrorInvalidDeviceFunction. */
-static cudaError_t rt_kernel_err(const void *func, CUkernel *k) {
+cudaError_t rt_kernel(const void *func, CUkernel *k) {
     cudaError_t e = rt_ctx();
     if (e) return e;
     CUresult r = rt_kernel_of(func, k);
     return r == CUDA_ERROR_INVALID_HANDLE ? rt_ret(cudaErrorInvalidDeviceFunction) : rt_cu(r);
 }
 
+struct cudaFuncAttributes **rt_attrs_slot(const void *func) {
+    struct rt_func *f = func_of(func);
+    return f ? &f->attrs : NULL;
+}
+
 RT_API cudaError_t __cudaGetKernel(cudaKernel_t *out, const void *hostStub) {
     CUkernel k;
     if (!out) return rt_ret(cudaErrorInvalidValue);
-    cudaError_t e = rt_kernel_err(hostStub, &k);
+    cudaError_t e = rt_kernel(hostStub, &k);
     if (!e) *out = (cudaKernel_t)k;
     return e;
 }
@@ -195,7 +200,7 @@ RT_API cudaError_t cudaGetKernel(cudaKernel_t *out, const void *entryFuncAddr) {
 
 RT_API cudaError_t cudaGetFuncBySymbol(cudaFunction_t *out, const void *symbolPtr) {
     CUkernel k;
-    cudaError_t e = rt_kernel_err(symbolPtr, &k);
+    cudaError_t e = rt_kernel(symbolPtr, &k);
     return e ? e : rt_cu(cuKernelGetFunction((CUfunction *)out, k));
 }
 
@@ -226,7 +231,7 @@ RT_API cudaError_t __cudaLaunchKernel_ptsz(cudaKernel_t k, dim3 g, dim3 b, void 
 
 static cudaError_t launch_f(const void *func, dim3 g, dim3 b, void **args, size_t shmem, cudaStream_t s, int pt) {
     CUkernel k;
-    cudaError_t e = rt_kernel_err(func, &k);
+    cudaError_t e = rt_kernel(func, &k);
     return e ? e : launch_k(k, g, b, args, shmem, s, pt);
 }
 
@@ -238,10 +243,12 @@ RT_API cudaError_t cudaLaunchKernel_ptsz(const void *func, dim3 g, dim3 b, void 
     return launch_f(func, g, b, args, shmem, s, 1);
 }
 
+_Static_assert(sizeof(cudaLaunchAttribute) == sizeof(CUlaunchAttribute), "launch attributes differ in size");
+
 static cudaError_t launch_ex(const cudaLaunchConfig_t *c, const void *func, void **args, int pt) {
     CUkernel k;
     if (!c) return rt_ret(cudaErrorInvalidValue);
-    cudaError_t e = rt_kernel_err(func, &k);
+    cudaError_t e = rt_kernel(func, &k);
     if (e) return e;
     /* cudaLaunchAttribute and CUlaunchAttribute share their layout and numbering */
     CUlaunchConfig cu = {c->gridDim.x, c->gridDim.y, c->gridDim.z, c->blockDim.x, c->blockDim.y, c->blockDim.z,
@@ -293,102 +300,5 @@ RT_API cudaError_t __cudaPopCallConfiguration(dim3 *grid, dim3 *block, size_t *s
     *block = c->block;
     *shmem = c->shmem;
     *(cudaStream_t *)stream = c->stream;
-    return cudaSuccess;
-}
-
-/* ---- function attributes (cached per kernel) and occupancy -------------------------------- */
-RT_API cudaError_t cudaFuncGetAttributes(struct cudaFuncAttributes *attr, const void *func) {
-    CUkernel k;
-    if (!attr) return rt_ret(cudaErrorInvalidValue);
-    cudaError_t e = rt_kernel_err(func, &k);
-    if (e) return e;
-    struct rt_func *f = func_of(func);
-    if (!f->attrs) {
-        struct cudaFuncAttributes *a = calloc(1, sizeof *a);
-        int v, dev = rt_device();
-        CUresult r = CUDA_SUCCESS;
-        if (!a) return rt_ret(cudaErrorMemoryAllocation);
-#define Q(field, name) if (r == CUDA_SUCCESS && (r = cuKernelGetAttribute(&v, CU_FUNC_ATTRIBUTE_##name, k, dev)) == CUDA_SUCCESS) a->field = v
-        Q(sharedSizeBytes, SHARED_SIZE_BYTES); Q(constSizeBytes, CONST_SIZE_BYTES); Q(localSizeBytes, LOCAL_SIZE_BYTES);
-        Q(maxThreadsPerBlock, MAX_THREADS_PER_BLOCK); Q(numRegs, NUM_REGS); Q(ptxVersion, PTX_VERSION);
-        Q(binaryVersion, BINARY_VERSION); Q(cacheModeCA, CACHE_MODE_CA);
-        Q(maxDynamicSharedSizeBytes, MAX_DYNAMIC_SHARED_SIZE_BYTES);
-        Q(preferredShmemCarveout, PREFERRED_SHARED_MEMORY_CARVEOUT);
-#undef Q
-        if (r != CUDA_SUCCESS) { free(a); return rt_cu(r); }
-        f->attrs = a;                     /* a racing thread's copy is equal; one of them leaks, once */
-    }
-    *attr = *f->attrs;
-    return cudaSuccess;
-}
-
-RT_API cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, int value) {
-    CUkernel k;
-    cudaError_t e = rt_kernel_err(func, &k);
-    if (e) return e;
-    struct rt_func *f = func_of(func);
-    /* the runtime's attribute numbers are the driver's CUfunction_attribute ones */
-    if ((e = rt_cu(cuKernelSetAttribute((CUfunction_attribute)attr, value, k, rt_device())))) return e;
-    if (f->attrs) {
-        if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) f->attrs->maxDynamicSharedSizeBytes = value;
-        if (attr == cudaFuncAttributePreferredSharedMemoryCarveout) f->attrs->preferredShmemCarveout = value;
-    }
-    return cudaSuccess;
-}
-
-RT_API cudaError_t cudaFuncSetCacheConfig(const void *func, enum cudaFuncCache config) {
-    CUkernel k;
-    cudaError_t e = rt_kernel_err(func, &k);
-    return e ? e : rt_cu(cuKernelSetCacheConfig(k, (CUfunc_cache)config, rt_device()));
-}
-
-RT_API cudaError_t cudaFuncGetParamInfo(const void *func, size_t index, size_t *offset, size_t *size) {
-    CUkernel k;
-    cudaError_t e = rt_kernel_err(func, &k);
-    return e ? e : rt_cu(cuKernelGetParamInfo(k, index, offset, size));
-}
-
-RT_API cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *n, const void *func, int block,
-                                                                          size_t shmem, unsigned int flags) {
-    CUkernel k;
-    CUfunction fn;
-    cudaError_t e = rt_kernel_err(func, &k);
-    if (e) return e;
-    if ((e = rt_cu(cuKernelGetFunction(&fn, k)))) return e;
-    return rt_cu(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(n, fn, block, shmem, flags));
-}
-
-RT_API cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *n, const void *func, int block, size_t shmem) {
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(n, func, block, shmem, 0);
-}
-
-/* ---- symbols ----------------------------------------------------------------------------- */
-static cudaError_t symbol_err(const void *symbol, CUdeviceptr *dptr, size_t *size) {
-    cudaError_t e = rt_ctx();
-    if (e) return e;
-    CUresult r = rt_symbol(symbol, dptr, size);
-    return r == CUDA_ERROR_NOT_FOUND ? rt_ret(cudaErrorInvalidSymbol) : rt_cu(r);
-}
-
-RT_API cudaError_t cudaGetSymbolAddress(void **devPtr, const void *symbol) {
-    CUdeviceptr d;
-    if (!devPtr) return rt_ret(cudaErrorInvalidValue);
-    cudaError_t e = symbol_err(symbol, &d, NULL);
-    if (!e) *devPtr = (void *)(uintptr_t)d;
-    return e;
-}
-
-RT_API cudaError_t cudaGetSymbolSize(size_t *size, const void *symbol) {
-    if (!size) return rt_ret(cudaErrorInvalidValue);
-    return symbol_err(symbol, NULL, size);
-}
-
-cudaError_t rt_symbol_range(const void *symbol, size_t offset, size_t count, CUdeviceptr *at) {
-    CUdeviceptr d;
-    size_t size;
-    cudaError_t e = symbol_err(symbol, &d, &size);
-    if (e) return e;
-    if (offset > size || count > size - offset) return rt_ret(cudaErrorInvalidValue);
-    *at = d + offset;
     return cudaSuccess;
 }
