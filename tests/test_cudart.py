@@ -248,6 +248,10 @@ MEMORY_CU = textwrap.dedent(r"""
     #include <cuda_runtime.h>
     __device__ float table[8];
     extern "C" __global__ void noop() {}
+    extern "C" __global__ void saxpy(float a, const float *x, float *y, int n) {
+        int i = blockIdx.x * blockDim.x + threadIdx.x;
+        if (i < n) y[i] = a * x[i] + y[i];
+    }
     #define OK(call) do { cudaError_t e_ = (call); if (e_) { printf("error %s %d\n", #call, (int)e_); return 1; } } while (0)
     int main() {
         float h[64], back[64], *d, *d2, *pinned;
@@ -301,6 +305,20 @@ MEMORY_CU = textwrap.dedent(r"""
         int v = 0;
         OK(cudaDriverGetVersion(&v));
         printf("driver %d\n", v >= 13000);
+        // the host-function launch forms (older objects, cudaLaunchKernelExC): y = 2x + y, twice
+        float alpha = 2, ones[64];
+        int n = 64;
+        for (int i = 0; i < 64; i++) ones[i] = 1;
+        OK(cudaMemcpy(d, h, sizeof h, cudaMemcpyHostToDevice));
+        OK(cudaMemcpy(d2, ones, sizeof ones, cudaMemcpyHostToDevice));
+        void *args[] = {&alpha, &d, &d2, &n};
+        OK(cudaLaunchKernel((const void *)saxpy, dim3(1), dim3(64), args, 0, nullptr));
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(1);
+        cfg.blockDim = dim3(64);
+        OK(cudaLaunchKernelExC(&cfg, (const void *)saxpy, args));
+        OK(cudaMemcpy(back, d2, sizeof back, cudaMemcpyDeviceToHost));
+        printf("launch_forms %g %g\n", back[0], back[63]);
         return 0;
     }
 """)
@@ -323,6 +341,7 @@ def test_copies_pointers_symbols_and_attributes_through_the_runtime(cudart, tmp_
     assert out["symbol"] == "6 7 size 32 address 1"
     assert out["bad_symbol"] == "1"                # cudaErrorInvalidValue: past the variable's end
     assert out["func_attrs"] == "1" and out["entry"] == "1 0" and out["driver"] == "1"
+    assert out["launch_forms"] == "1 127"          # 1 + 2*0 + 2*0, and 1 + 2*31.5 + 2*31.5
 
 
 EXPORT_TABLE_C = textwrap.dedent("""
