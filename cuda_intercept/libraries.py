@@ -6,6 +6,8 @@ The folder holds ``libcuda.so.1`` (cffi, ``build.py``), ``libcudart.so.13`` (``c
 stand-ins ``libcublas.so.13``, ``libcublasLt.so.13``, ``libcudnn.so.9`` (``stubs.py``) and the redirector
 ``librgpu_redirect.so`` (``redirect.c``), an ``LD_AUDIT`` module that answers every look-up of those five
 with the file here, by name, by absolute path or through ``DT_RPATH``, so the stock copies never load.
+It refuses NVML (``libnvidia-ml.so.1``): NVML describes this machine's GPUs, and torch's
+``device_count()`` asks it before the runtime; refused, torch counts rgpu's devices.
 
 Where ``LD_AUDIT`` is unavailable, ``LD_PRELOAD`` of the five is the fallback: the libc is not glibc
 (musl has no audit interface), or the program runs in secure-execution mode (set-user-ID or file
@@ -34,6 +36,8 @@ STOCK = {
     "libcusparseLt.so.0": f"cuSPARSELt: {_REFUSED}", "libcufile.so.0": f"cuFile: {_REFUSED}",
     "libnvrtc.so.13": "NVRTC: compiles on this machine", "libnvJitLink.so.13": "nvJitLink: links on this machine",
 }
+
+NVML = "libnvidia-ml.so.1"    # refused by the redirector (redirect.c says why)
 
 # The variables a program run through rgpu gets, and a server it starts must not.
 LIBRARY_DIR = "RGPU_LIBRARY_DIR"
@@ -140,6 +144,8 @@ def report(folder: str | os.PathLike | None = None) -> dict:
         return {"folder": None, "why": f"{type(exc).__name__}: {exc}", "libraries": []}
     rows = [{"name": n, "from": "rgpu", "path": str(folder / n), "built": (folder / n).exists()} for n in REPLACED]
     rows += [{"name": n, "from": "stock", "what": what, "path": _stock_path(n)} for n, what in STOCK.items()]
+    rows.append({"name": NVML, "from": "refused", "what": "NVML would describe this machine's GPUs; torch counts rgpu's",
+                 "path": None})
     return {"folder": str(folder), "built": (folder / REDIRECTOR).exists(), "how": "LD_AUDIT" if audit_available() else "LD_PRELOAD",
             "libraries": rows}
 
@@ -152,6 +158,8 @@ def describe(rep: dict) -> list[str]:
     for r in rep["libraries"]:
         if r["from"] == "rgpu":
             lines.append(f"  {r['name']:20} rgpu   {r['path']}{'' if r['built'] else '  (not built)'}")
+        elif r["from"] == "refused":
+            lines.append(f"  {r['name']:20} none   (not loaded: {r['what']})")
         else:
             lines.append(f"  {r['name']:20} stock  {r['path'] or '(not found here)'}  ({r['what']})")
     return lines

@@ -57,6 +57,11 @@ static int cudnn_part(const char *base) {
     return strncmp(base, "libcudnn_", 9) == 0 && strstr(base, ".so.9") != NULL;
 }
 
+/* NVML counts and names the GPUs of *this* machine: torch's device_count() asks it first and would
+ * report a laptop's own GPU (or none) instead of rgpu's.  Refused, torch falls back to the runtime's
+ * count, which is rgpu's.  (A later NVML shim answering from the server would replace this.) */
+static int nvml(const char *base) { return strncmp(base, "libnvidia-ml.so", 15) == 0; }
+
 unsigned int la_version(unsigned int version) {
     const char *dir = getenv("RGPU_LIBRARY_DIR");
     char self[PATH_MAX];
@@ -82,6 +87,10 @@ char *la_objsearch(const char *name, uintptr_t *cookie, unsigned int flag) {
     (void)cookie;
     const char *slash = strrchr(name, '/');
     const char *base = slash ? slash + 1 : name;
+    if (nvml(base) && table[0].path[0]) {
+        if (debug) fprintf(stderr, "rgpu-redirect: %s refused (NVML would describe this machine's GPUs)\n", name);
+        return NULL;                                    /* the look-up fails: "cannot open shared object file" */
+    }
     for (size_t i = 0; i < sizeof table / sizeof *table; i++) {
         if (!matches(base, table[i].stem, table[i].major) && !(i == CUDNN && cudnn_part(base))) continue;
         if (!table[i].path[0] || strcmp(name, table[i].path) == 0) return (char *)name;

@@ -96,11 +96,11 @@ def decoys(tmp_path_factory):
     lib.mkdir(parents=True)
     (out / "decoy.c").write_text(DECOY_C)
     (out / "probe.c").write_text(PROBE_C)
-    for soname in ("libcublas.so.13", "libcudnn.so.9", "libcudnn_graph.so.9.19.0", "libcublas.so.12"):
+    for soname in ("libcublas.so.13", "libcudnn.so.9", "libcudnn_graph.so.9.19.0", "libcublas.so.12", "libnvidia-ml.so.1"):
         node = soname.split(".so")[0] + ".so." + soname.split(".so.")[1].split(".")[0]
         (out / f"{soname}.map").write_text(f"{node} {{ global: *; }};\n")
-        cc("-shared", "-fPIC", "-o", str(lib / soname), str(out / "decoy.c"), f"-Wl,-soname,{soname}",
-           f"-Wl,--version-script={out / f'{soname}.map'}")
+        script = [] if "-" in node else [f"-Wl,--version-script={out / f'{soname}.map'}"]   # NVML has no node
+        cc("-shared", "-fPIC", "-o", str(lib / soname), str(out / "decoy.c"), f"-Wl,-soname,{soname}", *script)
     cc("-o", str(out / "dlopen_probe"), str(out / "probe.c"), "-ldl")
     # DT_RPATH (not RUNPATH), as libtorch_cuda.so has: searched before LD_LIBRARY_PATH
     cc("-DLINKED", "-o", str(out / "linked_probe"), str(out / "probe.c"), f"-L{lib}", "-l:libcublas.so.13",
@@ -152,6 +152,14 @@ def test_another_major_version_is_left_alone(rgpu_dir, decoys):
     other = decoys / "nvidia" / "lib" / "libcublas.so.12"
     done = run([decoys / "dlopen_probe", decoys / "nvidia", other], redirected(rgpu_dir))
     assert f"-> {other} version 424242" in done.stdout, done.stdout + done.stderr
+
+
+def test_nvml_does_not_load_so_torch_counts_rgpus_devices_not_this_machines(rgpu_dir, decoys):
+    """torch.cuda.device_count() asks NVML first; without it, torch asks the runtime (rgpu's)."""
+    nvml = decoys / "nvidia" / "lib" / "libnvidia-ml.so.1"
+    assert "version 424242" in run([decoys / "dlopen_probe", decoys / "nvidia", nvml], clean_env()).stdout
+    done = run([decoys / "dlopen_probe", decoys / "nvidia", nvml], redirected(rgpu_dir))
+    assert done.returncode == 3 and f"dlopen {nvml}:" in done.stdout, done.stdout + done.stderr
 
 
 def test_the_redirector_finds_its_folder_without_the_variable(rgpu_dir, decoys):
@@ -234,7 +242,8 @@ def test_the_report_names_rgpus_file_for_the_five_and_the_stock_path_for_the_res
     from rgpu.cuda_intercept import libraries
     rep = libraries.report(rgpu_dir)
     rows = {r["name"]: r for r in rep["libraries"]}
-    assert set(libraries.REPLACED) | set(libraries.STOCK) == set(rows)
+    assert set(libraries.REPLACED) | set(libraries.STOCK) | {libraries.NVML} == set(rows)
+    assert rows[libraries.NVML]["from"] == "refused"
     assert rows["libcublas.so.13"] == {"name": "libcublas.so.13", "from": "rgpu",
                                        "path": str(rgpu_dir / "libcublas.so.13"), "built": True}
     assert rows["libcuda.so.1"]["built"] is False            # this folder holds the stand-ins only
