@@ -51,6 +51,10 @@ def _run(args) -> int:
     if not argv:
         print("rgpu intercept run: name a program to run", file=sys.stderr)
         return 2
+    from .libraries import audit_available
+    if not args.preload and not audit_available():
+        print("rgpu intercept run: this loader has no audit interface (not glibc): LD_PRELOAD instead, "
+              "so a stock library opened by absolute path still loads beside rgpu's", file=sys.stderr)
     env = environment(str(build()), preload=args.preload)
     sys.stdout.flush()
     try:
