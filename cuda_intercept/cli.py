@@ -46,12 +46,11 @@ def environment(lib_dir: str, env: dict | None = None, *, preload: bool = False)
 
 
 def _run(args) -> int:
-    from .libraries import build
+    from .libraries import audit_available, build
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not argv:
         print("rgpu intercept run: name a program to run", file=sys.stderr)
         return 2
-    from .libraries import audit_available
     if not args.preload and not audit_available():
         print("rgpu intercept run: this loader has no audit interface (not glibc): LD_PRELOAD instead, "
               "so a stock library opened by absolute path still loads beside rgpu's", file=sys.stderr)
