@@ -100,7 +100,14 @@ def rows(args, env: dict, native: bool) -> list[dict]:
         rts = [g["round_trips_per_loop"] for g in got["rgpu"] if g["round_trips_per_loop"] is not None]
         if rts:
             out.append(_row("torch: round trips per loop", "count", rts, [], base))
+        images = [g["images_at_first_use"] for g in got["rgpu"] if g.get("images_at_first_use")]
+        if images:
+            # the server's image store is warm after the first run: the first run is what a new server costs
+            out.append(_row("torch: MB of module images uploaded at first use (new server)", "MB",
+                            [images[0]["bytes_uploaded"] / 1e6], [], base))
+            out.append(_row("torch: MB of module images before trimming to the server's GPU", "MB",
+                            [images[0]["bytes_before_trim"] / 1e6], [], base))
         sent = [g["bytes_out_at_first_use"] / 1e6 for g in got["rgpu"] if g["bytes_out_at_first_use"] is not None]
         if sent:
-            out.append(_row("torch: MB sent at first use (fatbins + data)", "MB", sent, [], base))
+            out.append(_row("torch: MB sent at first use (images + data)", "MB", sent, [], base))
     return out

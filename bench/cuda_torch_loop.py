@@ -21,7 +21,10 @@ def interceptor_stats():
         conn = client._client.conn if client._client is not None else None
     except Exception:       # rgpu not installed here, or not the libcuda.so.1 in this process
         return None
-    return dict(conn.stats) if conn is not None else None
+    if conn is None:
+        return None
+    from rgpu.cuda_intercept.calls_code import IMAGES   # module images: loaded, uploaded, trimmed
+    return dict(conn.stats, **{f"images_{k}": v for k, v in IMAGES.items()})
 
 
 def chain(x: torch.Tensor, ops: int) -> torch.Tensor:
@@ -53,6 +56,8 @@ def main() -> None:
     print(json.dumps({"loop_ms": statistics.median(times), "loop_ms_all": times, "first_use_s": first_s,
                       "round_trips_per_loop": statistics.median(rts) if rts else None,
                       "bytes_out_at_first_use": after_first["bytes_out"] if after_first else None,
+                      "images_at_first_use": {k[7:]: v for k, v in after_first.items() if k.startswith("images_")}
+                      if after_first else None,
                       "rgpu": after_first is not None}))
 
 
