@@ -71,5 +71,5 @@ def _coverage(args) -> int:
         with open(args.out, "w") as f:
             f.write(text)
     else:
-        print(text)
+        print(text, end="")     # the text ends its last line; the page and stdout must match
     return 0
