@@ -109,6 +109,10 @@ RT_REFUSED = {
     "cudaStreamAddCallback": "host callbacks would run on the server, not in this process",
     "cudaLaunchHostFunc": "host functions would run on the server, not in this process",
     "cudaMallocManaged": "managed memory cannot be shared with a GPU across a network",
+    "cudaMemAdvise": "managed memory cannot be shared with a GPU across a network",
+    "cudaMemPrefetchAsync": "managed memory cannot be shared with a GPU across a network",
+    "cudaStreamAttachMemAsync": "managed memory cannot be shared with a GPU across a network",
+    "cudaHostGetDevicePointer": "mapped host memory cannot be reached by a GPU across a network",
 }
 
 # Implemented, with a refusal inside for one flag or kind.

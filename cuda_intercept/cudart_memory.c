@@ -346,3 +346,45 @@ RT_API cudaError_t cudaMemPoolTrimTo(cudaMemPool_t pool, size_t minBytesToKeep) 
     cudaError_t e = rt_ctx();
     return e ? e : rt_cu(cuMemPoolTrimTo((CUmemoryPool)pool, minBytesToKeep));
 }
+
+/* ---- refused: memory the remote GPU would have to reach in this process -------------------------- */
+#define MAPPED "mapped host memory cannot be reached by a GPU across a network"
+#define MANAGED "managed memory cannot be shared with a GPU across a network"
+
+RT_API cudaError_t cudaHostGetDevicePointer(void **pDevice, void *pHost, unsigned int flags) {
+    (void)pDevice; (void)pHost; (void)flags;
+    refuse("cudaHostGetDevicePointer", MAPPED);
+    return rt_ret(cudaErrorNotSupported);
+}
+
+static cudaError_t managed(const char *what) {
+    refuse(what, MANAGED);
+    return rt_ret(cudaErrorNotSupported);
+}
+
+RT_API cudaError_t cudaStreamAttachMemAsync(cudaStream_t s, void *p, size_t n, unsigned int flags) {
+    (void)s; (void)p; (void)n; (void)flags;
+    return managed("cudaStreamAttachMemAsync");
+}
+
+RT_API cudaError_t cudaStreamAttachMemAsync_ptsz(cudaStream_t s, void *p, size_t n, unsigned int flags) {
+    (void)s; (void)p; (void)n; (void)flags;
+    return managed("cudaStreamAttachMemAsync");
+}
+
+RT_API cudaError_t cudaMemPrefetchAsync(const void *p, size_t n, struct cudaMemLocation loc, unsigned int flags,
+                                        cudaStream_t s) {
+    (void)p; (void)n; (void)loc; (void)flags; (void)s;
+    return managed("cudaMemPrefetchAsync");
+}
+
+RT_API cudaError_t cudaMemPrefetchAsync_ptsz(const void *p, size_t n, struct cudaMemLocation loc, unsigned int flags,
+                                             cudaStream_t s) {
+    (void)p; (void)n; (void)loc; (void)flags; (void)s;
+    return managed("cudaMemPrefetchAsync");
+}
+
+RT_API cudaError_t cudaMemAdvise(const void *p, size_t n, enum cudaMemoryAdvise advice, struct cudaMemLocation loc) {
+    (void)p; (void)n; (void)advice; (void)loc;
+    return managed("cudaMemAdvise");
+}
