@@ -69,6 +69,9 @@ class Extension:
         def produce(staging: Path) -> None:
             from torch.utils import cpp_extension
 
+            from .toolchain import check_torch_build
+
+            check_torch_build()  # a missing compiler, header or ninja named with its install command, not torch's pages
             # torch's builder loads what it built (from staging): this process keeps that module, as
             # a second copy of the library from the cache would register its kernels twice
             with contextlib.nullcontext() if verbose else native.capturing(f"building {self.note or self.kind}"):

@@ -195,3 +195,19 @@ def test_rgpu_build_list_shows_every_part_without_building_any(tmp_path):
     assert all("not built" in line or "skipped" in line for line in lines[:len(parts.PARTS)])
     assert "rgpu: building" not in done.stderr
     assert not list(tmp_path.rglob("*.so*"))
+
+
+def test_a_torch_extension_that_fails_to_compile_is_one_build_error_with_the_compilers_lines(tmp_path, cache):
+    pytest.importorskip("torch", reason="torch builds the C++ parts")
+    from rgpu import toolchain, torch_ext
+
+    try:
+        toolchain.check_torch_build()
+    except BuildError as exc:
+        pytest.skip(f"this host cannot build torch extensions: {exc}")
+    (tmp_path / "broken.cpp").write_text('#error "rgpu test: this part does not compile"\n')
+    ext = torch_ext.Extension("broken_ext", tmp_path, ("broken.cpp",), note="a broken test part")
+    with pytest.raises(BuildError) as info:
+        ext.load()
+    assert "this part does not compile" in str(info.value)
+    assert "BuildError" in native.why_not("broken_ext") and not ext.built()
