@@ -9,6 +9,7 @@ acceptor waits ``GRACE_S`` for its workers before it kills them.
 from __future__ import annotations
 
 import signal
+import threading
 
 GRACE_S = 10.0
 REASON = ("the server is shutting down (rgpu serve was stopped with SIGTERM); this session's state is gone: "
@@ -27,7 +28,9 @@ class StopSignal:
         self.idle = False
 
     def install(self) -> "StopSignal":
-        signal.signal(signal.SIGTERM, self._on_term)
+        """Take SIGTERM, in a worker's main thread (a session served on another thread, in tests, keeps its own)."""
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_term)
         return self
 
     def _on_term(self, signum, frame) -> None:
