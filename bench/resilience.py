@@ -1,14 +1,16 @@
 """``rgpu bench resilience``: an authenticated handshake while strangers flood the server's port.
 
     rgpu bench resilience --json [--repeats 7] [--flood 256] [--tls]
-    python -m rgpu.bench.resilience --json --flood 256
+    python -m rgpu.bench.resilience --json --flood 256 [--tls]
 
 The flood is another process (``python -m rgpu.bench.resilience --flood-at HOST:PORT``) holding
 ``--flood`` connections open on the port: idle ones (connect, never a byte) and dribbling ones
 (a frame header's bytes, one a second); a connection the server closes is opened again, so the
 count holds however the server sheds them. It stops by itself. Value: ``connect("echo")`` (TCP
 connect, the handshake to WELCOME) with the flood on; baseline: the same with no flood, the two
-interleaved, each against a server that has had time to start its next spare worker.
+interleaved, each against a server that has had time to start its next spare worker. Rows: the
+default bounds (the flood churns among itself), bounds above the flood (all of it held at once),
+and with ``--tls`` a TLS server (its flood dribbles a TLS record).
 """
 from __future__ import annotations
 
@@ -17,9 +19,12 @@ import os
 import secrets
 import select
 import socket
+import ssl
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 from rgpu.bench import harness
 
@@ -107,39 +112,61 @@ def handshake_ms(settings) -> float:
     return elapsed
 
 
-def rows(args=None) -> list[dict]:
+def _pin(token_file: Path) -> str:
+    """The fingerprint of the self-signed certificate ``rgpu serve --tls`` made beside ``token_file``."""
+    from rgpu.transport import tls
+
+    pem = (token_file.parent / tls.CERT_NAME).read_text()
+    return tls.fingerprint(ssl.PEM_cert_to_DER_cert(pem))
+
+
+def _one(count: int, repeats: int, tls: bool = False, env: dict | None = None, what: str = "") -> dict:
+    """The handshake with the flood on beside it with none, interleaved, against a fresh local server."""
     from rgpu import config
     from rgpu.transport.local_server import LocalServer
 
+    token = secrets.token_urlsafe(32)
+    with tempfile.TemporaryDirectory() as folder:
+        token_file = Path(folder) / "token"
+        server = LocalServer(token, ["--preload", "", "--spare-workers", "2", *(["--tls"] if tls else [])],
+                             env={**_clean_env(), "RGPU_TOKEN_FILE": str(token_file), **(env or {})})
+        try:
+            s = config.settings(environ={}, server=server.address, token=token, transport="tcp",
+                                connect_timeout=120.0, tls_fingerprint=_pin(token_file) if tls else None)
+            time.sleep(SETTLE_S)
+            handshake_ms(s)   # warm: the client's imports, the server's first spare
+
+            def flooded() -> float:
+                f = Flood(server.address, count, tls=tls)
+                try:
+                    return handshake_ms(s)
+                finally:
+                    f.stop()
+                    time.sleep(SETTLE_S)
+
+            def quiet() -> float:
+                try:
+                    return handshake_ms(s)
+                finally:
+                    time.sleep(SETTLE_S)
+
+            result = harness.compare(flooded, quiet, repeats)
+        finally:
+            server.stop()
+    return harness.row("resilience", "tcp+tls" if tls else "tcp",
+                       f"authenticated handshake under a flood of {count} connections{what}", None, result,
+                       "the handshake with no flood", unit="ms", delay_ms=result["value"] - result["baseline"])
+
+
+def rows(args=None) -> list[dict]:
     repeats = 3 if getattr(args, "quick", False) else harness.repeats_of(args, 5)
     count = int(getattr(args, "flood", None) or DEFAULT_FLOOD)
-    token = secrets.token_urlsafe(32)
-    server = LocalServer(token, ["--preload", "", "--spare-workers", "2"], env=_clean_env())
-    try:
-        s = config.settings(environ={}, server=server.address, token=token, transport="tcp", connect_timeout=120.0)
-        time.sleep(SETTLE_S)
-        handshake_ms(s)   # warm: the client's imports, the server's first spare
-
-        def flooded() -> float:
-            f = Flood(server.address, count)
-            try:
-                return handshake_ms(s)
-            finally:
-                f.stop()
-                time.sleep(SETTLE_S)
-
-        def quiet() -> float:
-            try:
-                return handshake_ms(s)
-            finally:
-                time.sleep(SETTLE_S)
-
-        result = harness.compare(flooded, quiet, repeats)
-    finally:
-        server.stop()
-    return [harness.row("resilience", "tcp", f"authenticated handshake under a flood of {count} connections",
-                        None, result, "the handshake with no flood", unit="ms",
-                        delay_ms=result["value"] - result["baseline"])]
+    out = [_one(count, repeats),
+           _one(count, repeats, env={"RGPU_MAX_UNAUTH_PER_SOURCE": str(4 * count)},
+                what=" (bounds above it: every one held)")]
+    if getattr(args, "tls", False):
+        out.append(_one(count, repeats, tls=True))
+    return out
 
 
 def _clean_env() -> dict:
@@ -158,7 +185,8 @@ def main(argv=None) -> int:
         flood(host, int(port), known.flood, known.seconds, dribble=DRIBBLE_TLS if known.flood_tls else DRIBBLE)
         return 0
     return harness.main(rows, rest + ["--flood", str(known.flood)], __doc__, repeats=5,
-                        flags={"--flood": {"type": int, "default": DEFAULT_FLOOD, "help": "connections in the flood"}})
+                        flags={"--flood": {"type": int, "default": DEFAULT_FLOOD, "help": "connections in the flood"},
+                               "--tls": {"action": "store_true", "help": "also against a TLS server"}})
 
 
 if __name__ == "__main__":
