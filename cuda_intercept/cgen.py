@@ -16,8 +16,15 @@ CUDA_SUCCESS = 0
 CUDA_ERROR_DEINITIALIZED = 4
 CUDA_ERROR_NOT_INITIALIZED = 3
 # After finalisation, releasing something is a success (the session ends and the
-# server frees it all anyway); anything else is the driver shutting down.
-_RELEASE = re.compile(r"(Destroy|Free|Unload|Release|Unregister|Reset)")
+# server frees it all anyway), and so is the bookkeeping a library's destructors do
+# while the process exits (torch's pinned-memory cache records an event as a tensor
+# dies, and aborts on an error there; the stock driver is still up at that point);
+# anything else is the driver shutting down.
+_RELEASE = re.compile(r"(Destroy|Free|Unload|Release|Unregister|Reset|EventRecord|EventQuery|EventSynchronize"
+                      r"|StreamWaitEvent|StreamQuery|StreamSynchronize|CtxSynchronize)")
+# ... and a new event is a handle nobody will use (its value never names a server's event).
+_AFTER_EXIT = {"cuEventCreate": "if (phEvent) *phEvent = (CUevent)(uintptr_t)(0xEE00000000000000ull + "
+                                "__atomic_add_fetch(&rgpu_exit_events, 1, __ATOMIC_RELAXED));"}
 
 
 def _c_string(text: str) -> str:
@@ -55,6 +62,8 @@ def _wrapper(fn: Function) -> str:
     else:
         if fn.name in C_ANSWERED:
             body += [f"CUresult r = rgpu_fast_{fn.name}({fn.arg_names});", "if (r != RGPU_PY) return r;"]
+        if fn.base in _AFTER_EXIT:
+            body.append(f"if (rgpu_finalized) {{ {_AFTER_EXIT[fn.base]} return CUDA_SUCCESS; }}")
         body += [f"if (rgpu_finalized) return (CUresult){after_exit};",
                  f"if (rgpu_start() != 0) return (CUresult){CUDA_ERROR_NOT_INITIALIZED};",
                  f"return {python_name(fn.name)}({fn.arg_names});"]
@@ -66,4 +75,5 @@ def wrappers(api: Api) -> str:
     """Forward declarations of the extern "Python" functions, then every exported wrapper."""
     decls = [f"static {fn.prototype(python_name(fn.name))};"
              for fn in api.functions.values() if fn.name not in C_ONLY]
-    return "\n".join(decls) + "\n\n" + "\n".join(_wrapper(fn) for fn in api.functions.values())
+    return ("\n".join(decls) + "\n\nstatic uint64_t rgpu_exit_events;   /* events made after exit */\n\n"
+            + "\n".join(_wrapper(fn) for fn in api.functions.values()))

@@ -163,3 +163,31 @@ def test_a_python_host_that_used_capsules_still_starts_the_interceptor(tmp_path)
     script.write_text(CAPSULE_FIRST.format(tests=str(VECADD_C.parent.parent / "tests")))
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=clean_env())
     assert done.returncode == 0 and "started" in done.stdout, done.stderr
+
+
+AT_EXIT_SCRIPT = textwrap.dedent("""
+    import atexit, ctypes
+    def late():   # registered first, so it runs after the interceptor's own exit handler
+        cu = ctypes.CDLL("libcuda.so.1")
+        ev = ctypes.c_void_p()
+        ptr = ctypes.c_uint64()
+        made = cu.cuEventCreate(ctypes.byref(ev), 0)
+        print("after exit:", made, bool(ev.value), cu.cuEventRecord(ev, None), cu.cuEventDestroy_v2(ev),
+              cu.cuMemAlloc_v2(ctypes.byref(ptr), 64), flush=True)
+    atexit.register(late)
+    cu = ctypes.CDLL("libcuda.so.1")
+    ctx = ctypes.c_void_p()
+    assert cu.cuInit(0) == 0 and cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+    assert cu.cuCtxSetCurrent(ctx) == 0
+    print("running", flush=True)
+""")
+
+
+def test_bookkeeping_calls_made_while_the_process_exits_succeed_and_new_work_is_refused(tmp_path, rgpu_server):
+    # torch's pinned-memory cache records an event as a tensor dies at exit and aborts on an error there
+    build_shim_or_skip()
+    script = tmp_path / "at_exit.py"
+    script.write_text(AT_EXIT_SCRIPT)
+    done = run([sys.executable, script], rgpu_server)
+    assert done.returncode == 0, done.stderr
+    assert "after exit: 0 True 0 0 4" in done.stdout, done.stdout + done.stderr   # 4: CUDA_ERROR_DEINITIALIZED
