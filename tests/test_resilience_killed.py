@@ -17,7 +17,6 @@ import sys
 import threading
 import time
 
-import numpy as np
 import pytest
 import torch
 
@@ -33,7 +32,6 @@ aten = torch.ops.aten
 
 VICTIM = r'''
 import random, sys
-import numpy as np
 from rgpu.transport.client import connect
 from rgpu.protocol.ops import DTYPES, Msg
 assert "torch" not in sys.modules
