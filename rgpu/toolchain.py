@@ -83,6 +83,9 @@ def ensure_ninja() -> str | None:
 def check_torch_build() -> str:
     """The C++ compiler's path once everything a torch extension needs is here; else one BuildError naming
     each missing part and the command that installs it."""
+    from . import excepthook
+
+    excepthook.install()   # a build that cannot run ends the program in one clear line
     missing = []
     try:
         compiler = find_compiler()

@@ -9,6 +9,7 @@ handshake (TLS state cannot cross processes), once the client's first record is 
 from __future__ import annotations
 
 import ipaddress
+import json
 import logging
 import os
 import signal
@@ -25,11 +26,15 @@ from rgpu.errors import RgpuError
 from rgpu.transport import handshake, tcp, tls, tokens
 from rgpu.transport.tcp import TcpTransport
 
-from . import routes
+from . import routes, warmup
 from .gate import Admitted, Gate
 from .stopping import GRACE_S
 
 log = logging.getLogger("rgpu.server")
+
+# what a client waiting for the first warm worker is told (warmup.py sends it every few seconds)
+WARMING = ("its worker is starting: importing torch and, the first time on this machine, building its C++ "
+           "parts, once; the server's log shows each build")
 
 
 @dataclass
@@ -37,6 +42,7 @@ class Worker:
     proc: subprocess.Popen
     control: socket.socket
     started: float
+    ready: bool = False       # warm: it said so on its control socket (warmup.py)
 
 
 def is_loopback(host: str) -> bool:
@@ -75,6 +81,8 @@ class Server:
         self.address = self.listener.getsockname()[:2]
         self.sessions: list[Worker] = []
         self.spares: list[Worker] = []
+        self.room = warmup.WaitingRoom()   # authenticated connections waiting for a warm worker
+        self.device: str | None = None     # what the ops run on, once a warm worker said
         self._stop = threading.Event()
 
     # ---- workers -------------------------------------------------------------------
@@ -82,7 +90,7 @@ class Server:
     def _start_worker(self) -> Worker:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         cmd = [sys.executable, "-m", "rgpu.server.worker", "--control-fd", str(theirs.fileno()),
-               "--preload", self.preload]
+               "--preload", self.preload, "--overrides", json.dumps(self.overrides)]
         proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
         theirs.close()
         return Worker(proc, mine, time.monotonic())
@@ -90,6 +98,36 @@ class Server:
     def _fill_spares(self) -> None:
         while len(self.spares) < max(1, self.settings.spare_workers):
             self.spares.append(self._start_worker())
+
+    def _poll_spares(self) -> None:
+        """Each spare that is still warming up: its control message says it is warm (and what the ops run on);
+        an empty read, that it died."""
+        for w in list(self.spares):
+            if w.ready:
+                continue
+            try:
+                data = w.control.recv(4096, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
+                data = b""
+            got = warmup.read_ready(data) if data else None
+            if got is None:
+                log.warning("a spare worker (pid %d) ended while warming up", w.proc.pid)
+                self.spares.remove(w)
+                w.control.close()
+                w.proc.kill()
+                self._fill_spares()
+                continue
+            w.ready = True
+            if got.get("device") and self.device is None:
+                self.device = got["device"]
+                print(f"rgpu serve: ops run on {self.device}", file=self.out, flush=True)
+
+    def _take_spare(self) -> Worker:
+        worker = next((w for w in self.spares if w.ready), self.spares[0])   # (the waiting room sends none cold)
+        self.spares.remove(worker)
+        return worker
 
     def _reap(self) -> None:
         for w in list(self.sessions):
@@ -119,7 +157,7 @@ class Server:
         try:
             for _ in range(3):  # a spare that died (a failed preload, say) gets the next one its connection
                 self._fill_spares()
-                worker = self.spares.pop(0)
+                worker = self._take_spare()
                 try:
                     socket.send_fds(worker.control, [msgpack.packb(details)], [sock.fileno()])
                 except OSError as exc:
@@ -180,18 +218,23 @@ class Server:
         gate = Gate(self.listener, self.token, self.settings, routes.available(), tls_cert)
         try:
             while not self._stop.is_set():
-                ready = gate.turn(0.5)
+                ready = gate.turn(0.1 if self.room else 0.5)
                 if self._parent_gone():
                     break
                 if not ready:
                     self._reap()
+                self._poll_spares()
                 for admitted in ready:
                     tcp.tune(admitted.sock)
+                    self.room.add(admitted)
+                for admitted in self.room.leaving(sum(w.ready for w in self.spares)):
                     try:
                         self._hand_over(admitted.sock, admitted.peer, admitted)
                     except RgpuError as exc:
                         log.warning("dropped a connection from %s: %s", admitted.peer, exc)
+                self.room.nudge(WARMING)
         finally:
+            self.room.close()
             gate.close()
             self.shutdown()
 

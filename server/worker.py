@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import socket
 import sys
@@ -24,7 +25,7 @@ from rgpu.transport.shm_native import SERVE_RAISED, SERVE_REPLY
 from rgpu.transport.tcp import TcpTransport
 from rgpu.transport.wire import Limits, MsgKind
 
-from . import routes
+from . import routes, warmup
 from .routes.base import Session
 from .stopping import REASON as STOPPING, Stopping, StopSignal
 
@@ -200,10 +201,27 @@ def run_session(sock: socket.socket, d: dict) -> None:
     serve_session(transport, session, negotiate.server_offer(hello.transports, s))
 
 
+def describe_device(s) -> str:
+    """What this server's ops run on, in words (``rgpu serve`` prints it once)."""
+    from rgpu.server.routes.ops import pick_devices
+
+    try:
+        kind, devices, names = pick_devices(s)
+    except Exception as exc:
+        return f"no device: {exc}"
+    if kind == "cuda":
+        return f"cuda: {len(names)} GPU{'s' if len(names) > 1 else ''} ({', '.join(sorted(set(names)))})"
+    if s.device == "auto":
+        return ("the CPU: --device auto found no usable CUDA device here (torch.cuda.is_available() is False); "
+                "--device cuda insists on a GPU")
+    return f"the CPU (--device cpu, {len(devices)} device{'s' if len(devices) > 1 else ''})"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="rgpu-worker")
     parser.add_argument("--control-fd", type=int, required=True)
     parser.add_argument("--preload", default="")
+    parser.add_argument("--overrides", default="{}", help="the server's settings overrides, as JSON")
     args = parser.parse_args(argv)
     control = socket.socket(fileno=args.control_fd)
     for name in filter(None, args.preload.split(",")):
@@ -211,11 +229,22 @@ def main(argv=None) -> int:
             __import__(name)  # warm the spare before a session needs it (torch takes seconds)
         except ImportError:
             pass
+    s = config.settings(**json.loads(args.overrides))
     # the shm copy's compile (numba, a second or more) happens here, while no session waits: in a
     # background thread during a session it would hold the GIL against every call (5 ms a switch)
     from rgpu.transport import fastcopy, shm_fast
     fastcopy.warm_up()
-    shm_fast.load(config.settings().shm_c)   # shm's C path: built once per machine, loaded here, not mid-handshake
+    shm_fast.load(s.shm_c)   # shm's C path: built once per machine, loaded here, not mid-handshake
+    device = None
+    if "torch" in sys.modules:   # preloaded: the ops route's C++ op path built now, before a session waits on it
+        from rgpu.server.ops import fast_op
+
+        fast_op.load(s.server_c)
+        device = describe_device(s)
+    try:
+        control.send(warmup.ready_message(device))   # warm: the acceptor hands this worker the next connection
+    except OSError:
+        return 0
     got = receive_session(control)
     control.close()
     if got is not None:

@@ -1,9 +1,12 @@
 """``connect(route)``: a ready, authenticated connection to the server the settings name."""
 from __future__ import annotations
 
+import sys
+import time
 import uuid
 
-from rgpu import config
+from rgpu import config, excepthook
+from rgpu.errors import ConnectionLost, Timeout
 
 from . import handshake, local_server, negotiate, tcp, tls, tokens
 from .connection import Connection
@@ -23,6 +26,7 @@ def resolve(settings) -> tuple[str, int, bytes]:
 def connect(route: str, *, settings=None, server: str | None = None, token: str | None = None,
             session: str | None = None, options: dict | None = None) -> Connection:
     """Connect, authenticate and open a session on ``route`` ("ops", "cuda", "echo")."""
+    excepthook.install()   # an error that ends the program: one clear last line, without rgpu's frames
     s = settings or config.settings()
     if server is not None or token is not None:
         s = s.with_(**{k: v for k, v in (("server", server), ("token", token)) if v is not None})
@@ -36,9 +40,22 @@ def connect(route: str, *, settings=None, server: str | None = None, token: str 
     limits = Limits.from_settings(s)
     hello = handshake.Hello(route=route, session=session or uuid.uuid4().hex, versions=handshake.software_versions(),
                             transports=offer, options=options or {})
+    where, phase = f"{host}:{port}", "handshake"
+    waiting = _Waiting(where, sock)
     try:
-        welcome = handshake.client_handshake(transport, secret, hello, limits)
+        welcome = handshake.client_handshake(transport, secret, hello, limits, waiting)
+        waiting.done()
+        phase = "transport upgrade"
         transport = negotiate.client_upgrade(transport, welcome, s)  # shm / ucx when both ends can
+    except Timeout:
+        transport.close()
+        what = "rgpu handshake" if phase == "handshake" else "answer to the transport upgrade"
+        raise Timeout(f"no {what} from {where} within {s.connect_timeout:g} s: is it an rgpu server? "
+                      "(RGPU_CONNECT_TIMEOUT waits longer)") from None
+    except ConnectionLost as exc:
+        transport.close()
+        raise ConnectionLost(f"{where} closed the connection during the {phase} ({exc}): is it an rgpu server "
+                             "of this version? its log says why") from None
     except BaseException:
         transport.close()
         raise
@@ -50,3 +67,26 @@ def connect(route: str, *, settings=None, server: str | None = None, token: str 
 
         transport = DelayTransport(transport, s.sim_rtt_ms / 1000.0)
     return Connection(transport, s, welcome, limits)
+
+
+class _Waiting:
+    """The handshake's ``on_wait``: one line on stderr when the server first says it is warming up, one when
+    it is ready. Each WAIT re-arms the socket's timeout, at least three of the server's intervals between
+    them: a warm-up of any length is waited for, a server that stops saying so is not."""
+
+    def __init__(self, where: str, sock):
+        self.where, self.sock, self.since = where, sock, None
+
+    def __call__(self, meta: dict) -> None:
+        every = meta.get("every_s")
+        if isinstance(every, (int, float)) and every > 0:
+            self.sock.settimeout(max(self.sock.gettimeout() or 0.0, 3.0 * every))
+        if self.since is None:
+            self.since = time.monotonic()
+            print(f"rgpu: the server at {self.where} is warming up ({meta.get('message', 'starting a worker')}); "
+                  "waiting for it", file=sys.stderr, flush=True)
+
+    def done(self) -> None:
+        if self.since is not None:
+            print(f"rgpu: the server at {self.where} is ready (waited {time.monotonic() - self.since:.1f} s)",
+                  file=sys.stderr, flush=True)

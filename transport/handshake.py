@@ -7,7 +7,11 @@
     checks the server knows the token
     PROOF {proof=H("client"|sn|cn|session)} ->
                                              checks it (constant time); nothing runs before this
+                                          <- WAIT {message, waited_s, every_s}  every few s while no worker is warm
                                           <- WELCOME {session, transports, info}  or REFUSED {code, message}
+
+A client that finds the server's proof wrong says so (REFUSED auth) before it hangs up, so the
+server's log reads "wrong token" rather than a closed connection.
 
 Either side refuses a protocol version it does not speak (VersionMismatch on both).
 """
@@ -65,10 +69,13 @@ def _send(t: Transport, kind: MsgKind, meta) -> None:
     t.send(t.frame_parts(kind, 0, 0, meta, []))
 
 
-def _recv(t: Transport, limits: Limits, expected: MsgKind):
+def _recv(t: Transport, limits: Limits, expected: MsgKind, on_wait=None):
     limits = Limits(min(limits.max_frame_bytes, HANDSHAKE_LIMITS.max_frame_bytes),
                     min(limits.max_meta_bytes, HANDSHAKE_LIMITS.max_meta_bytes), 0)
     frame = t.recv_frame(limits, _pool)
+    while frame.kind == MsgKind.WAIT and on_wait is not None:   # the server warms up: each WAIT re-arms our timeout
+        on_wait(frame.meta if isinstance(frame.meta, dict) else {})
+        frame = t.recv_frame(limits, _pool)
     if frame.kind == MsgKind.REFUSED:
         meta = frame.meta if isinstance(frame.meta, dict) else {}
         code, message = meta.get("code"), str(meta.get("message", "refused"))
@@ -97,8 +104,9 @@ def _field(meta: dict, name: str, kind: type):
     return value
 
 
-def client_handshake(t: Transport, token: bytes, hello: Hello, limits: Limits) -> dict:
-    """Run the client side; returns the WELCOME dict (plus the server's versions)."""
+def client_handshake(t: Transport, token: bytes, hello: Hello, limits: Limits, on_wait=None) -> dict:
+    """Run the client side; returns the WELCOME dict (plus the server's versions). ``on_wait(meta)`` is called
+    for each WAIT the server sends while it warms up (without it, a WAIT is a protocol error)."""
     cn = os.urandom(NONCE_BYTES)
     _send(t, MsgKind.HELLO, {"proto": PROTOCOL_VERSION, "versions": hello.versions, "route": hello.route,
                              "session": hello.session, "transports": hello.transports, "nonce": cn,
@@ -106,9 +114,10 @@ def client_handshake(t: Transport, token: bytes, hello: Hello, limits: Limits) -
     challenge = _recv(t, limits, MsgKind.CHALLENGE)
     sn = _field(challenge, "nonce", bytes)
     if not hmac.compare_digest(_field(challenge, "proof", bytes), _proof(token, b"server", cn, sn, hello.session)):
+        refuse(t, "auth", "wrong token: the client holds a different token (the server's proof did not match it)")
         raise AuthenticationError("the server does not know our token (wrong RGPU_TOKEN, or not the server you meant)")
     _send(t, MsgKind.PROOF, {"proof": _proof(token, b"client", sn, cn, hello.session)})
-    welcome = _recv(t, limits, MsgKind.WELCOME)
+    welcome = _recv(t, limits, MsgKind.WELCOME, on_wait)
     welcome["server_versions"] = challenge.get("versions", {})
     return welcome
 
@@ -150,7 +159,11 @@ def server_hello(t: Transport, token: bytes, limits: Limits, versions: dict | No
 
 def server_proof(t: Transport, token: bytes, limits: Limits, routes: set[str], hello: Hello, sn: bytes) -> Hello:
     """The server's second half: read PROOF and check it (constant time), then the route."""
-    proof = _recv(t, limits, MsgKind.PROOF)
+    try:
+        proof = _recv(t, limits, MsgKind.PROOF)
+    except AuthenticationError:   # the client's REFUSED: our proof did not match its token
+        raise AuthenticationError(f"client {hello.session!r}: wrong token (it holds a different one and "
+                                  "refused this server's proof)") from None
     if not hmac.compare_digest(_field(proof, "proof", bytes), _proof(token, b"client", sn, hello.nonce, hello.session)):
         refuse(t, "auth", "wrong token")
         raise AuthenticationError(f"client {hello.session!r} sent a wrong token proof")
