@@ -32,6 +32,7 @@ aten = torch.ops.aten
 
 VICTIM = r'''
 import random, sys
+import numpy as np
 from rgpu.transport.client import connect
 from rgpu.protocol.ops import DTYPES, Msg
 assert "torch" not in sys.modules
