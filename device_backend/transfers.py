@@ -104,6 +104,10 @@ class Transfers:
         """Ask the server to write bytes ``offset``.. of ``desc`` into ``into``, shared memory it maps."""
         with self.s.lock:
             fut = self.s.conn.request([Msg.DOWNLOAD, self.s.C.drain_events(), desc, offset], [into])
+            # what the connection counted as sent is the server's reply, written in place: rgpu.stats() says so
+            stats, n = self.s.conn.stats, memoryview(into).nbytes
+            stats["bytes_out"] -= n
+            stats["bytes_in"] += n
         return fut
 
     def _download_stages(self) -> bool:

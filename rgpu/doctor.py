@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from . import config
-from .errors import AuthenticationError, ConfigError, RemoteError, RgpuError, VersionMismatch
+from .errors import AuthenticationError, ConfigError, RemoteError, RgpuError, Timeout, VersionMismatch
 
 MiB = 1 << 20
 
@@ -41,6 +41,7 @@ class Context:
         self.address = settings.server_address()
         self.conn = None
         self.transport_why: str | None = None
+        self.local = False   # the checks run against a local server started for them
 
 
 # ---- the checks, in order -----------------------------------------------------------------
@@ -53,6 +54,7 @@ def check_server(ctx: Context) -> Check:
         local = local_server.shared(ctx.s)
         ctx.s = ctx.s.with_(server=local.address, token=local.token)
         ctx.address = (local.host, local.port)
+        ctx.local = True
         return Check("server", "ok", f"RGPU_SERVER is not set: checked a local server on {local.address} "
                      "(this machine's CPU; point RGPU_SERVER at a GPU host or use `rgpu run --ssh`)",
                      data={"address": local.address, "local": True})
@@ -92,12 +94,26 @@ def check_auth(ctx: Context) -> Check:
         return Check("auth", "fail", f"protocol versions differ: {exc}", "install the same rgpu version on both ends")
     except ConfigError as exc:
         return Check("auth", "fail", str(exc), "make the client's RGPU_TLS settings match the server's --tls")
+    except Timeout as exc:
+        return Check("auth", "fail", f"{type(exc).__name__}: {exc}",
+                     f"something at {ctx.address[0]}:{ctx.address[1]} accepts connections but does not speak rgpu: "
+                     "point RGPU_SERVER (or --server) at the port `rgpu serve` printed")
     except RgpuError as exc:
         return Check("auth", "fail", f"{type(exc).__name__}: {exc}", "see the server's log for why it refused")
     finally:
         logger.removeHandler(heard)
         logger.setLevel(level)
-    return Check("auth", "ok", "both ends proved they hold the same token (mutual HMAC); the token never crossed")
+    return Check("auth", "ok", "both ends proved they hold the same token (mutual HMAC); the token never crossed; "
+                 f"it is {_token_source(ctx)}", data={"token": _token_source(ctx)})
+
+
+def _token_source(ctx: Context) -> str:
+    """Where the token came from, in words: never the token itself."""
+    if ctx.local:
+        return "the local server's own (made for this process)"
+    if ctx.s.token is not None:
+        return "set, from RGPU_TOKEN (not shown)"
+    return f"set, from the token file {ctx.s.token_path} (not shown)"
 
 
 class _Heard(logging.Handler):
@@ -184,9 +200,53 @@ def check_speed(ctx: Context) -> Check:
     up = statistics.median(_upload_seconds(conn, size) for _ in range(3))
     both = statistics.median(_echo_seconds(conn, size) for _ in range(3))
     data = {"rtt_us": rtt_us, "size": size, "upload_GBps": size / up / 1e9, "echo_GBps": 2 * size / both / 1e9}
-    detail = (f"round trip {rtt_us:.0f} µs (median of 30); {size // MiB} MiB: upload {data['upload_GBps']:.2f} GB/s, "
-              f"echo {data['echo_GBps']:.2f} GB/s counting both ways")
+    detail = (f"round trip {rtt_us:.0f} µs (median of 30); the transport raw, {size // MiB} MiB: upload "
+              f"{data['upload_GBps']:.2f} GB/s, echo {data['echo_GBps']:.2f} GB/s counting both ways")
+    tensors = _tensor_speed(ctx)
+    data.update(tensors)
+    if "to_rgpu_GBps" in tensors:
+        detail += (f"; a {TENSOR_BYTES // MiB} MiB tensor as your code moves it: .to(\"rgpu\") "
+                   f"{tensors['to_rgpu_GBps']:.2f} GB/s, .cpu() {tensors['cpu_GBps']:.2f} GB/s")
+    else:
+        detail += f"; a tensor's .to(\"rgpu\") and .cpu() not measured: {tensors['tensor_error']}"
     return Check("speed", "ok", detail, data=data)
+
+
+TENSOR_BYTES = 64 * MiB
+# In a child: the device session is process-wide, and this measures what a user's own process gets.
+_TENSOR_SCRIPT = r"""
+import json, statistics, time, torch, rgpu
+x = torch.ones(%d // 4)
+y = x.to("rgpu"); y.cpu()                                          # the first use: connect, warm up
+up, down = [], []
+for _ in range(3):
+    t0 = time.perf_counter(); y = x.to("rgpu"); torch.rgpu.synchronize(); up.append(time.perf_counter() - t0)
+    t0 = time.perf_counter(); z = y.cpu(); down.append(time.perf_counter() - t0)
+print(json.dumps({"to_rgpu_GBps": x.nbytes / statistics.median(up) / 1e9,
+                  "cpu_GBps": x.nbytes / statistics.median(down) / 1e9}))
+""" % TENSOR_BYTES
+
+
+def _tensor_speed(ctx: Context) -> dict:
+    """What ``x.to("rgpu")`` and ``x.cpu()`` of a 64 MiB tensor get, measured in a child process; or why not."""
+    import os
+    import subprocess
+
+    if importlib.util.find_spec("torch") is None:
+        return {"tensor_error": "torch is not installed here"}
+    from rgpu.transport.client import resolve
+
+    host, port, token = resolve(ctx.s)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RGPU_") or k.startswith("RGPU_TLS")}
+    env.update(RGPU_SERVER=f"{host}:{port}", RGPU_TOKEN=token.decode(), RGPU_TRANSPORT=ctx.s.transport)
+    try:   # (its stderr is the user's: a first use's build line shows there)
+        done = subprocess.run([sys.executable, "-c", _TENSOR_SCRIPT], env=env, stdout=subprocess.PIPE, text=True,
+                              timeout=900, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return {"tensor_error": "the measurement took longer than 900 s"}
+    if done.returncode != 0:
+        return {"tensor_error": f"the device route failed (exit {done.returncode}; its error is above)"}
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _upload_seconds(conn, size: int) -> float:

@@ -103,3 +103,21 @@ def test_a_server_whose_cpp_op_path_failed_to_build_is_a_warning_with_the_fix(mo
     assert check.status == ("warn" if failed else "ok")
     assert "ops run through Python" in check.detail
     assert ("C++ compiler" in (check.fix or "")) == failed
+
+
+def test_doctor_names_where_the_token_came_from_and_never_prints_it(rgpu_server):
+    for flags in ([], ["--json"]):
+        done = subprocess.run([sys.executable, "-m", "rgpu", "doctor", "--server", rgpu_server.address, *flags],
+                              capture_output=True, text=True, timeout=600,
+                              env=clean_env(RGPU_TOKEN=rgpu_server.token))
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert rgpu_server.token not in done.stdout + done.stderr
+        assert "set, from RGPU_TOKEN (not shown)" in done.stdout
+
+
+def test_the_speed_check_gives_a_tensors_to_rgpu_and_cpu_beside_the_transports_raw_figure(rgpu_server):
+    checks = by_name(doctor.run_checks(rgpu_server.settings()))
+    data = checks["speed"].data
+    assert data["upload_GBps"] > 0 and data["to_rgpu_GBps"] > 0 and data["cpu_GBps"] > 0, checks["speed"].detail
+    assert 'a 64 MiB tensor as your code moves it: .to("rgpu")' in checks["speed"].detail
+    assert "the transport raw" in checks["speed"].detail
