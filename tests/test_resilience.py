@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import signal
 import socket
+import ssl
 import statistics
 import subprocess
 import time
@@ -150,3 +151,23 @@ def test_both_ends_of_a_session_keep_tcp_keepalive_on_so_a_silently_dead_peer_is
         return "keepalive" in out
 
     wait_until(server_end_keeps_alive, 10, "the server's end of the session to show a keepalive timer")
+
+
+def test_a_tls_stranger_that_stalls_after_its_client_hello_is_dropped_within_the_auth_timeout(start_server):
+    server = start_server("--tls", env={"RGPU_AUTH_TIMEOUT": "1"})
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    try:
+        ctx.wrap_bio(incoming, outgoing).do_handshake()
+    except ssl.SSLWantReadError:
+        pass
+    sock = socket.create_connection((server.host, server.port), timeout=10)
+    sock.sendall(outgoing.read())   # a whole ClientHello: the worker takes it, then the client says no more
+    t0 = time.monotonic()
+    while sock.recv(65536):          # the server's hello and certificate, then its hang-up
+        pass
+    assert time.monotonic() - t0 < 8
+    sock.close()
+    settings = server.settings(tls_fingerprint=fingerprint_printed(server))
+    assert handshake_ms(settings) < 10_000
