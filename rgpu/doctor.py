@@ -347,42 +347,51 @@ CHECKS = (  # name, what it needs, the check
 )
 
 
-def run_checks(settings) -> list[Check]:
+def run_checks(settings, on_result=None) -> list[Check]:
+    """Every check in order; ``on_result(check)`` as each one ends (the text report prints as it goes)."""
     ctx = Context(settings)
     results: list[Check] = []
+
+    def add(c: Check) -> None:
+        results.append(c)
+        if on_result is not None:
+            on_result(c)
+
     try:
         for name, needs, check in CHECKS:
             if results and results[0].status == "fail":
-                results.append(Check(name, "skip", "no server answers"))
+                add(Check(name, "skip", "no server answers"))
                 continue
             if needs == "conn" and ctx.conn is None:
-                results.append(Check(name, "skip", "needs an authenticated connection"))
+                add(Check(name, "skip", "needs an authenticated connection"))
                 continue
             try:
-                results.append(check(ctx))
+                add(check(ctx))
             except RgpuError as exc:
-                results.append(Check(name, "fail", f"{type(exc).__name__}: {exc}", "see the server's log"))
+                add(Check(name, "fail", f"{type(exc).__name__}: {exc}", "see the server's log"))
     finally:
         if ctx.conn is not None:
             ctx.conn.close()
     return results
 
 
+def _print_check(c: Check) -> None:
+    print(f"  {c.status.upper() if c.status in ('fail', 'warn') else c.status:5} {c.name:10} {c.detail}", flush=True)
+    if c.fix:
+        print(f"  {'':5} {'':10} fix: {c.fix}", flush=True)
+
+
 def main(args) -> int:
     s = config.settings()
     if args.server:
         s = s.with_(server=args.server)
-    results = run_checks(s)
+    results = run_checks(s, None if args.json else _print_check)   # (the text report: each line as its check ends)
     ok = not any(c.status == "fail" for c in results)
     from rgpu.cuda_intercept import libraries   # the CUDA route: what `rgpu intercept run` would load, from where
     cuda = libraries.report()
     if args.json:
         print(json.dumps({"ok": ok, "checks": [asdict(c) for c in results], "cuda_libraries": cuda}, indent=1, default=str))
     else:
-        for c in results:
-            print(f"  {c.status.upper() if c.status in ('fail', 'warn') else c.status:5} {c.name:10} {c.detail}")
-            if c.fix:
-                print(f"  {'':5} {'':10} fix: {c.fix}")
         print("\n".join(f"  {line}" for line in ["", "CUDA route:", *libraries.describe(cuda)]))
         print("rgpu doctor: all checks pass" if ok else "rgpu doctor: some checks failed", file=sys.stderr)
     return 0 if ok else 1

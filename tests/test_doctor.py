@@ -121,3 +121,9 @@ def test_the_speed_check_gives_a_tensors_to_rgpu_and_cpu_beside_the_transports_r
     assert data["upload_GBps"] > 0 and data["to_rgpu_GBps"] > 0 and data["cpu_GBps"] > 0, checks["speed"].detail
     assert 'a 64 MiB tensor as your code moves it: .to("rgpu")' in checks["speed"].detail
     assert "the transport raw" in checks["speed"].detail
+
+
+def test_the_text_report_prints_each_check_as_it_ends(rgpu_server):
+    seen = []
+    results = doctor.run_checks(doctor.config.settings(environ={}, server="127.0.0.1:1", token="t"), seen.append)
+    assert seen == results and [c.name for c in seen] == ORDER
