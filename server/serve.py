@@ -95,8 +95,11 @@ class Server:
         theirs.close()
         return Worker(proc, mine, time.monotonic())
 
-    def _fill_spares(self) -> None:
-        while len(self.spares) < max(1, self.settings.spare_workers):
+    def _fill_spares(self, need: int = 0) -> None:
+        """RGPU_SPARE_WORKERS spares kept started, and at least ``need``. 0 keeps none once the first session
+        has its worker: the embedded local server's choice, whose one program would otherwise share its
+        cores with a spare's warm-up (torch's import, numba's compile) during its first training steps."""
+        while len(self.spares) < max(need, self.settings.spare_workers):
             self.spares.append(self._start_worker())
 
     def _poll_spares(self) -> None:
@@ -156,7 +159,7 @@ class Server:
                                     "transports": h.transports, "options": h.options}
         try:
             for _ in range(3):  # a spare that died (a failed preload, say) gets the next one its connection
-                self._fill_spares()
+                self._fill_spares(1)
                 worker = self._take_spare()
                 try:
                     socket.send_fds(worker.control, [msgpack.packb(details)], [sock.fileno()])
@@ -212,7 +215,7 @@ class Server:
         return _is_zombie(self.parent_pid)     # exited, not yet reaped: gone all the same
 
     def serve_forever(self) -> None:
-        self._fill_spares()
+        self._fill_spares(1)   # the first session's worker warms up as the server starts
         self.announce()
         tls_cert = {"cert": self.tls.cert, "key": self.tls.key} if self.tls else None
         gate = Gate(self.listener, self.token, self.settings, routes.available(), tls_cert)
@@ -227,6 +230,8 @@ class Server:
                 for admitted in ready:
                     tcp.tune(admitted.sock)
                     self.room.add(admitted)
+                if self.room:
+                    self._fill_spares(1)
                 for admitted in self.room.leaving(sum(w.ready for w in self.spares)):
                     try:
                         self._hand_over(admitted.sock, admitted.peer, admitted)

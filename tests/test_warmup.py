@@ -115,3 +115,44 @@ def test_an_error_that_ends_a_client_ends_in_one_clear_line_with_rgpus_frames_on
     if not debug:
         assert lines[-1].startswith("rgpu: ConnectError: cannot connect (127.0.0.1:1)"), lines[-1]
         assert "RGPU_DEBUG=1 shows them" in lines[0]
+
+
+def _workers(server) -> set[int]:
+    import subprocess
+
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(server.proc.pid)], capture_output=True, text=True)
+    return {int(p) for p in out.stdout.split()}
+
+
+def test_with_no_spare_kept_only_the_first_sessions_worker_starts_ahead_and_a_second_session_still_runs(
+        start_server):
+    # the embedded local server's setting: its one program's first steps share no cores with a spare's warm-up
+    server = start_server("--spare-workers", "0")
+    wait_until(lambda: len(_workers(server)) == 1, 30, "the first session's worker to start with the server")
+    first = server.connect("echo")
+    assert first.call({"op": "sizes"}).meta["sizes"] == []
+    assert len(_workers(server)) == 1                      # no spare started beside the session
+    second = server.connect("echo", connect_timeout=30)   # its worker starts now; the client waits for it
+    assert second.call({"op": "sizes"}).meta["sizes"] == []
+    assert len(_workers(server)) == 2
+
+
+def test_the_embedded_local_server_keeps_no_spare_worker(monkeypatch):
+    from rgpu import config
+    from rgpu.transport import local_server
+
+    started = []
+
+    class Recorded:
+        address, proc = "127.0.0.1:1", type("Proc", (), {"pid": 1, "poll": staticmethod(lambda: None)})
+
+        def __init__(self, token, extra_args=None, **kw):
+            started.append(extra_args)
+
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(local_server, "LocalServer", Recorded)
+    monkeypatch.setattr(local_server, "_server", None)
+    local_server.shared(config.settings(environ={}))
+    assert started == [["--spare-workers", "0"]]

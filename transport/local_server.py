@@ -61,7 +61,7 @@ def shared(settings) -> LocalServer:
     with _lock:
         if _server is None or _server.proc.poll() is not None:
             token = settings.token or secrets.token_urlsafe(32)
-            _server = LocalServer(token)
+            _server = LocalServer(token, ["--spare-workers", "0"])   # one program: no spare warming beside it
             atexit.register(_server.stop)
             print(f"rgpu: RGPU_SERVER is not set; started a local server on {_server.address} "
                   f"(pid {_server.proc.pid}), ending with this process", file=sys.stderr, flush=True)
