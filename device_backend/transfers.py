@@ -21,10 +21,10 @@ from rgpu.transport.buffers import as_bytes_view
 UPLOAD_PIECE_BYTES = 8 << 20  # bigger uploads go in pieces of this size (to a contiguous destination)
 SHARED_MIN_BYTES = 16 << 10   # what the shm transport sends by naming it, when in pinned memory (its INLINE_MAX)
 # Pinned memory over shm is not copied here, so a piece only bounds how long an op waits behind it; the
-# server's DMA per piece has a fixed cost (GPU host, 1 GiB: 33 GB/s in 8 MiB pieces, 49 in 64 MiB, 52 whole)
+# server's DMA per piece has a fixed cost, so bigger pieces go faster (docs/perf/fast_path-history.md, uploads)
 SHARED_PIECE_BYTES = 64 << 20
 STAGED_DOWNLOAD_BYTES = 8 << 20   # downloads over shm from this size go through pinned stages
-SHM_PIECE_BYTES = 32 << 20    # other memory over shm: copied into the ring's heap at ~19 GB/s in these, 15 in 8 MiB
+SHM_PIECE_BYTES = 32 << 20    # other memory over shm: copied into the ring's heap, faster in these than in 8 MiB
 
 
 class Transfers:
