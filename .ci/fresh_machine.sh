@@ -41,9 +41,10 @@ step "the wheel (python -m build)"
 "$work/venv/bin/python" -m build --wheel --no-isolation --outdir "$work/dist" . > "$work/build.log" 2>&1 \
   || { tail -n 30 "$work/build.log" >&2; fail "python -m build failed"; }
 wheel="$(ls "$work"/dist/rgpu-*.whl)"
+"$python" -m zipfile -l "$wheel" > "$work/wheel.txt"
 for part in rgpu/device_backend/bindings.cpp rgpu/device_backend/rgpu_device.h rgpu/server/ops/fast_op.cpp \
             rgpu/transport/shm_native.c rgpu/cuda_intercept/shim.c rgpu/cuda_intercept/abi/; do
-  "$python" -m zipfile -l "$wheel" | grep -q "^$part" || fail "the wheel lacks $part"
+  grep -q "^$part" "$work/wheel.txt" || fail "the wheel lacks $part"
 done
 
 step "the wheel in a second fresh venv, used outside the tree"
