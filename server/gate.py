@@ -103,7 +103,8 @@ class Gate:
     def __init__(self, listener: socket.socket, token: bytes, settings, routes: set[str], tls_cert: dict | None):
         self.listener, self.token, self.routes, self.tls_cert = listener, token, routes, tls_cert
         self.timeout = settings.auth_timeout
-        self.max_all, self.max_per_source = settings.max_unauth, settings.max_unauth_per_source
+        # at least one each: a bound of 0 would leave nothing to shed for the newcomer's room
+        self.max_all, self.max_per_source = max(1, settings.max_unauth), max(1, settings.max_unauth_per_source)
         self.limits = handshake.HANDSHAKE_LIMITS
         self.versions = acceptor_versions()
         self.pending: dict[int, Pending] = {}
