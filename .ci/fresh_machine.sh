@@ -30,7 +30,7 @@ step "a fresh venv; the README's first command: $main_job"
 "$python" -m venv "$work/venv"
 ( . "$work/venv/bin/activate" && timeout 900 bash -ec "$main_job" ) > "$work/main_job.log" 2>&1 \
   || { tail -n 40 "$work/main_job.log" >&2; fail "the README's first command did not exit 0"; }
-tail -n 6 "$work/main_job.log"
+grep -aE "^rgpu: |parameters on|steps in|^wrote|^no loss" "$work/main_job.log" || true   # what a user sees, the bar aside
 for f in out/nanogpt/ckpt.pt out/nanogpt/loss.png; do
   [ -s "$f" ] || { tail -n 20 "$work/main_job.log" >&2; fail "the main job wrote no $f"; }
 done
@@ -55,7 +55,7 @@ cd "$work/elsewhere"
   || { tail -n 20 "$work/install2.log" >&2; fail "pip install of the wheel failed"; }
 ( . "$work/venv2/bin/activate" && timeout 900 python nanogpt/train.py --device rgpu --out out ) > "$work/wheel_job.log" 2>&1 \
   || { tail -n 40 "$work/wheel_job.log" >&2; fail "the main job from the wheel did not exit 0"; }
-tail -n 3 "$work/wheel_job.log"
+grep -aE "^rgpu: |steps in|^wrote" "$work/wheel_job.log" || true
 [ -s out/ckpt.pt ] && [ -s out/loss.png ] || fail "the main job from the wheel wrote no checkpoint or plot"
 
 step "a smoke test of the wheel: where rgpu comes from, a tensor's round trip, rgpu config, rgpu doctor"
