@@ -70,19 +70,20 @@ def connect(route: str, *, settings=None, server: str | None = None, token: str 
 
 
 class _Waiting:
-    """The handshake's ``on_wait``: one line on stderr when the server first says it is warming up, one when
-    it is ready. Each WAIT re-arms the socket's timeout, at least three of the server's intervals between
+    """The handshake's ``on_wait``: one line on stderr once the server has said twice that it is warming up
+    (a wait of a moment goes unsaid), one when it is ready. Each WAIT re-arms the socket's timeout, at least three of the server's intervals between
     them: a warm-up of any length is waited for, a server that stops saying so is not."""
 
     def __init__(self, where: str, sock):
-        self.where, self.sock, self.since = where, sock, None
+        self.where, self.sock, self.since, self.waits = where, sock, None, 0
 
     def __call__(self, meta: dict) -> None:
         every = meta.get("every_s")
         if isinstance(every, (int, float)) and every > 0:
             self.sock.settimeout(max(self.sock.gettimeout() or 0.0, 3.0 * every))
-        if self.since is None:
-            self.since = time.monotonic()
+        self.waits += 1
+        if self.since is None and self.waits >= 2:   # (a wait of a moment, a warm cache's, goes unsaid)
+            self.since = time.monotonic() - float(meta.get("waited_s") or 0)
             print(f"rgpu: the server at {self.where} is warming up ({meta.get('message', 'starting a worker')}); "
                   "waiting for it", file=sys.stderr, flush=True)
 
