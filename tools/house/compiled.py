@@ -23,7 +23,6 @@ from pathlib import Path
 WARN = ["-Wall", "-Werror"]
 CXX_FLAGS = ["-std=c++17", "-fvisibility=hidden", "-DTORCH_EXTENSION_NAME=rgpu_check"]  # as torch's extension builder
 TORCH_PARTS = ("device_backend", "server/ops")   # every .cpp there is one unit, against the installed torch
-CUDA_SHIM = "cuda_intercept/shim"                 # shim*.c: one cffi module, compiled as cffi emits it
 _STUB = ['-DRGPU_LIB="libcheck.so"', "-DRGPU_NOT_SUPPORTED=15", "-DRGPU_VERSION_MAJOR=13", "-DRGPU_VERSION_MINOR=0",
          "-DRGPU_VERSION_PATCH=0", "-DRGPU_CUDART_VERSION=13000", "-std=gnu11", "-fvisibility=hidden"]
 # Every other .c of the package that no .c includes is a unit of its own, with these flags besides the
@@ -49,6 +48,15 @@ def _covered(units: list[Path], folders: list[Path]) -> set[Path]:
         for inc in _includes(p):
             todo += [(d / inc.name).resolve() for d in (inc.parent, *folders) if (d / inc.name).exists()][:1]
     return seen
+
+
+def _shim_sources() -> set[str]:
+    """libcuda.so.1's C sources (cuda_intercept/build.py's C_SOURCES): one cffi module, compiled as cffi emits it."""
+    try:
+        from rgpu.cuda_intercept import build
+    except ImportError:
+        return set()
+    return {f"cuda_intercept/{name}" for name in build.C_SOURCES}
 
 
 def _folders(root: Path) -> list[Path]:
@@ -97,7 +105,7 @@ def check(root: Path, files: list[Path], cxx: bool = True) -> list[str]:
     inc = [f"-I{d}" for d in folders]
     cfiles = [f for f in package if f.suffix == ".c"]
     included = {q.resolve() for f in cfiles for q in _includes(f)}
-    shim = sorted(f for f in cfiles if str(f.relative_to(root)).startswith(CUDA_SHIM))
+    shim = sorted(f for f in cfiles if str(f.relative_to(root)) in _shim_sources())
     units = [f for f in cfiles if f.resolve() not in included and f not in shim]
     cpps = sorted(p for part in TORCH_PARTS for p in (root / part).glob("*.cpp")) if cxx else []
     covered = _covered(units + shim + cpps, folders)
