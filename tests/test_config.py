@@ -45,6 +45,10 @@ SAMPLES = {
     "RGPU_MAX_BUFFERS": ("10", 10),
     "RGPU_MAX_SESSIONS": ("4", 4),
     "RGPU_SPARE_WORKERS": ("0", 0),
+    "RGPU_AUTH_TIMEOUT": ("2.5", 2.5),
+    "RGPU_MAX_UNAUTH": ("100", 100),
+    "RGPU_MAX_UNAUTH_PER_SOURCE": ("8", 8),
+    "RGPU_MAX_SESSION_BYTES": ("1G", 1 << 30),
     "RGPU_DEBUG": ("on", True),
 }
 
