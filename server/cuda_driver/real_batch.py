@@ -1,6 +1,6 @@
 """The real driver's batch launcher: ``launch_records.c`` walks the interceptor's launch records and launches each.
 
-A ctypes call costs more than the launch itself (about 1.5 us against 2-3),
+A ctypes call costs about as much as the launch itself (docs/perf/cuda_route-history.md),
 so a batch of records goes to C in one call.  Built with the host's C
 compiler (``rgpu.native``) ahead by ``rgpu build`` or on first use, and cached;
 where there is none, or ``RGPU_NATIVE=off``, the executor walks the records in
