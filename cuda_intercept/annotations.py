@@ -24,6 +24,12 @@ C_ANSWERED = frozenset({
     "cuStreamGetCaptureInfo_v2", "cuStreamGetCaptureInfo_v2_ptsz", "cuStreamGetCaptureInfo_v3",
     "cuStreamGetCaptureInfo_v3_ptsz",                               # status and id; dependencies from the server
     "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz",                     # queued in C when it has no attributes
+    # queued in C (shim_queue.c) once there is a current context; Python with RGPU_NATIVE=off
+    *(f"cuMemsetD{b}{v}" for b in (8, 16, 32) for v in ("_v2", "_v2_ptds", "Async", "Async_ptsz")),
+    "cuEventRecord", "cuEventRecord_ptsz", "cuEventRecordWithFlags", "cuEventRecordWithFlags_ptsz",
+    "cuStreamWaitEvent", "cuStreamWaitEvent_ptsz", "cuMemFree_v2", "cuMemFreeAsync", "cuMemFreeAsync_ptsz",
+    "cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync_v2_ptsz",                # up to 64 KiB (QUEUED_COPY_BYTES)
+    "cuGraphLaunch", "cuGraphLaunch_ptsz",
 })
 
 # Calls whose effect shows only at a later synchronisation: posted in batches,

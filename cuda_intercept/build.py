@@ -22,7 +22,7 @@ from . import cgen, header, model
 from .annotations import C_ONLY
 
 HERE = Path(__file__).resolve().parent
-C_SOURCES = ("shim.c", "shim_ctx.c", "shim_launch.c", "shim_ptr.c")
+C_SOURCES = ("shim.c", "shim_ctx.c", "shim_launch.c", "shim_ptr.c", "shim_capture.c", "shim_queue.c")
 MODULE = "_rgpu_libcuda"
 
 # What Python may call in the C half (shim*.c); the rest of the cdef is the header's types.
@@ -38,8 +38,13 @@ uint64_t rgpu_ctx_current(void);
 int rgpu_ctx_device(uint64_t h);
 int rgpu_ctx_push(uint64_t h);
 void rgpu_func_note(uint64_t func, uint32_t nparams, const uint32_t *offsets, const uint32_t *sizes, uint32_t argbytes);
-void rgpu_alloc_note(uint64_t base, uint64_t size, uint64_t ctx, int dev, uint64_t id);
-void rgpu_alloc_forget(uint64_t base);
+int rgpu_alloc_note(uint64_t base, uint64_t size, uint64_t ctx, int dev, uint64_t id);
+int rgpu_alloc_forget(uint64_t base);
+int rgpu_alloc_find(uint64_t p, uint64_t *out);
+void rgpu_records_native(int on);
+void rgpu_primary_note(int dev, int retains, unsigned flags);
+uint64_t rgpu_capture_note(uint64_t stream, uint64_t graph);
+void rgpu_capture_forget(uint64_t stream);
 char *rgpu_queue_take(size_t *len, size_t *count);
 void rgpu_queue_free(char *q);
 void rgpu_queue_limit(size_t bytes);

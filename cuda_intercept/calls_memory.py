@@ -7,45 +7,36 @@ cannot cross a network.  Page-locked host memory is plain host memory here.
 """
 from __future__ import annotations
 
-import bisect
-
 from . import client
 from .annotations import CU_MEMHOSTALLOC_DEVICEMAP, CU_MEMHOSTREGISTER_DEVICEMAP
 from .calls_device import handle
-from .registry import CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_SUPPORTED, CUDA_SUCCESS, CudaCallError, implements
+from .registry import (CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS,
+                       CudaCallError, implements)
 
 CU_MEMORYTYPE_HOST, CU_MEMORYTYPE_DEVICE = 1, 2
 
 
 class Allocations:
-    """Device allocations of this process: base -> (size, context, device, buffer id)."""
+    """Python's face on the process's device allocations, which C keeps (shim_ptr.c): base -> size, context,
+    device, buffer id.  One table, because a free queued in C (shim_queue.c) forgets its pointer there."""
 
     def __init__(self):
-        self.starts: list[int] = []
-        self.info: dict[int, tuple[int, int, int, int]] = {}
         self.next_id = 1
 
     def add(self, base: int, size: int, ctx: int, dev: int) -> None:
-        bisect.insort(self.starts, base)
-        self.info[base] = (size, ctx, dev, self.next_id)
-        client.get().lib.rgpu_alloc_note(base, size, ctx, dev, self.next_id)   # C answers pointer queries
+        if not client.get().lib.rgpu_alloc_note(base, size, ctx, dev, self.next_id):
+            raise CudaCallError(CUDA_ERROR_OUT_OF_MEMORY, "the client's allocation table could not grow")
         self.next_id += 1
 
     def remove(self, base: int) -> bool:
-        if self.info.pop(base, None) is None:
-            return False
-        self.starts.remove(base)
-        client.get().lib.rgpu_alloc_forget(base)
-        return True
+        return bool(client.get().lib.rgpu_alloc_forget(base))
 
     def find(self, ptr: int):
-        i = bisect.bisect_right(self.starts, ptr) - 1
-        if i >= 0:
-            base = self.starts[i]
-            size, ctx, dev, bid = self.info[base]
-            if ptr < base + size:
-                return base, size, ctx, dev, bid
-        return None
+        c = client.get()
+        out = c.ffi.new("uint64_t[5]")
+        if not c.lib.rgpu_alloc_find(ptr, out):
+            return None
+        return int(out[0]), int(out[1]), int(out[2]), int(out[3]), int(out[4])
 
 
 ALLOCS = Allocations()
@@ -88,6 +79,8 @@ def cu_mem_alloc_async(dptr, size, stream):
     return _alloc_async(dptr, size, stream)
 
 
+# cuMemFree_v2, cuMemFreeAsync, the memsets, cuMemcpyHtoDAsync_v2 up to QUEUED_COPY_BYTES: queued in C
+# (shim_queue.c) once there is a context; these are the reference (RGPU_NATIVE=off) and the fallback.
 @implements("cuMemFree_v2")
 def cu_mem_free(dptr):
     if not ALLOCS.remove(int(dptr)):
@@ -259,6 +252,7 @@ def cu_mem_host_alloc(pp, size, flags):
 
 @implements("cuMemFreeHost")
 def cu_mem_free_host(p):
+    """Python's own table of page-locked host memory (it owns the buffer): no server call, and not queued in C."""
     addr = int(client.get().ffi.cast("uintptr_t", p))
     return CUDA_SUCCESS if HOST.pop(addr, None) is not None else CUDA_ERROR_INVALID_VALUE
 

@@ -29,6 +29,9 @@ def attach(ffi, lib, names) -> None:
 
     ffi.def_extern(name="_py_rgpu_flush", error=999)(handler_for_flush(flush))
     atexit.register(_at_exit, c)
+    from rgpu import config
+    # RGPU_NATIVE=off: memsets, events, waits, frees, small copies and graph launches posted by Python (the reference)
+    lib.rgpu_records_native(int(config.settings().native != "off"))
     lib.rgpu_set_ready()
 
 

@@ -18,6 +18,7 @@ from rgpu.errors import AuthenticationError, ConnectError, ConnectionLost, RgpuE
 from rgpu.protocol.cuda import (  # noqa: F401  (the CUresult numbers: one table for both ends)
     CUDA_ERROR_DEVICE_UNAVAILABLE, CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_VALUE,
     CUDA_ERROR_NO_DEVICE, CUDA_ERROR_NOT_FOUND, CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_NOT_SUPPORTED,
+    CUDA_ERROR_OUT_OF_MEMORY,
     CUDA_ERROR_UNKNOWN, CUDA_SUCCESS,
 )
 

@@ -1,7 +1,7 @@
 /* The C half of rgpu's libcuda.so.1: what must never enter Python, or is too hot to.
  *
  * build.py compiles, in order: the preprocessed cuda.h, cgen.py's tables, this
- * file, shim_ctx.c, shim_launch.c, shim_ptr.c, then cgen.py's exported wrappers, which call
+ * file, shim_ctx.c, shim_launch.c, shim_ptr.c, shim_capture.c, shim_queue.c, then cgen.py's exported wrappers, which call
  * rgpu_start() before any Python and the rgpu_fast_* functions for the calls
  * answered in C.  Python reaches this state
  * through the rgpu_* functions declared in build.py's cdef.

@@ -1,4 +1,5 @@
 /* Kernel launches, queued in C: arguments packed by the server's layout, records batched for Python to post.
+ * (The queue's other records -- memsets, events, waits, frees, small copies -- are shim_queue.c's.)
  *
  * Python notes each function's parameter layout (offsets and sizes, read on
  * the server with cuFuncGetParamInfo) when the program looks the function up.
@@ -68,6 +69,26 @@ static void rgpu_queue_limit(size_t bytes) { rgpu_q_limit = bytes; }
 
 static CUresult _py_rgpu_flush(void);
 
+/* Room for a record of `size` bytes at the queue's end (call with rgpu_lock held); NULL when out of memory. */
+static char *rgpu_q_reserve(size_t size) {
+    if (rgpu_q_len + size > rgpu_q_cap) {
+        size_t cap = rgpu_q_cap ? 2 * rgpu_q_cap : (64 << 10);
+        while (cap < rgpu_q_len + size) cap *= 2;
+        char *q = realloc(rgpu_q, cap);
+        if (!q) return NULL;
+        rgpu_q = q;
+        rgpu_q_cap = cap;
+    }
+    return rgpu_q + rgpu_q_len;
+}
+
+/* The reserved record is written (rgpu_lock held): whether the queue is now full enough to post. */
+static int rgpu_q_commit(size_t size) {
+    rgpu_q_len += size;
+    rgpu_q_count++;
+    return rgpu_q_len >= rgpu_q_limit;
+}
+
 static CUresult rgpu_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                             unsigned bz, unsigned shmem, CUstream stream, void **params, void **extra) {
     uint64_t ctx = rgpu_ctx_current(), func = (uint64_t)(uintptr_t)f;
@@ -78,15 +99,8 @@ static CUresult rgpu_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
     struct rgpu_layout *l = rgpu_find(func);
     if (!l || (l->nparams && !params)) { pthread_mutex_unlock(&rgpu_lock); return RGPU_PY; }
     size_t size = (RGPU_REC_HEADER + l->argbytes + 7) & ~(size_t)7;
-    if (rgpu_q_len + size > rgpu_q_cap) {
-        size_t cap = rgpu_q_cap ? 2 * rgpu_q_cap : (64 << 10);
-        while (cap < rgpu_q_len + size) cap *= 2;
-        char *q = realloc(rgpu_q, cap);
-        if (!q) { pthread_mutex_unlock(&rgpu_lock); return CUDA_ERROR_OUT_OF_MEMORY; }
-        rgpu_q = q;
-        rgpu_q_cap = cap;
-    }
-    char *r = rgpu_q + rgpu_q_len;
+    char *r = rgpu_q_reserve(size);
+    if (!r) { pthread_mutex_unlock(&rgpu_lock); return CUDA_ERROR_OUT_OF_MEMORY; }
     uint32_t head32[2] = {(uint32_t)size, RGPU_REC_LAUNCH};
     uint64_t head64[3] = {func, ctx, (uint64_t)(uintptr_t)stream};
     uint32_t dims[8] = {gx, gy, gz, bx, by, bz, shmem, l->argbytes};
@@ -96,9 +110,7 @@ static CUresult rgpu_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
     memset(r + RGPU_REC_HEADER, 0, size - RGPU_REC_HEADER);
     for (uint32_t i = 0; i < l->nparams; i++)
         memcpy(r + RGPU_REC_HEADER + l->offsets[i], params[i], l->sizes[i]);
-    rgpu_q_len += size;
-    rgpu_q_count++;
-    flush = rgpu_q_len >= rgpu_q_limit;
+    flush = rgpu_q_commit(size);
     pthread_mutex_unlock(&rgpu_lock);
     return flush && !rgpu_finalized ? _py_rgpu_flush() : CUDA_SUCCESS;
 }

@@ -1,8 +1,10 @@
 /* Pointer attributes of this process's device allocations, answered in C.
  *
- * Python notes each allocation (rgpu_alloc_note) and its free; a query about
- * any other pointer (host memory, unknown addresses) goes to Python, which
- * knows the page-locked host allocations too.
+ * Python notes each allocation (rgpu_alloc_note); frees forget them here, in C
+ * when queued (shim_queue.c) or from Python.  This is the process's only table
+ * of device allocations: Python's face on it is calls_memory.Allocations.  A
+ * query about any other pointer (host memory, unknown addresses) goes to
+ * Python, which knows the page-locked host allocations too.
  */
 struct rgpu_alloc { uint64_t base, size, ctx, id; int dev; };
 static struct rgpu_alloc *rgpu_allocs;  /* sorted by base */
@@ -17,12 +19,13 @@ static size_t rgpu_alloc_index(uint64_t p) {  /* first allocation whose base is 
     return lo;
 }
 
-static void rgpu_alloc_note(uint64_t base, uint64_t size, uint64_t ctx, int dev, uint64_t id) {
+/* 0 when out of memory (Python fails the allocation's call: this table is the only one). */
+static int rgpu_alloc_note(uint64_t base, uint64_t size, uint64_t ctx, int dev, uint64_t id) {
     pthread_mutex_lock(&rgpu_lock);
     if (rgpu_nalloc == rgpu_alloc_cap) {
         size_t cap = rgpu_alloc_cap ? 2 * rgpu_alloc_cap : 256;
         struct rgpu_alloc *t = realloc(rgpu_allocs, cap * sizeof *t);
-        if (!t) { pthread_mutex_unlock(&rgpu_lock); return; }   /* unnoted: Python still answers */
+        if (!t) { pthread_mutex_unlock(&rgpu_lock); return 0; }
         rgpu_allocs = t;
         rgpu_alloc_cap = cap;
     }
@@ -31,16 +34,34 @@ static void rgpu_alloc_note(uint64_t base, uint64_t size, uint64_t ctx, int dev,
     rgpu_allocs[i] = (struct rgpu_alloc){base, size, ctx, id, dev};
     rgpu_nalloc++;
     pthread_mutex_unlock(&rgpu_lock);
+    return 1;
 }
 
-static void rgpu_alloc_forget(uint64_t base) {
+/* Whether `base` was an allocation's start (it is forgotten): a free queued in C asks, as Python's does. */
+static int rgpu_alloc_forget(uint64_t base) {
+    int found = 0;
     pthread_mutex_lock(&rgpu_lock);
     size_t i = rgpu_alloc_index(base);
     if (i > 0 && rgpu_allocs[i - 1].base == base) {
         memmove(rgpu_allocs + i - 1, rgpu_allocs + i, (rgpu_nalloc - i) * sizeof *rgpu_allocs);
         rgpu_nalloc--;
+        found = 1;
     }
     pthread_mutex_unlock(&rgpu_lock);
+    return found;
+}
+
+/* The allocation holding `p`: out = {base, size, ctx, device, buffer id}; 0 when none does. */
+static int rgpu_alloc_find(uint64_t p, uint64_t *out) {
+    pthread_mutex_lock(&rgpu_lock);
+    size_t i = rgpu_alloc_index(p);
+    int found = i > 0 && p < rgpu_allocs[i - 1].base + rgpu_allocs[i - 1].size;
+    if (found) {
+        struct rgpu_alloc *a = &rgpu_allocs[i - 1];
+        out[0] = a->base, out[1] = a->size, out[2] = a->ctx, out[3] = (uint64_t)a->dev, out[4] = a->id;
+    }
+    pthread_mutex_unlock(&rgpu_lock);
+    return found;
 }
 
 static CUresult rgpu_fast_cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdeviceptr ptr) {

@@ -1,4 +1,4 @@
-"""The cuda route's numbers: the CUresult values rgpu itself produces (cuda.h's), and the launch record.
+"""The cuda route's numbers: the CUresult values rgpu itself produces (cuda.h's), and the records of the C queue.
 
 Both ends of the route use them (``cuda_intercept/registry.py`` on the client,
 ``server/cuda_driver/base.py`` on the server); ``shim*.c`` reads them from
@@ -45,3 +45,19 @@ LAUNCH = struct.Struct("<IIQQQ3I3III")
 LAUNCH_KIND, LAUNCH_EX_KIND = 1, 2
 LAUNCH_EX_ATTRS = struct.Struct("<II")
 ATTR_BYTES = 72   # sizeof(CUlaunchAttribute)
+
+# Every record starts with u32 size (a multiple of 8), u32 kind: a reader skips by size.
+RECORD_HEAD = struct.Struct("<II")
+
+# The other stream-ordered calls the same queue carries (shim_queue.c), so their order with launches is exact:
+# u32 size, u32 kind, u64 ctx, u64 stream, u64 a, u64 b, u64 c, then the kind's bytes.  stream NO_STREAM: the
+# synchronous form (cuMemsetD8_v2, cuMemFree_v2), which the drivers take as stream None.
+OP = struct.Struct("<IIQQQQQ")
+MEMSET_KIND = 3         # a: dst, b: value | elem bytes << 32, c: count                   -> memset
+EVENT_RECORD_KIND = 4   # a: event, b: flags                                               -> event_record
+STREAM_WAIT_KIND = 5    # a: event, b: flags                                               -> stream_wait_event
+MEM_FREE_KIND = 6       # a: dptr (NO_STREAM: cuMemFree_v2, else cuMemFreeAsync)           -> mem_free(_async)
+MEMCPY_HTOD_KIND = 7    # a: dst, b: nbytes, then the bytes (at most QUEUED_COPY_BYTES)    -> memcpy_htod
+GRAPH_LAUNCH_KIND = 8   # a: exec                                                          -> graph_launch
+NO_STREAM = (1 << 64) - 1
+QUEUED_COPY_BYTES = 64 << 10   # a bigger host-to-device copy keeps its own message (pieces, no copy into the queue)

@@ -65,5 +65,16 @@
 #define RGPU_CUDA_REC_LAUNCH 1
 #define RGPU_CUDA_REC_LAUNCH_EX 2
 #define RGPU_CUDA_LAUNCH_HEADER_BYTES 64
+/* cuda.py: the queue's other records (memsets, events, waits, frees, small copies, graph launches) */
+#define RGPU_CUDA_RECORD_HEAD_BYTES 8
+#define RGPU_CUDA_OP_HEADER_BYTES 48
+#define RGPU_CUDA_REC_MEMSET 3
+#define RGPU_CUDA_REC_EVENT_RECORD 4
+#define RGPU_CUDA_REC_STREAM_WAIT 5
+#define RGPU_CUDA_REC_MEM_FREE 6
+#define RGPU_CUDA_REC_MEMCPY_HTOD 7
+#define RGPU_CUDA_REC_GRAPH_LAUNCH 8
+#define RGPU_CUDA_NO_STREAM 0xFFFFFFFFFFFFFFFFull
+#define RGPU_CUDA_QUEUED_COPY_BYTES 65536
 
 #endif /* RGPU_PROTOCOL_H */

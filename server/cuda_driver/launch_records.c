@@ -3,7 +3,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "rgpu_protocol.h"  /* rgpu/protocol: the launch record's kind and fixed size (generated) */
+#include "rgpu_protocol.h"  /* rgpu/protocol: the records' kinds and sizes (generated) */
 
 #define HEAD RGPU_CUDA_LAUNCH_HEADER_BYTES
 typedef int (*launch_fn)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *,
@@ -17,13 +17,16 @@ int rgpu_launch_records(launch_fn launch, set_ctx_fn set_ctx, const char *rec, s
                         uint64_t *ctx) {
     size_t size_arg = 0;
     void *extra[5] = {(void *)1, 0, (void *)2, &size_arg, 0};
-    while (*pos + HEAD <= len) {
+    while (*pos + RGPU_CUDA_RECORD_HEAD_BYTES <= len) {
         const char *r = rec + *pos;
         uint32_t size, kind, dims[8];
         uint64_t func, c, stream;
         memcpy(&size, r, 4);
         memcpy(&kind, r + 4, 4);
-        if (kind != RGPU_CUDA_REC_LAUNCH) return -2;     /* not a plain cuLaunchKernel (cuLaunchKernelEx...): the executor runs it */
+        /* not a plain cuLaunchKernel (cuLaunchKernelEx, a memset, an event record, ...): the executor runs it,
+         * checked first because those records may be shorter than a launch's fixed part */
+        if (kind != RGPU_CUDA_REC_LAUNCH) return -2;
+        if (*pos + HEAD > len) return -1;
         memcpy(&func, r + 8, 8);
         memcpy(&c, r + 16, 8);
         memcpy(&stream, r + 24, 8);

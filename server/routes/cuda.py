@@ -6,7 +6,9 @@ Wire format (msgpack meta, raw buffers):
     reply    [code, value, deferred]      code: CUresult; deferred: [[op, code, message], ...] of posts that
                                           failed since the last reply (their errors surface at the next sync)
     post     [op, ctx, *args]             same ops, no reply
-    post     ["launches", 0]  + [records] the interceptor's batched cuLaunchKernel records (see LAUNCH)
+    post     ["launches", 0]  + [records] the interceptor's C queue: launches (LAUNCH) and, in the same order, its
+                                          memsets, event records, waits, frees, small copies, graph launches
+                                          (OP, cuda_driver/records.py)
     request  ["image_load", ctx, "module" | "library", options, sha256, size] [+ the image's bytes]
                               content-addressed loading: with no bytes, a known image loads from the
                               server's store and an unknown one answers value {"send": true}, after which
@@ -22,8 +24,8 @@ import logging
 
 import numpy as np
 
-from rgpu.protocol.cuda import ATTR_BYTES, LAUNCH, LAUNCH_EX_ATTRS, LAUNCH_EX_KIND, LAUNCH_KIND
-from rgpu.server.cuda_driver import open_driver
+from rgpu.protocol.cuda import ATTR_BYTES, LAUNCH, LAUNCH_EX_ATTRS, LAUNCH_EX_KIND, LAUNCH_KIND, RECORD_HEAD
+from rgpu.server.cuda_driver import open_driver, records as queued
 from rgpu.server.cuda_driver.base import (
     CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_UNKNOWN, CudaDriverError,
 )
@@ -153,10 +155,10 @@ class Executor(BaseExecutor):
             self.deferred.append([op, code, message])
 
     def _launches(self, records: memoryview, batch: bool = True) -> None:
-        """Run a batch of launch records; a failing one is deferred and the rest still run, as on a GPU."""
+        """Run a batch of queued records in order; a failing one is deferred and the rest still run, as on a GPU."""
         pos, end = 0, records.nbytes
         batch = getattr(self.driver, "launch_records", None) if batch else None
-        while batch is not None and pos + LAUNCH.size <= end:
+        while batch is not None and pos + RECORD_HEAD.size <= end:
             done = batch(records, pos, self.current)     # the real driver walks the records in C
             if done is None:
                 break
@@ -171,7 +173,12 @@ class Executor(BaseExecutor):
         launch_at = getattr(self.driver, "launch_at", None)
         base = np.frombuffer(records, dtype=np.uint8).ctypes.data if launch_at and end else 0
         launch = self.driver.launch
-        while pos + LAUNCH.size <= end:
+        while pos + RECORD_HEAD.size <= end:
+            if RECORD_HEAD.unpack_from(records, pos)[1] in queued.KINDS:
+                pos = self._queued_one(records, pos, end)
+                continue
+            if pos + LAUNCH.size > end:
+                raise OpFailed("launches", f"malformed launch record at byte {pos}")
             size, kind, func, ctx, stream, gx, gy, gz, bx, by, bz, shared, nargs = LAUNCH.unpack_from(records, pos)
             if size < LAUNCH.size + nargs or pos + size > end or kind not in (LAUNCH_KIND, LAUNCH_EX_KIND):
                 raise OpFailed("launches", f"malformed launch record at byte {pos}")
@@ -204,9 +211,24 @@ class Executor(BaseExecutor):
         at += nattrs * ATTR_BYTES
         return attrs, records[at:at + nargs]
 
+    def _queued_one(self, records: memoryview, pos: int, end: int) -> int:
+        """Run a memset, event record, wait, free, copy or graph launch record as its posted op would run."""
+        got = queued.decode(records, pos, end)
+        if got is None:
+            raise OpFailed("launches", f"malformed queued record (kind {RECORD_HEAD.unpack_from(records, pos)[1]}) "
+                                       f"at byte {pos}")
+        size, ctx, op, args, buffers = got
+        try:
+            self._run(op, ctx, args, buffers)
+        except Exception as exc:
+            self._defer(op, exc)
+        return pos + size
+
     def _launch_one(self, records: memoryview, pos: int) -> int:
         """Run the record at ``pos`` on the per-record path; returns where the next one starts."""
-        size = LAUNCH.unpack_from(records, pos)[0]
+        size = RECORD_HEAD.unpack_from(records, pos)[0]
+        if size < RECORD_HEAD.size or pos + size > records.nbytes:
+            raise OpFailed("launches", f"malformed record at byte {pos}")
         self._launches(records[pos:pos + size], batch=False)
         return pos + size
 
