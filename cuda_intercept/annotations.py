@@ -128,7 +128,10 @@ RT_NOTES = {
     "__cudaRegisterManagedVar": "registered; its use refused (managed memory)",
     "cudaMemcpy": "`cudaMemcpyDefault` from the client's record of its device allocations",
     "cudaMemcpyAsync": "host to device and device to device queued; device to host waits",
-    "cudaStreamGetCaptureInfo": "status and id in C; the dependency set is refused (it lives on the server)",
+    "cudaStreamGetCaptureInfo": "status and id in C; the graph and dependency set in one round trip (the server's)",
+    "cudaDeviceEnablePeerAccess": "the same device: CUDA's `cudaErrorInvalidDevice`; across devices refused "
+                                  "(`cudaErrorPeerAccessUnsupported`: the server runs no `cuCtxEnablePeerAccess`)",
+    "cudaMemPoolSetAccess": "the owner's read-write access; another device's refused (no peer access)",
     "cudaLaunchKernelExC": "queued in C without attributes; with attributes through Python",
     "__cudaGetKernel": "loads the owning fatbin once (`cuLibraryLoadData`), then `cuLibraryGetKernel`",
 }

@@ -326,3 +326,40 @@ def cu_mem_pool_get_attribute(pool, attr, value):
 def cu_mem_pool_trim_to(pool, keep):
     client.get().post("mem_pool_trim_to", handle(client.get().ffi, pool), int(keep))
     return CUDA_SUCCESS
+
+
+# ---- access to a pool: answered here, since a pool is only ever its own device's over rgpu ----
+CU_MEM_LOCATION_TYPE_DEVICE, CU_MEM_ACCESS_FLAGS_PROT_NONE, CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 1, 0, 3
+
+
+def _pool_device(pool) -> int:
+    p = handle(client.get().ffi, pool)
+    for dev, h in POOLS.items():
+        if h == p:
+            return dev
+    raise CudaCallError(CUDA_ERROR_INVALID_VALUE, f"memory pool {p:#x} is not one this process was given")
+
+
+@implements("cuMemPoolGetAccess")
+def cu_mem_pool_get_access(pflags, pool, location):
+    """The owning device reads and writes; another device never can (no peer access across rgpu's server)."""
+    if pflags == client.get().ffi.NULL or location == client.get().ffi.NULL:
+        return CUDA_ERROR_INVALID_VALUE
+    own = location.type == CU_MEM_LOCATION_TYPE_DEVICE and location.id == _pool_device(pool)
+    pflags[0] = CU_MEM_ACCESS_FLAGS_PROT_READWRITE if own else CU_MEM_ACCESS_FLAGS_PROT_NONE
+    return CUDA_SUCCESS
+
+
+@implements("cuMemPoolSetAccess")
+def cu_mem_pool_set_access(pool, descs, count):
+    """What is already so succeeds (the owner read-write, no access elsewhere); granting a peer is refused."""
+    dev = _pool_device(pool)
+    for i in range(int(count)):
+        d = descs[i]
+        own = d.location.type == CU_MEM_LOCATION_TYPE_DEVICE and d.location.id == dev
+        if own and d.flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE:
+            return CUDA_ERROR_INVALID_VALUE            # the owner's access cannot be taken away, as on a GPU
+        if not own and d.flags != CU_MEM_ACCESS_FLAGS_PROT_NONE:
+            raise CudaCallError(CUDA_ERROR_NOT_SUPPORTED, "refused: access to a pool from another device needs "
+                                                          "peer access, which rgpu's server does not run")
+    return CUDA_SUCCESS

@@ -1,6 +1,8 @@
 """Driver calls for order: streams, events, stream capture and graphs.
 
-Records, waits, destroys and graph launches are posted; synchronisations
+Event records, stream waits and graph launches are queued in C with the
+launches (shim_queue.c; the functions here are the reference, RGPU_NATIVE=off,
+and the fallback before a context); destroys are posted; synchronisations
 wait and report any earlier posted failure.  Which streams are capturing is
 known here (we forwarded the begin and the end) and noted in C
 (shim_capture.c), which answers cuStreamIsCapturing and the status and id of
@@ -156,11 +158,34 @@ def cu_stream_is_capturing(stream, pstatus):
 @implements("cuStreamGetCaptureInfo", "cuStreamGetCaptureInfo_ptsz", "cuStreamGetCaptureInfo_v2",
             "cuStreamGetCaptureInfo_v2_ptsz", "cuStreamGetCaptureInfo_v3", "cuStreamGetCaptureInfo_v3_ptsz", stream=0)
 def cu_stream_get_capture_info(stream, *outs):
-    """C answers the status and id (after cuInit); a capture's graph and dependency set are the server's."""
-    if client.get().init_info is None:
+    """C wrote the status and id (after cuInit); the graph and the dependency set are the server's: one call.
+
+    outs: v1 (status, id); v2 (status, id, graph, deps, count); v3 (status, id, graph, deps, edges, count).
+    The arrays stay valid until the next such question about the stream, as the driver's do.
+    """
+    c = client.get()
+    if c.init_info is None:
         return CUDA_ERROR_NOT_INITIALIZED
-    raise CudaCallError(CUDA_ERROR_NOT_SUPPORTED, "cuStreamGetCaptureInfo: the capture's graph and dependency "
-                                                  "nodes live on the server (status and id are answered)")
+    if len(outs) < 5:
+        return CUDA_SUCCESS                  # v1: nothing C did not answer
+    ffi, s = c.ffi, h(stream)
+    graph_out, deps_out, count_out = outs[2], outs[3], outs[-1]
+    edges_out = outs[4] if len(outs) == 6 else ffi.NULL
+    (_, _, graph, deps), _ = c.call("stream_get_capture_info", s)
+    nodes = ffi.new("CUgraphNode[]", max(1, len(deps)))
+    for i, n in enumerate(deps):
+        nodes[i] = ffi.cast("CUgraphNode", n)
+    edges = ffi.new("CUgraphEdgeData[]", max(1, len(deps)))     # all default edges: rgpu captures no edge data
+    c.keep.setdefault("capture_deps", {})[s] = (nodes, edges)
+    if graph_out != ffi.NULL:
+        graph_out[0] = ffi.cast("CUgraph", graph)
+    if deps_out != ffi.NULL:
+        deps_out[0] = nodes
+    if edges_out != ffi.NULL:
+        edges_out[0] = edges
+    if count_out != ffi.NULL:
+        count_out[0] = len(deps)
+    return CUDA_SUCCESS
 
 
 @implements("cuGraphGetNodes")

@@ -190,6 +190,29 @@ RT_API cudaError_t cudaDeviceCanAccessPeer(int *can, int device, int peer) {
     return e ? rt_ret(e) : rt_cu(cuDeviceCanAccessPeer(can, device, peer));
 }
 
+/* Peer access: with the thread's own device CUDA answers cudaErrorInvalidDevice, and so do we; across devices
+ * it would need the server's cuCtxEnablePeerAccess, which the cuda route does not run: a clear refusal (and
+ * disabling what was never enabled is CUDA's own answer).  torch asks for it only where CanAccessPeer said 1. */
+static cudaError_t peer_check(int peer) {
+    cudaError_t e = rt_ctx();
+    if (e) return e;
+    return peer < 0 || peer >= rt_device_count() || peer == rt_device() ? rt_ret(cudaErrorInvalidDevice) : cudaSuccess;
+}
+
+RT_API cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
+    static int said;
+    cudaError_t e = flags ? rt_ret(cudaErrorInvalidValue) : peer_check(peer);
+    if (e) return e;
+    if (!said++) fprintf(stderr, "rgpu: cudaDeviceEnablePeerAccess between two devices is not supported over rgpu "
+                                 "(the server does not run cuCtxEnablePeerAccess)\n");
+    return rt_ret(cudaErrorPeerAccessUnsupported);
+}
+
+RT_API cudaError_t cudaDeviceDisablePeerAccess(int peer) {
+    cudaError_t e = peer_check(peer);
+    return e ? e : rt_ret(cudaErrorPeerAccessNotEnabled);
+}
+
 RT_API cudaError_t cudaDeviceSynchronize(void) {
     cudaError_t e = rt_ctx();
     return e ? e : rt_cu_sync(cuCtxSynchronize());

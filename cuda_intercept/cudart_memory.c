@@ -337,6 +337,18 @@ RT_API cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, enum cudaMemPoolA
     return e ? e : rt_cu(cuMemPoolSetAttribute((CUmemoryPool)pool, (CUmemPool_attribute)attr, value));
 }
 
+/* Access to a pool: the driver's answer (libcuda.so.1 knows which device each pool is on). */
+RT_API cudaError_t cudaMemPoolSetAccess(cudaMemPool_t pool, const struct cudaMemAccessDesc *descs, size_t count) {
+    cudaError_t e = rt_ctx();
+    return e ? e : rt_cu(cuMemPoolSetAccess((CUmemoryPool)pool, (const CUmemAccessDesc *)descs, count));
+}
+
+RT_API cudaError_t cudaMemPoolGetAccess(enum cudaMemAccessFlags *flags, cudaMemPool_t pool,
+                                        struct cudaMemLocation *location) {
+    cudaError_t e = rt_ctx();
+    return e ? e : rt_cu(cuMemPoolGetAccess((CUmemAccess_flags *)flags, (CUmemoryPool)pool, (CUmemLocation *)location));
+}
+
 RT_API cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t pool, enum cudaMemPoolAttr attr, void *value) {
     cudaError_t e = rt_ctx();
     return e ? e : rt_cu(cuMemPoolGetAttribute((CUmemoryPool)pool, (CUmemPool_attribute)attr, value));

@@ -82,7 +82,8 @@ static CUresult rgpu_fast_cuStreamIsCapturing_ptsz(CUstream s, CUstreamCaptureSt
     return rgpu_is_capturing(s ? s : RGPU_STREAM_PER_THREAD, status);
 }
 
-/* Status and id in C; a capture's dependency set lives on the server, so asking for it goes to Python. */
+/* Status and id in C; a capture's dependency set lives on the server, so asking for it goes to Python (one
+ * round trip, stream_get_capture_info), which fills the graph and the dependencies beside what C wrote. */
 static CUresult rgpu_capture_info(CUstream s, CUstreamCaptureStatus *status, cuuint64_t *id, CUgraph *graph,
                                   const CUgraphNode **deps, const CUgraphEdgeData **edges, size_t *ndeps) {
     struct rgpu_capture c;
@@ -92,9 +93,9 @@ static CUresult rgpu_capture_info(CUstream s, CUstreamCaptureStatus *status, cuu
         *status = CU_STREAM_CAPTURE_STATUS_NONE;
         return CUDA_SUCCESS;
     }
-    if (deps || edges || ndeps || (graph && !c.graph)) return RGPU_PY;
     *status = CU_STREAM_CAPTURE_STATUS_ACTIVE;
     if (id) *id = c.id;
+    if (deps || edges || ndeps || (graph && !c.graph)) return RGPU_PY;
     if (graph) *graph = (CUgraph)(uintptr_t)c.graph;
     return CUDA_SUCCESS;
 }

@@ -162,3 +162,38 @@ def test_a_malformed_queued_record_is_an_error_for_that_session_named_never_a_cr
     assert [d[0] for d in deferred] == ["launches", "launches"]
     assert all("malformed queued record" in d[2] for d in deferred)
     lb.close()
+
+
+def test_capture_info_with_dependencies_takes_one_round_trip_and_names_the_last_node(cu):
+    from rgpu.cuda_intercept import client
+    n = 32
+    dx, dy = alloc(cu, 4 * n), alloc(cu, 4 * n)
+    s, g, status, cid = c_void_p(), c_void_p(), c_int(), ctypes.c_uint64()
+    deps, count, nodes = ctypes.POINTER(c_void_p)(), c_size_t(), (c_void_p * 4)()
+    assert cu.cuStreamCreate(byref(s), 1) == 0
+    assert cu.cuStreamBeginCapture_v2(s, 0) == 0
+    assert launch(cu, cu.saxpy, n, c_float(1), u64(dx), u64(dy), c_int(n), stream=s) == 0
+    trips = client.get().conn.stats["round_trips"]
+    assert cu.cuStreamGetCaptureInfo_v2(s, byref(status), byref(cid), byref(g), byref(deps), byref(count)) == 0
+    assert client.get().conn.stats["round_trips"] == trips + 1
+    assert status.value == 1 and cid.value and g.value and count.value == 1
+    ncount = c_size_t(4)
+    assert cu.cuGraphGetNodes(g, nodes, byref(ncount)) == 0
+    assert deps[0] == nodes[ncount.value - 1]
+    out = c_void_p()
+    assert cu.cuStreamEndCapture(s, byref(out)) == 0
+
+
+def test_a_pools_access_is_its_owners_and_a_peer_is_refused(cu):
+    class Location(ctypes.Structure):
+        _fields_ = [("type", c_int), ("id", c_int)]
+
+    class AccessDesc(ctypes.Structure):
+        _fields_ = [("location", Location), ("flags", c_int)]
+
+    pool, flags = c_void_p(), c_int(-1)
+    assert cu.cuDeviceGetDefaultMemPool(byref(pool), 0) == 0
+    assert cu.cuMemPoolGetAccess(byref(flags), pool, byref(Location(1, 0))) == 0 and flags.value == 3
+    assert cu.cuMemPoolGetAccess(byref(flags), pool, byref(Location(1, 1))) == 0 and flags.value == 0
+    assert cu.cuMemPoolSetAccess(pool, byref(AccessDesc(Location(1, 0), 3)), c_size_t(1)) == 0
+    assert cu.cuMemPoolSetAccess(pool, byref(AccessDesc(Location(1, 1), 3)), c_size_t(1)) == 801
