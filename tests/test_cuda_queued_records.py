@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from test_cuda_shim import alloc, download, launch, ptx, u64
+from rgpu.protocol.cuda import OP
 from test_cuda_support import Loopback, shim_in_process
 
 ONE = 0x3F800000          # 1.0f, the bits cuMemsetD32 writes
@@ -197,3 +198,49 @@ def test_a_pools_access_is_its_owners_and_a_peer_is_refused(cu):
     assert cu.cuMemPoolGetAccess(byref(flags), pool, byref(Location(1, 1))) == 0 and flags.value == 0
     assert cu.cuMemPoolSetAccess(pool, byref(AccessDesc(Location(1, 0), 3)), c_size_t(1)) == 0
     assert cu.cuMemPoolSetAccess(pool, byref(AccessDesc(Location(1, 1), 3)), c_size_t(1)) == 801
+
+
+def test_the_c_walker_launches_plain_records_and_hands_every_other_kind_back():
+    from rgpu.protocol.cuda import LAUNCH, LAUNCH_KIND, MEMSET_KIND, NO_STREAM, OP
+    from rgpu.server.cuda_driver import real_batch
+    walk = real_batch.load()
+    if walk is None:
+        pytest.skip("no C compiler for the server's record walker here")
+    launched = []
+    launch_t = ctypes.CFUNCTYPE(c_int, *([c_void_p] + [c_uint] * 7 + [c_void_p] * 3))
+    set_ctx_t = ctypes.CFUNCTYPE(c_int, c_void_p)
+    on_launch = launch_t(lambda f, *rest: launched.append(f) or 0)
+    on_ctx = set_ctx_t(lambda c: 0)
+    rec = (LAUNCH.pack(LAUNCH.size, LAUNCH_KIND, 0x100, 7, 0, 1, 1, 1, 32, 1, 1, 0, 0)
+           + OP.pack(OP.size, MEMSET_KIND, 7, NO_STREAM, 0x1000, 1 << 32, 4))     # 48 bytes: shorter than a launch
+    buf = ctypes.create_string_buffer(rec, len(rec))
+    pos, ctx = c_size_t(0), ctypes.c_uint64(7)
+    rc = walk(ctypes.cast(on_launch, c_void_p), ctypes.cast(on_ctx, c_void_p), buf, len(rec), byref(pos), byref(ctx))
+    assert (rc, pos.value, launched) == (-2, LAUNCH.size, [0x100])   # the memset is the executor's, never skipped
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_queued_kinds_run_in_order_on_the_real_driver():
+    from rgpu.protocol.cuda import EVENT_RECORD_KIND, MEM_FREE_KIND, MEMCPY_HTOD_KIND, MEMSET_KIND, NO_STREAM
+    from rgpu.server.cuda_driver import real_api
+    if not real_api.candidates():
+        pytest.skip("needs an NVIDIA GPU and its driver (runs through the device tool, not in CI)")
+    lb = Loopback("real")
+    ex = lb.executor
+    ex.driver.init(4)
+    ctx = ex.driver.primary_ctx_retain(0)
+    run = lambda *m: ex.handle(list(m), [], True)[0]    # noqa: E731
+    d = run("mem_alloc", ctx, 64)[1]
+    e = run("event_create", ctx, 0)[1]
+    data = bytes(range(16))
+    rec = (OP.pack(OP.size, MEMSET_KIND, ctx, NO_STREAM, d, 0xAB | 1 << 32, 64)
+           + OP.pack(OP.size + 16, MEMCPY_HTOD_KIND, ctx, 0, d, 16, 0) + data
+           + OP.pack(OP.size, EVENT_RECORD_KIND, ctx, 0, e, 0, 0))
+    ex.handle(["launches", 0], [memoryview(rec)], False)
+    code, _, deferred = run("event_synchronize", ctx, e)
+    assert code == 0 and not deferred
+    got = bytes(ex.driver.memcpy_dtoh(d, 64, None))
+    assert got == data + bytes([0xAB]) * 48
+    ex.handle(["launches", 0], [memoryview(OP.pack(OP.size, MEM_FREE_KIND, ctx, NO_STREAM, d, 0, 0))], False)
+    assert run("ctx_synchronize", ctx)[0] == 0 and ex.held.total == 0
+    lb.close()
