@@ -1,7 +1,8 @@
 """Driver calls for memory: device allocations, copies, memsets, page-locked host memory, pointer queries.
 
-The client keeps a table of its device allocations, so pointer queries and
-the direction of a unified ``cuMemcpy`` are answered without the server.
+The process's table of its device allocations lives in C (shim_ptr.c), so pointer
+queries and the direction of a unified ``cuMemcpy`` are answered without the
+server, and a free queued in C (shim_queue.c) forgets its pointer there too.
 Host memory the GPU would map (DEVICEMAP, managed memory) is refused: it
 cannot cross a network.  Page-locked host memory is plain host memory here.
 """

@@ -244,3 +244,38 @@ def test_on_a_gpu_the_queued_kinds_run_in_order_on_the_real_driver():
     ex.handle(["launches", 0], [memoryview(OP.pack(OP.size, MEM_FREE_KIND, ctx, NO_STREAM, d, 0, 0))], False)
     assert run("ctx_synchronize", ctx)[0] == 0 and ex.held.total == 0
     lb.close()
+
+
+def test_the_real_drivers_code_runs_the_queued_kinds_over_the_interceptor(monkeypatch):
+    """The real driver's ctypes path and its C walker, on rgpu's own libcuda.so.1 (which forwards to the fake)."""
+    from rgpu import config
+    from rgpu.protocol.cuda import EVENT_RECORD_KIND, MEM_FREE_KIND, MEMCPY_HTOD_KIND, MEMSET_KIND, NO_STREAM
+    from rgpu.server.cuda_driver import real, real_api
+    from rgpu.server.routes.base import Session
+    from rgpu.server.routes.cuda import Executor
+    shim = shim_in_process()
+    lib = ctypes.CDLL(shim._name)
+    monkeypatch.setattr(real, "load", lambda: real_api.typed(lib))
+    saved = c_void_p()
+    shim.cuCtxGetCurrent(byref(saved))
+    ex = Executor(Session("t", "cuda", config.settings(environ={}, cuda_driver="fake")))
+    ex.driver = d = real.RealDriver()
+    try:
+        d.init(4)
+        ctx = d.primary_ctx_retain(0)
+        d.set_current(ctx)
+        ptr = ex.handle(["mem_alloc", ctx, 64], [], True)[0][1]
+        ev = d.event_create(0)
+        data = bytes(range(16))
+        rec = (OP.pack(OP.size, MEMSET_KIND, ctx, NO_STREAM, ptr, 0xAB | 1 << 32, 64)
+               + OP.pack(OP.size + 16, MEMCPY_HTOD_KIND, ctx, 0, ptr, 16, 0) + data
+               + OP.pack(OP.size, EVENT_RECORD_KIND, ctx, 0, ev, 0, 0))
+        ex.handle(["launches", 0], [memoryview(rec)], False)
+        assert ex.deferred == []
+        d.event_synchronize(ev)
+        assert bytes(d.memcpy_dtoh(ptr, 64, None)) == data + bytes([0xAB]) * 48
+        ex.handle(["launches", 0], [memoryview(OP.pack(OP.size, MEM_FREE_KIND, ctx, NO_STREAM, ptr, 0, 0))], False)
+        assert ex.deferred == [] and ex.held.total == 0
+    finally:
+        d.close()
+        shim.cuCtxSetCurrent(saved)
