@@ -11,12 +11,17 @@ from __future__ import annotations
 import ctypes
 import logging
 import struct
+import subprocess
+import textwrap
 from ctypes import byref, c_float, c_int, c_size_t, c_uint, c_void_p
 
 import numpy as np
 import pytest
 
+from test_cuda_programs import run
 from test_cuda_shim import alloc, download, launch, ptx, u64
+from test_cuda_support import cuda_headers_or_skip
+from test_cudart import cudart, fake_server  # noqa: F401  (fixtures)
 from rgpu.protocol.cuda import OP
 from test_cuda_support import Loopback, shim_in_process
 
@@ -279,3 +284,46 @@ def test_the_real_drivers_code_runs_the_queued_kinds_over_the_interceptor(monkey
     finally:
         d.close()
         shim.cuCtxSetCurrent(saved)
+
+
+RUNTIME_GAPS_C = textwrap.dedent(r"""
+    #include <cuda_runtime_api.h>
+    #include <stdio.h>
+    int main(void) {
+        cudaMemPool_t pool; void *p; cudaStream_t st; cudaGraph_t gr = 0, out;
+        enum cudaMemAccessFlags f = cudaMemAccessFlagsProtNone; enum cudaStreamCaptureStatus cs;
+        unsigned long long id = 0; const cudaGraphNode_t *deps = 0; size_t nd = 0;
+        struct cudaMemLocation loc = {cudaMemLocationTypeDevice, 0};
+        struct cudaMemAccessDesc d = {{cudaMemLocationTypeDevice, 0}, cudaMemAccessFlagsProtReadWrite};
+        cudaSetDevice(0);
+        int same = cudaDeviceEnablePeerAccess(0, 0), other = cudaDeviceEnablePeerAccess(1, 0);
+        int dis = cudaDeviceDisablePeerAccess(0);
+        cudaGetLastError();
+        cudaDeviceGetDefaultMemPool(&pool, 0);
+        int g = cudaMemPoolGetAccess(&f, pool, &loc), s = cudaMemPoolSetAccess(pool, &d, 1);
+        cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+        cudaMalloc(&p, 64);
+        cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal);
+        cudaMemsetAsync(p, 0, 64, st);
+        int ci = cudaStreamGetCaptureInfo(st, &cs, &id, &gr, &deps, NULL, &nd);
+        cudaStreamEndCapture(st, &out);
+        printf("peer %d %d %d\npool %d %d %d\ncapture %d %d %d %zu %d\n", same, other, dis, g, (int)f, s, ci,
+               (int)cs, id != 0, nd, gr == out);
+        return 0;
+    }
+""")
+
+
+def test_the_runtime_answers_peer_access_pool_access_and_capture_dependencies(cudart, tmp_path, fake_server):  # noqa: F811
+    include = cuda_headers_or_skip()
+    src = tmp_path / "gaps.c"
+    src.write_text(RUNTIME_GAPS_C)
+    exe = tmp_path / "gaps"
+    subprocess.run(["cc", "-O1", f"-I{include}", str(src), "-o", str(exe), f"-L{cudart.parent}",
+                    "-l:libcudart.so.13", "-l:libcuda.so.1", f"-Wl,-rpath,{cudart.parent}"], check=True)
+    done = run([exe], fake_server)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    assert out["peer"] == "101 101 101"        # cudaErrorInvalidDevice: the same device, and no device 1 here
+    assert out["pool"] == "0 3 0"              # the owner reads and writes
+    assert out["capture"] == "0 1 1 1 1"       # active, an id, one dependency (the memset), the capture's graph
