@@ -73,8 +73,9 @@ def _recv(t: Transport, limits: Limits, expected: MsgKind, on_wait=None):
     limits = Limits(min(limits.max_frame_bytes, HANDSHAKE_LIMITS.max_frame_bytes),
                     min(limits.max_meta_bytes, HANDSHAKE_LIMITS.max_meta_bytes), 0)
     frame = t.recv_frame(limits, _pool)
-    while frame.kind == MsgKind.WAIT and on_wait is not None:   # the server warms up: each WAIT re-arms our timeout
-        on_wait(frame.meta if isinstance(frame.meta, dict) else {})
+    while frame.kind == MsgKind.WAIT:   # the server warms up: each WAIT re-arms our timeout
+        if on_wait is not None:
+            on_wait(frame.meta if isinstance(frame.meta, dict) else {})
         frame = t.recv_frame(limits, _pool)
     if frame.kind == MsgKind.REFUSED:
         meta = frame.meta if isinstance(frame.meta, dict) else {}
