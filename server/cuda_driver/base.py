@@ -58,5 +58,15 @@ class Driver:
 
     name = "driver"
 
+    # A look-up and its parameter layout in one reply: each kernel's first use costs one round trip, not
+    # two. Composed from the contract's own calls, so every driver answers it alike.
+    def library_get_kernel_layout(self, lib: int, name: str) -> list:
+        k = self.library_get_kernel(lib, name)
+        return [k, self.param_layout(k)]
+
+    def module_get_function_layout(self, mod: int, name: str) -> list:
+        f = self.module_get_function(mod, name)
+        return [f, self.param_layout(f)]
+
     def close(self) -> None:
         """Release everything this session created."""

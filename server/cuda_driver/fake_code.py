@@ -246,15 +246,6 @@ class FakeCode:
     def library_get_kernel(self, lib: int, name: str) -> int:
         return self.module_get_function(self.library_get_module(lib), name)   # the fake's kernels are functions
 
-    # a look-up and its parameter layout in one reply: each kernel's first use costs one round trip, not two
-    def library_get_kernel_layout(self, lib: int, name: str) -> list:
-        k = self.library_get_kernel(lib, name)
-        return [k, self.param_layout(k)]
-
-    def module_get_function_layout(self, mod: int, name: str) -> list:
-        f = self.module_get_function(mod, name)
-        return [f, self.param_layout(f)]
-
     def kernel_get_function(self, kernel: int) -> int:
         self._entry(kernel)
         return kernel

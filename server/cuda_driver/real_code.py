@@ -124,15 +124,6 @@ class RealCode:
         self.kernels.add(k)
         return k
 
-    # a look-up and its parameter layout in one reply: each kernel's first use costs one round trip, not two
-    def library_get_kernel_layout(self, lib: int, name: str) -> list:
-        k = self.library_get_kernel(lib, name)
-        return [k, self.param_layout(k)]
-
-    def module_get_function_layout(self, mod: int, name: str) -> list:
-        f = self.module_get_function(mod, name)
-        return [f, self.param_layout(f)]
-
     def kernel_get_function(self, kernel: int) -> int:
         return self.d._out("cuKernelGetFunction", c_void_p, kernel)
 
