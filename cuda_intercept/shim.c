@@ -203,7 +203,10 @@ static inline __attribute__((always_inline)) CUresult rgpu_fast_cuGetExportTable
     Dl_info info;
     const char *path = dladdr(__builtin_return_address(0), &info) && info.dli_fname ? info.dli_fname : "";
     const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
-    const char *what = "it cannot be served over rgpu (the driver's private tables cannot cross a network)";
+    /* Anything else carries its own CUDA runtime, linked statically (nvcc's default, CuPy's wheels). */
+    const char *what = "it carries the CUDA runtime linked statically (nvcc's default `-cudart static`; CuPy's wheels), "
+                       "which needs the driver's private tables, and those cannot cross a network: rgpu runs programs "
+                       "built with the shared runtime (`nvcc -cudart shared`)";
     (void)id;
     if (table) *table = NULL;
     if (!*base) base = "a library";

@@ -123,6 +123,37 @@ if [ -n "$TPY" ]; then
   step torch_rgpu 180 "$TPY" -m rgpu intercept run -- "$TPY" "$OUT/torch_r3.py"
 fi
 
+# ---- CuPy: elementwise, a reduction and a RawKernel (NVRTC compiles on the client) -----------------
+cat >"$OUT/cupy_check.py" <<'EOF'
+"""CuPy on cuda: each result as its bytes' sha256, so the native and the rgpu runs compare bitwise."""
+import hashlib, json
+res = {}
+try:
+    import cupy as cp
+    res["cupy"] = cp.__version__
+    h = lambda a: hashlib.sha256(cp.asnumpy(a).tobytes()).hexdigest()[:16]
+    x = cp.arange(100_000, dtype=cp.float32) * 0.25 - 3
+    y = cp.sin(x) * 2 + cp.sqrt(cp.abs(x))
+    scale = cp.RawKernel(r"""extern "C" __global__ void scale(const float* a, float* b, float k, int n) {
+        int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) b[i] = a[i] * k + 1.0f; }""", "scale")
+    z = cp.empty_like(x)
+    scale(((x.size + 255) // 256,), (256,), (x, z, cp.float32(1.5), cp.int32(x.size)))
+    ew = cp.ElementwiseKernel("float32 a, float32 b", "float32 c", "c = a * b - 0.5f", "mulsub")
+    res["digests"] = {"elementwise": h(y), "sum": h(y.sum()), "max": h(cp.max(x)),
+                      "mean_axis": h(y.reshape(100, -1).mean(axis=1)), "rawkernel": h(z),
+                      "elementwise_kernel": h(ew(x, y)), "cumsum": h(cp.cumsum(x[:4096]))}
+    cp.cuda.Device().synchronize()
+except Exception as exc:
+    res["error"] = f"{type(exc).__name__}: {str(exc)[:1500]}"
+res["maps"] = sorted({l.split()[-1] for l in open("/proc/self/maps")
+                      if any(k in l for k in ("libcuda", "libcudart", "libnvrtc", "libcublas"))})
+print(json.dumps(res))
+EOF
+if [ -n "$TPY" ] && "$TPY" -c "import cupy" 2>/dev/null; then
+  step cupy_native 120 env -u LD_LIBRARY_PATH "$TPY" "$OUT/cupy_check.py"
+  step cupy_rgpu 180 "$TPY" -m rgpu intercept run -- "$TPY" "$OUT/cupy_check.py"
+fi
+
 kill "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null
 stamp summary
 python3 - "$OUT" <<'EOF' | tee "$OUT/summary.txt"
@@ -130,7 +161,7 @@ import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
 def load(name):
     try:
-        return json.loads((out / f"{name}.json").read_text().strip().splitlines()[-1] if name.startswith("torch")
+        return json.loads((out / f"{name}.json").read_text().strip().splitlines()[-1] if name.startswith(("torch", "cupy"))
                           else (out / f"{name}.json").read_text())
     except Exception as exc:
         err = (out / f"{name}.err").read_text(errors="replace")[-2000:] if (out / f"{name}.err").exists() else ""
@@ -143,6 +174,10 @@ if isinstance(tn, dict) and isinstance(tr, dict):
     s["torch_equal"] = {k: tn.get(k) == tr.get(k) for k in keys}
     s["torch_ok"] = not tn.get("error") and not tr.get("error") and all(s["torch_equal"].values())
     s["torch_rgpu_loaded_only_rgpu"] = all("rgpu" in m or "libcuda.so" not in m for m in tr.get("maps", []))
+cn, cr = load("cupy_native"), load("cupy_rgpu")
+s["cupy_native"], s["cupy_rgpu"] = cn, cr
+if isinstance(cn, dict) and isinstance(cr, dict):
+    s["cupy_ok"] = not cn.get("error") and not cr.get("error") and cn.get("digests") == cr.get("digests")
 s["rc"] = {p.stem: p.read_text().strip() for p in out.glob("*.rc")}
 s["server_log_tail"] = (out / "server.log").read_text(errors="replace")[-3000:]
 (out / "cuda_runtime.json").write_text(json.dumps(s, indent=1))
@@ -152,6 +187,7 @@ for r in progs:
     print(f"program {r['program']:9s} ok={r['ok']} same={r.get('same')} numpy native={r.get('native_numpy')} "
           f"rgpu={r.get('rgpu_numpy')} {r.get('error', '')}")
 print("torch ok:", s.get("torch_ok"), "equal:", s.get("torch_equal"), "| rgpu run error:", tr.get("error") if isinstance(tr, dict) else tr)
+print("cupy ok:", s.get("cupy_ok"), "| rgpu run:", cr.get("error") if isinstance(cr, dict) else cr)
 print("rc:", s["rc"])
 EOF
 pack cuda_runtime.tar.gz

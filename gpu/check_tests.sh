@@ -8,7 +8,8 @@ BUDGET=${BUDGET:-300}
 . "$(dirname "$0")/steps.sh"
 install_rgpu
 step probe 60 python3 "$REPO/tools/diag/probe_sdpa_align.py"
-step gpu_marked 120 python3 -m pytest -q -p no:cacheprovider -m gpu -rs "$REPO/tests"
+export RGPU_TEST_CUDA_TORCH_PYTHON=${RGPU_TEST_CUDA_TORCH_PYTHON:-$(command -v python3)}   # stock torch's redirect test
+step gpu_marked 150 python3 -m pytest -q -p no:cacheprovider -m gpu -rs "$REPO/tests"
 step on_a_gpu_server 150 python3 -m pytest -q -p no:cacheprovider "$REPO/tests/test_fast_path_ops.py" \
     "$REPO/tests/test_device_nanogpt.py" "$REPO/tests/test_fidelity_attention_and_convolution.py" \
     "$REPO/tests/test_device_streaming.py"

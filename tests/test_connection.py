@@ -361,16 +361,25 @@ def test_gathered_posts_reach_the_server_by_themselves_when_the_caller_goes_quie
 
 
 def _hand_clock(monkeypatch) -> list:
-    """The connection's clock (``perf_counter``), moved by hand: ``clock[0] += seconds``."""
+    """The connection's clock (``perf_counter``), moved by hand: ``clock[0] += seconds``. Both modules that
+    note when a write ended read it (a lone call, written by ``connection_lone``, notes it too)."""
     import time
     import types
 
-    from rgpu.transport import connection
+    from rgpu.transport import connection, connection_lone
 
     clock = [time.perf_counter()]
-    monkeypatch.setattr(connection, "time", types.SimpleNamespace(perf_counter=lambda: clock[0],
-                                                                  monotonic=time.monotonic))
+    hand = types.SimpleNamespace(perf_counter=lambda: clock[0], monotonic=time.monotonic)
+    monkeypatch.setattr(connection, "time", hand)
+    monkeypatch.setattr(connection_lone, "time", hand)
     return clock
+
+
+def _settled(conn) -> None:
+    """Wait until the I/O thread (if any) is idle with nothing queued: it notes when its last write ended
+    only after the write, so a reply can arrive first and a hand clock moved meanwhile would be read there."""
+    wait_until(lambda: conn._io_thread is None or (conn._io_idle and not conn._queue), timeout=5,
+               what="the connection's I/O thread going idle")
 
 
 def _writers(conn) -> list:
@@ -391,6 +400,7 @@ def _past_the_fast_start(conn) -> None:
     for _ in range(2 * connection.POST_FLUSH_COUNT):
         conn.post({"op": "note", "v": -1})
     conn.flush(timeout=5)
+    _settled(conn)
 
 
 def test_the_io_thread_leaves_frames_younger_than_the_gathering_window_to_their_caller(tcp_conn, monkeypatch):
@@ -416,6 +426,7 @@ def test_a_post_on_a_quiet_connection_goes_at_once_and_the_next_batches_double_u
     clock = _hand_clock(monkeypatch)
     sends = _count_sends(tcp_conn)
     assert tcp_conn.call({"op": "sizes"}, []).meta["posts"] == 0   # a round trip, as a step's .item()
+    _settled(tcp_conn)
     written = len(sends)
     clock[0] += 2 * tcp_conn._batch_s   # quiet since: the server is idle
     n = 1 + 2 + 4 + 8 + 16 + connection.POST_FLUSH_COUNT + 5
