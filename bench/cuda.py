@@ -67,7 +67,7 @@ def rows(args=None) -> list[dict]:
     from rgpu.cuda_intercept.build import build
     from rgpu.cuda_intercept.cli import environment
     from rgpu.cuda_intercept.demo import build_program
-    from rgpu.server.cuda_driver import real_api
+    from rgpu.server.cuda import real_api
 
     repeats = 3 if getattr(args, "quick", False) else getattr(args, "repeats", 5) or 5
     lib = build()

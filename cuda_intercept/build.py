@@ -22,7 +22,7 @@ from . import cgen, header, model
 from .annotations import C_ONLY
 
 HERE = Path(__file__).resolve().parent
-C_SOURCES = ("shim.c", "shim_ctx.c", "shim_launch.c", "shim_ptr.c", "shim_capture.c", "shim_queue.c")
+C_SOURCES = ("shim.c", "shim_ctx.c", "shim_launch.c", "shim_ptr.c", "shim_capture.c", "shim_queue.c", "shim_libs.c")
 MODULE = "_rgpu_libcuda"
 
 # What Python may call in the C half (shim*.c); the rest of the cdef is the header's types.
@@ -49,6 +49,8 @@ char *rgpu_queue_take(size_t *len, size_t *count);
 void rgpu_queue_free(char *q);
 void rgpu_queue_limit(size_t bytes);
 extern "Python" CUresult _py_rgpu_flush(void);
+extern "Python" CUresult _py_rgpu_lib_call(uint32_t call, uint64_t stream, uint64_t handle, const void *payload,
+                                           size_t n, void *out, size_t cap, int64_t *status, size_t *got);
 """
 
 # Runs once, in whichever interpreter first calls us: the host's when the

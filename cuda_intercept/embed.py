@@ -10,8 +10,8 @@ from __future__ import annotations
 import atexit
 
 from . import calls_code, calls_device, calls_launch, calls_link, calls_memory, calls_order, calls_pointer  # noqa: F401 (register)
-from . import client
-from .registry import CUDA_SUCCESS, handler
+from . import calls_libs, client
+from .registry import CUDA_SUCCESS, _guard, handler
 
 _connect_override = None     # tests: a factory of in-process connections
 
@@ -28,6 +28,8 @@ def attach(ffi, lib, names) -> None:
         return CUDA_SUCCESS
 
     ffi.def_extern(name="_py_rgpu_flush", error=999)(handler_for_flush(flush))
+    ffi.def_extern(name="_py_rgpu_lib_call", error=999)(
+        _guard("rgpu_lib_call", lambda *args: calls_libs.lib_call(c, ffi, *args)))
     atexit.register(_at_exit, c)
     from rgpu import config
     # RGPU_NATIVE=off: memsets, events, waits, frees, small copies and graph launches posted by Python (the reference)
@@ -36,7 +38,6 @@ def attach(ffi, lib, names) -> None:
 
 
 def handler_for_flush(flush):
-    from .registry import _guard
     return _guard("rgpu_flush", flush)
 
 

@@ -24,7 +24,7 @@ import json, sys, time
 r = {}
 import torch
 r["torch"], r["python"] = torch.__version__, sys.version.split()[0]
-import rgpu.server, rgpu.server.routes.ops
+import rgpu.server, rgpu.server.ops.executor
 from rgpu.device_backend import build
 r["server_import_loaded_cpp"] = build._module is not None
 t0 = time.perf_counter(); build.load(); r["build_s"] = time.perf_counter() - t0

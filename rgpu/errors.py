@@ -12,7 +12,7 @@
     ├── ConfigError               a setting or flag has a value rgpu cannot use
     ├── BuildError                (rgpu/native.py) a C or C++ part did not build; carries the compiler's
     │                             last lines, or the command that installs a compiler
-    ├── CudaDriverError           (server/cuda_driver/base.py) a driver call on the server failed; carries the
+    ├── CudaDriverError           (server/cuda/base.py) a driver call on the server failed; carries the
     │                             CUresult; the cuda route turns it into the reply's code, never an ERROR frame
     └── CudaCallError             (cuda_intercept/registry.py) a call the interceptor answers with a CUresult;
                                   the registry wrapper returns the code to the program, it never escapes into C

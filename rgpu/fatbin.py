@@ -2,7 +2,7 @@
 
 Both ends use it and it imports nothing of rgpu: the client trims images to the
 server's GPU before upload (``cuda_intercept/fatbin.py``), the fake driver reads
-their PTX (``server/cuda_driver/fake_code.py``). Layout, little-endian (NVIDIA
+their PTX (``server/cuda/fake_code.py``). Layout, little-endian (NVIDIA
 does not document it; the fields read here are checked against nvcc 13's output
 in ``tests/test_fatbin.py``)::
 

@@ -57,7 +57,7 @@ PARTS: tuple[Part, ...] = (
     Part("server_ops", "the server's op path (C++)", _torch, "rgpu.server.ops.fast_op:build",
          "rgpu.server.ops.fast_op:built"),
     Part("shm", "shm's C modules", _cffi_on_x86, "rgpu.transport.shm_fast:build"),
-    Part("launch_records", "the real driver's batch launcher (C)", _nothing, "rgpu.server.cuda_driver.real_batch:build"),
+    Part("launch_records", "the real driver's batch launcher (C)", _nothing, "rgpu.server.cuda.real_batch:build"),
     Part("cuda", "the CUDA route's libraries", _cuda_headers, "rgpu.cuda_intercept.libraries:build",
          native_name="intercept"),   # libcuda.so.1, libcudart.so.13, the stand-ins, the redirector: one folder
 )

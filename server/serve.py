@@ -26,7 +26,7 @@ from rgpu.errors import RgpuError
 from rgpu.transport import handshake, tcp, tls, tokens
 from rgpu.transport.tcp import TcpTransport
 
-from . import routes, warmup
+from . import route, warmup
 from .gate import Admitted, Gate
 from .stopping import GRACE_S
 
@@ -182,7 +182,7 @@ class Server:
         where = f"token file {self.token_path}" if self.token_path else "token from RGPU_TOKEN"
         if self.token_created:
             where += " (created now: copy it to your clients, or use `rgpu run --ssh`)"
-        print(f"rgpu serve: listening on {host}:{port}; routes {', '.join(sorted(routes.available()))}; {where}",
+        print(f"rgpu serve: listening on {host}:{port}; routes {', '.join(sorted(route.available()))}; {where}",
               file=self.out, flush=True)
         if self.tls:
             self.announce_tls()
@@ -218,7 +218,7 @@ class Server:
         self._fill_spares(1)   # the first session's worker warms up as the server starts
         self.announce()
         tls_cert = {"cert": self.tls.cert, "key": self.tls.key} if self.tls else None
-        gate = Gate(self.listener, self.token, self.settings, routes.available(), tls_cert)
+        gate = Gate(self.listener, self.token, self.settings, route.available(), tls_cert)
         try:
             while not self._stop.is_set():
                 ready = gate.turn(0.1 if self.room else 0.5)

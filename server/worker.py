@@ -25,8 +25,8 @@ from rgpu.transport.shm_native import SERVE_RAISED, SERVE_REPLY
 from rgpu.transport.tcp import TcpTransport
 from rgpu.transport.wire import Limits, MsgKind
 
-from . import routes, warmup
-from .routes.base import Session
+from . import route, warmup
+from .route import Session
 from .stopping import REASON as STOPPING, Stopping, StopSignal
 
 log = logging.getLogger("rgpu.server.worker")
@@ -42,7 +42,7 @@ def serve_session(transport, session: Session, transports: list) -> None:
     limits = Limits.from_settings(session.settings)
     pool = BufferPool()
     try:
-        executor = routes.executor_class(session.route)(session)
+        executor = route.executor_class(session.route)(session)
     except Exception as exc:
         handshake.refuse(transport, "route", f"cannot start the {session.route!r} route: {exc}")
         log.exception("route %s failed to start", session.route)
@@ -188,7 +188,7 @@ def run_session(sock: socket.socket, d: dict) -> None:
         return
     transport = TcpTransport(sock)
     try:
-        hello = handshake.server_handshake(transport, d["token"].encode(), Limits.from_settings(s), routes.available())
+        hello = handshake.server_handshake(transport, d["token"].encode(), Limits.from_settings(s), route.available())
     except RgpuError as exc:
         if isinstance(exc, ProtocolError):
             handshake.refuse(transport, "protocol", str(exc))
@@ -203,7 +203,7 @@ def run_session(sock: socket.socket, d: dict) -> None:
 
 def describe_device(s) -> str:
     """What this server's ops run on, in words (``rgpu serve`` prints it once)."""
-    from rgpu.server.routes.ops import pick_devices
+    from rgpu.server.ops.executor import pick_devices
 
     try:
         kind, devices, names = pick_devices(s)

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from rgpu import config
-from rgpu.server.cuda_driver.base import CudaDriverError
-from rgpu.server.cuda_driver.fake import FakeDriver
-from rgpu.server.cuda_driver.fake_code import parse_entries
-from rgpu.server.routes.base import Session
-from rgpu.server.routes.cuda import LAUNCH, Executor
+from rgpu.server.cuda.base import CudaDriverError
+from rgpu.server.cuda.fake import FakeDriver
+from rgpu.server.cuda.fake_code import parse_entries
+from rgpu.server.route import Session
+from rgpu.server.cuda.executor import LAUNCH, Executor
 
 PTX = """
 .version 7.5

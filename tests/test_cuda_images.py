@@ -12,11 +12,11 @@ import pytest
 
 from cuda_programs import build, kernels_fatbin
 from rgpu import config
-from rgpu.server.cuda_driver.base import CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NO_BINARY_FOR_GPU, CudaDriverError
-from rgpu.server.cuda_driver.fake import FakeDriver
-from rgpu.server.cuda_driver.images import ImageStore
-from rgpu.server.routes.base import Session
-from rgpu.server.routes.cuda import Executor
+from rgpu.server.cuda.base import CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NO_BINARY_FOR_GPU, CudaDriverError
+from rgpu.server.cuda.fake import FakeDriver
+from rgpu.server.cuda.images import ImageStore
+from rgpu.server.route import Session
+from rgpu.server.cuda.executor import Executor
 
 u64 = c_uint64
 
@@ -200,7 +200,7 @@ def test_the_interceptor_loads_a_fatbin_once_by_content_and_counts_the_bytes(cu)
 
 
 def test_the_real_driver_is_never_handed_an_image_whose_lengths_lie():
-    from rgpu.server.cuda_driver.images import image_problem
+    from rgpu.server.cuda.images import image_problem
     good = kernels_fatbin(build("saxpy"))
     assert image_problem(good) is None and image_problem(b".version 8.0\0") is None
     assert "malformed fatbin" in image_problem(good[:-16])

@@ -207,7 +207,7 @@ def test_a_pools_access_is_its_owners_and_a_peer_is_refused(cu):
 
 def test_the_c_walker_launches_plain_records_and_hands_every_other_kind_back():
     from rgpu.protocol.cuda import LAUNCH, LAUNCH_KIND, MEMSET_KIND, NO_STREAM, OP
-    from rgpu.server.cuda_driver import real_batch
+    from rgpu.server.cuda import real_batch
     walk = real_batch.load()
     if walk is None:
         pytest.skip("no C compiler for the server's record walker here")
@@ -227,7 +227,7 @@ def test_the_c_walker_launches_plain_records_and_hands_every_other_kind_back():
 @pytest.mark.gpu
 def test_on_a_gpu_the_queued_kinds_run_in_order_on_the_real_driver():
     from rgpu.protocol.cuda import EVENT_RECORD_KIND, MEM_FREE_KIND, MEMCPY_HTOD_KIND, MEMSET_KIND, NO_STREAM
-    from rgpu.server.cuda_driver import real_api
+    from rgpu.server.cuda import real_api
     if not real_api.candidates():
         pytest.skip("needs an NVIDIA GPU and its driver (runs through the device tool, not in CI)")
     lb = Loopback("real")
@@ -255,9 +255,9 @@ def test_the_real_drivers_code_runs_the_queued_kinds_over_the_interceptor(monkey
     """The real driver's ctypes path and its C walker, on rgpu's own libcuda.so.1 (which forwards to the fake)."""
     from rgpu import config
     from rgpu.protocol.cuda import EVENT_RECORD_KIND, MEM_FREE_KIND, MEMCPY_HTOD_KIND, MEMSET_KIND, NO_STREAM
-    from rgpu.server.cuda_driver import real, real_api
-    from rgpu.server.routes.base import Session
-    from rgpu.server.routes.cuda import Executor
+    from rgpu.server.cuda import real, real_api
+    from rgpu.server.route import Session
+    from rgpu.server.cuda.executor import Executor
     shim = shim_in_process()
     lib = ctypes.CDLL(shim._name)
     monkeypatch.setattr(real, "load", lambda: real_api.typed(lib))

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from rgpu.errors import ConfigError
-from rgpu.server.cuda_driver.base import CudaDriverError
-from rgpu.server.cuda_driver import open_driver, real, real_api
+from rgpu.server.cuda.base import CudaDriverError
+from rgpu.server.cuda import open_driver, real, real_api
 from test_cuda_support import shim_in_process
 
 
@@ -162,8 +162,8 @@ def test_real_driver_falls_back_to_kernelParams_pointing_into_the_packed_buffer(
 
 def test_the_executor_hands_launch_records_to_the_real_drivers_c_loop(over_shim):
     from rgpu import config
-    from rgpu.server.routes.base import Session
-    from rgpu.server.routes.cuda import LAUNCH, Executor
+    from rgpu.server.route import Session
+    from rgpu.server.cuda.executor import LAUNCH, Executor
     drv = over_shim
     assert drv.code._batch is not None, "the C batch launcher did not build (no C compiler?)"
     ex = Executor(Session("t", "cuda", config.settings(environ={}, cuda_driver="fake")))

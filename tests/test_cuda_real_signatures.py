@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from rgpu.server.cuda_driver.real_api import SIGNATURES
+from rgpu.server.cuda.real_api import SIGNATURES
 
 @pytest.fixture(scope="module")
 def api():

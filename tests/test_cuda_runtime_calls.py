@@ -16,11 +16,11 @@ import pytest
 from cuda_programs import build, kernels_fatbin
 from rgpu import config
 from rgpu.cuda_intercept.fatbin import trim
-from rgpu.server.cuda_driver import open_driver, real, real_api
-from rgpu.server.cuda_driver.base import CudaDriverError
-from rgpu.server.cuda_driver.fake import FakeDriver
-from rgpu.server.routes.base import Session
-from rgpu.server.routes.cuda import LAUNCH, LAUNCH_EX_ATTRS, Executor
+from rgpu.server.cuda import open_driver, real, real_api
+from rgpu.server.cuda.base import CudaDriverError
+from rgpu.server.cuda.fake import FakeDriver
+from rgpu.server.route import Session
+from rgpu.server.cuda.executor import LAUNCH, LAUNCH_EX_ATTRS, Executor
 
 F32 = np.float32
 # CUlaunchAttribute {id = CU_LAUNCH_ATTRIBUTE_PRIORITY (8), pad, value.priority = 0}: 72 bytes

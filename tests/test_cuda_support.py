@@ -58,8 +58,8 @@ class Loopback:
 
     def __init__(self, driver: str = "fake"):
         from rgpu import config
-        from rgpu.server.routes.base import Session
-        from rgpu.server.routes.cuda import Executor
+        from rgpu.server.route import Session
+        from rgpu.server.cuda.executor import Executor
         self.executor = Executor(Session("loopback", "cuda", config.settings(cuda_driver=driver)))
         self.welcome = self.executor.welcome()
         self.stats = {"messages": 0, "round_trips": 0, "posts": 0}

@@ -368,7 +368,7 @@ def test_a_library_asking_for_the_private_tables_is_named_in_the_refusal(cudart,
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", PROGRAMS)
 def test_an_nvcc_program_prints_through_rgpu_what_it_prints_natively(name, cudart, tmp_path, start_server):
-    from rgpu.server.cuda_driver import real_api
+    from rgpu.server.cuda import real_api
     if not real_api.candidates() or not shutil.which("nvidia-smi"):
         pytest.skip("needs an NVIDIA GPU and its driver (runs through the device tool, not in CI)")
     exe = build_program(name, "sm_90", tmp_path)

@@ -7,8 +7,8 @@ from device_helpers import op_path, ops_settings, run_python  # noqa: F401  (op_
 
 from rgpu.server.ops.codec import CODE_BY_DTYPE
 from rgpu.protocol.ops import Event, Msg
-from rgpu.server.routes.base import OpFailed, Session
-from rgpu.server.routes.ops import Executor
+from rgpu.server.route import OpFailed, Session
+from rgpu.server.ops.executor import Executor
 
 F32 = CODE_BY_DTYPE[torch.float32]
 

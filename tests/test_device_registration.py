@@ -15,7 +15,7 @@ def test_import_rgpu_server_neither_registers_the_device_nor_builds_nor_loads_th
     r = run_python(
         # the server's processes import rgpu.server before torch (a client's `import rgpu` with
         # torch already there loads a built C++ part at once: generators need its hooks)
-        "import sys, rgpu.server, torch, rgpu.server.routes.ops\n"
+        "import sys, rgpu.server, torch, rgpu.server.ops.executor\n"
         "assert not [m for m in sys.modules if m.startswith('rgpu.device_backend')], 'device code imported'\n"
         "assert not [m for m in sys.modules if m.startswith('rgpu_device_')], 'extension in sys.modules'\n"
         "assert torch._C._get_privateuse1_backend_name() == 'privateuseone'\n"

@@ -38,7 +38,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from rgpu.errors import ConnectionLost
 from rgpu.protocol.ops import DTYPES, Msg
-from rgpu.server.routes.cuda import OPS as CUDA_OPS
+from rgpu.server.cuda.executor import OPS as CUDA_OPS
 from rgpu.transport import handshake, tcp
 from rgpu.transport.tcp import TcpTransport
 from rgpu.transport.wire import HEADER, MAGIC, PROTOCOL_VERSION, Limits, MsgKind, encode_frame

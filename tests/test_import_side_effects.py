@@ -31,7 +31,7 @@ def _python(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("module", ["rgpu.errors", "rgpu.config", "rgpu.protocol.ops", "rgpu.protocol.header",
                                     "rgpu.cuda_intercept.registry", "rgpu.transport.wire", "rgpu.server.worker",
-                                    "rgpu.server.routes.ops"])
+                                    "rgpu.server.ops.executor"])
 def test_importing_a_part_of_rgpu_with_torch_imported_leaves_privateuse1_unnamed(module):
     r = _python(f"import sys, torch, {module}\n"
                 "print(torch._C._get_privateuse1_backend_name(), hasattr(torch, 'rgpu'),\n"
@@ -72,7 +72,7 @@ def _report():
     with open(os.path.join(os.environ["IMPORT_REPORT_DIR"], f"{os.getpid()}.json"), "w") as f:
         json.dump({"privateuse1": torch._C._get_privateuse1_backend_name() if torch is not None else None,
                    "device_code": sorted(m for m in sys.modules if m.startswith("rgpu.device_backend")),
-                   "ran_ops": "rgpu.server.routes.ops" in sys.modules}, f)
+                   "ran_ops": "rgpu.server.ops.executor" in sys.modules}, f)
 
 atexit.register(_report)
 """

@@ -12,8 +12,8 @@ from device_helpers import op_path, ops_settings  # noqa: F401  (op_path: every 
 from rgpu.protocol.ops import Event, Msg
 from rgpu.server.ops.codec import CODE_BY_DTYPE
 from rgpu.server.ops.handles import MAX_VIEWS
-from rgpu.server.routes.base import OpFailed, Session
-from rgpu.server.routes.ops import Executor
+from rgpu.server.route import OpFailed, Session
+from rgpu.server.ops.executor import Executor
 
 aten = torch.ops.aten
 U8 = CODE_BY_DTYPE[torch.uint8]

@@ -10,7 +10,7 @@ from rgpu.protocol import HEADER, cuda, header, ops, wire
 
 ROOT = Path(__file__).resolve().parent.parent
 INCLUDERS = ("device_backend/rgpu_device.h", "server/ops/fast_op.cpp", "server/ops/fast_table.h",
-             "transport/shm_fast.c", "cuda_intercept/shim.c", "server/cuda_driver/launch_records.c")
+             "transport/shm_fast.c", "cuda_intercept/shim.c", "server/cuda/launch_records.c")
 
 
 def _defines() -> dict[str, str]:
@@ -43,7 +43,7 @@ def test_the_c_parts_include_the_header():
 
 def test_both_ends_of_the_cuda_route_share_one_curesult_table():
     from rgpu.cuda_intercept import registry
-    from rgpu.server.cuda_driver import base
+    from rgpu.server.cuda import base
 
     for module in (registry, base):
         for name in dir(module):

@@ -17,7 +17,7 @@ import pytest
 from rgpu import config
 from rgpu.errors import ConnectError, ConnectionLost, ProtocolError, RemoteError, SessionLost
 from rgpu.server import worker
-from rgpu.server.routes.base import Executor, Session
+from rgpu.server.route import Executor, Session
 from rgpu.transport import tcp
 from rgpu.transport.buffers import BufferPool
 from rgpu.transport.client import connect
@@ -202,7 +202,7 @@ class Recording(Executor):
 @pytest.fixture
 def in_process_session(monkeypatch):
     """serve_session on a thread with the ``Recording`` executor; yields the client's TcpTransport."""
-    monkeypatch.setattr(worker.routes, "executor_class", lambda route: Recording)
+    monkeypatch.setattr(worker.route, "executor_class", lambda route: Recording)
     Recording.closed = threading.Event()
     listener = tcp.listen("127.0.0.1", 0)
     client = TcpTransport(tcp.connect("127.0.0.1", listener.getsockname()[1], 10))

@@ -16,8 +16,8 @@ from rgpu import config
 from rgpu.protocol.ops import Event, Msg
 from rgpu.server.ops import fast_op
 from rgpu.server.ops.codec import CODE_BY_DTYPE
-from rgpu.server.routes.base import OpFailed, Session
-from rgpu.server.routes.ops import Executor
+from rgpu.server.route import OpFailed, Session
+from rgpu.server.ops.executor import Executor
 
 aten = torch.ops.aten
 pytestmark = pytest.mark.skipif(fast_op.load() is None, reason=f"no C++ op path here: {fast_op.why_not()}")

@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from rgpu import config
 from rgpu.errors import ProtocolError
 from rgpu.server import worker
-from rgpu.server.routes import echo
-from rgpu.server.routes.base import Session
+from rgpu.server import echo
+from rgpu.server.route import Session
 from rgpu.transport import shm, shm_fast
 from rgpu.transport.shm_native import SERVE_IDLE
 from rgpu.transport.buffers import BufferPool, as_bytes_view

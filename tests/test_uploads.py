@@ -11,8 +11,8 @@ from rgpu import config
 from rgpu.device_backend.transfers import UPLOAD_PIECE_BYTES
 from rgpu.server.ops.codec import CODE_BY_DTYPE
 from rgpu.protocol.ops import Msg
-from rgpu.server.routes.base import Session
-from rgpu.server.routes.ops import Executor
+from rgpu.server.route import Session
+from rgpu.server.ops.executor import Executor
 
 
 def test_a_big_upload_goes_in_pieces_and_arrives_whole(rgpu_device):

@@ -3,6 +3,7 @@
     wire.py            the frame's magic, version, header size, kinds and flags; the shm ring's record kinds
     ops.py             the ops route's messages (``Msg``), allocator events, value tags, dtype codes
     cuda.py            the cuda route's CUresult numbers and its launch record
+    cuda_libs.py       the math libraries' forwarded calls (lib_cublas.py, lib_cublaslt.py, lib_cudnn.py)
     header.py          writes ``rgpu_protocol.h`` from the three (``python -m rgpu.protocol.header --write``)
     rgpu_protocol.h    generated: what the C and C++ parts include instead of typing the numbers again
 

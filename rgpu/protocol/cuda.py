@@ -1,7 +1,7 @@
 """The cuda route's numbers: the CUresult values rgpu itself produces (cuda.h's), and the records of the C queue.
 
 Both ends of the route use them (``cuda_intercept/registry.py`` on the client,
-``server/cuda_driver/base.py`` on the server); ``shim*.c`` reads them from
+``server/cuda/base.py`` on the server); ``shim*.c`` reads them from
 ``rgpu_protocol.h``.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ CUDA_ERROR_UNKNOWN = 999
 CURESULTS = {name: value for name, value in globals().items() if name.startswith("CUDA_")}
 
 # A launch record from the interceptor's C queue (shim_launch.c), read by the server's cuda route
-# (server/routes/cuda.py, launch_records.c), 8-byte aligned:
+# (server/cuda/executor.py, launch_records.c), 8-byte aligned:
 # u32 size, u32 kind, u64 func, u64 ctx, u64 stream, u32 grid[3], u32 block[3], u32 shared, u32 arg_bytes, then
 #   kind 1 (cuLaunchKernel):   args[arg_bytes]
 #   kind 2 (cuLaunchKernelEx): u32 nattrs, u32 0, CUlaunchAttribute[nattrs] (72 bytes each), args[arg_bytes]
@@ -59,5 +59,6 @@ STREAM_WAIT_KIND = 5    # a: event, b: flags                                    
 MEM_FREE_KIND = 6       # a: dptr (NO_STREAM: cuMemFree_v2, else cuMemFreeAsync)           -> mem_free(_async)
 MEMCPY_HTOD_KIND = 7    # a: dst, b: nbytes, then the bytes (at most QUEUED_COPY_BYTES)    -> memcpy_htod
 GRAPH_LAUNCH_KIND = 8   # a: exec                                                          -> graph_launch
+LIB_KIND = 9            # a: call id, b: handle, c: payload bytes, then the payload (cuda_libs) -> lib_call
 NO_STREAM = (1 << 64) - 1
 QUEUED_COPY_BYTES = 64 << 10   # a bigger host-to-device copy keeps its own message (pieces, no copy into the queue)

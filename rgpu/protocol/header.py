@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import HEADER, cuda, ops, wire
+from . import HEADER, cuda, cuda_libs, ops, wire
 
 # The C names of the ops route's value tags (ops.TAG): a new tag needs its name here.
 TAG_NAMES = {"t": "TENSOR", "j": "MATH_BITS", "s": "CPU_SCALAR", "d": "DTYPE", "v": "DEVICE", "l": "LAYOUT",
@@ -73,6 +73,16 @@ def render() -> str:
         _define("RGPU_CUDA_REC_GRAPH_LAUNCH", cuda.GRAPH_LAUNCH_KIND),
         f"#define RGPU_CUDA_NO_STREAM {cuda.NO_STREAM:#X}ull".replace("0X", "0x"),   # 64 bits: ull
         _define("RGPU_CUDA_QUEUED_COPY_BYTES", cuda.QUEUED_COPY_BYTES),
+        _define("RGPU_CUDA_REC_LIB", cuda.LIB_KIND),
+        "",
+        "/* cuda_libs.py: the math libraries' forwarded calls (ids, payloads; C only: the C++ parts need none) */",
+        "#ifndef __cplusplus",
+        "#include <stdint.h>",
+        *(line for call in sorted(cuda_libs.CALLS.values(), key=lambda c: c.id) for line in (
+            _define(f"RGPU_LIB_{call.name}", call.id, hex_=True),
+            call.c_struct(),
+            f"_Static_assert(sizeof(rgpu_lib_{call.name}_t) == {max(call.format.size, 1)}, \"{call.name}'s payload\");")),
+        "#endif",
         "",
         "#endif /* RGPU_PROTOCOL_H */",
         "",

@@ -76,5 +76,21 @@
 #define RGPU_CUDA_REC_GRAPH_LAUNCH 8
 #define RGPU_CUDA_NO_STREAM 0xFFFFFFFFFFFFFFFFull
 #define RGPU_CUDA_QUEUED_COPY_BYTES 65536
+#define RGPU_CUDA_REC_LIB 9
+
+/* cuda_libs.py: the math libraries' forwarded calls (ids, payloads; C only: the C++ parts need none) */
+#ifndef __cplusplus
+#include <stdint.h>
+#define RGPU_LIB_cublasCreate 0x100u
+typedef struct __attribute__((packed)) {
+    int32_t client_version;
+} rgpu_lib_cublasCreate_t;
+_Static_assert(sizeof(rgpu_lib_cublasCreate_t) == 4, "cublasCreate's payload");
+#define RGPU_LIB_cublasDestroy 0x101u
+typedef struct __attribute__((packed)) {
+    uint8_t _none;
+} rgpu_lib_cublasDestroy_t;
+_Static_assert(sizeof(rgpu_lib_cublasDestroy_t) == 1, "cublasDestroy's payload");
+#endif
 
 #endif /* RGPU_PROTOCOL_H */

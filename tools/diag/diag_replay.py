@@ -24,7 +24,7 @@ from pathlib import Path
 
 RECORDER = '''
 import os, pickle
-from rgpu.server.routes import ops
+from rgpu.server.ops import executor as ops
 _handle, _close, _log = ops.Executor.handle, ops.Executor.close, []
 def handle(self, meta, buffers, reply):
     _log.append((meta, [bytes(b) for b in buffers], reply))
@@ -40,7 +40,7 @@ ops.Executor.handle, ops.Executor.close = handle, close
 def record(path: str, quick: bool, steps: int) -> None:
     """Train ``steps`` eager steps against a local server whose worker records every message it handles."""
     folder = tempfile.mkdtemp(prefix="rgpu-replay-")
-    Path(folder, "sitecustomize.py").write_text("import rgpu.server.routes.ops\nexec(open(%r).read())\n"
+    Path(folder, "sitecustomize.py").write_text("import rgpu.server.ops.executor\nexec(open(%r).read())\n"
                                                 % str(Path(folder, "recorder.py")))
     Path(folder, "recorder.py").write_text(RECORDER)
     from rgpu.bench import harness
@@ -71,8 +71,8 @@ def replay(path: str, steps: int) -> dict:
     from rgpu import config
     from rgpu.protocol.ops import Msg
     from rgpu.server.ops import resolve
-    from rgpu.server.routes.base import Session
-    from rgpu.server.routes.ops import Executor
+    from rgpu.server.route import Session
+    from rgpu.server.ops.executor import Executor
 
     log = pickle.load(open(path, "rb"))
     names = {m[1]: m[2] for m, _, _ in log if m[0] == Msg.DEFINE}

@@ -24,7 +24,7 @@ from pathlib import Path
 RECORDER = '''
 import atexit, json, os, time
 import torch
-from rgpu.server.routes import ops
+from rgpu.server.ops import executor as ops
 _handle, _close, _log = ops.Executor.handle, ops.Executor.close, []
 def handle(self, meta, buffers, reply):
     t0 = time.perf_counter()
@@ -108,7 +108,7 @@ def main() -> int:
     args = ap.parse_args()
     folder = tempfile.mkdtemp(prefix="rgpu-diag-")
     times = str(Path(folder, "times.json"))
-    Path(folder, "sitecustomize.py").write_text("import rgpu.server.routes.ops\nexec(open(%r).read())\n"
+    Path(folder, "sitecustomize.py").write_text("import rgpu.server.ops.executor\nexec(open(%r).read())\n"
                                                 % str(Path(folder, "recorder.py")))
     Path(folder, "recorder.py").write_text(RECORDER)
     from rgpu.bench import harness

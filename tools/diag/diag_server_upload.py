@@ -58,8 +58,8 @@ def main() -> int:
     from rgpu import config
     from rgpu.protocol.ops import Event, Msg
     from rgpu.server.ops import staging
-    from rgpu.server.routes.base import Session
-    from rgpu.server.routes.ops import Executor
+    from rgpu.server.route import Session
+    from rgpu.server.ops.executor import Executor
 
     batch = np.random.default_rng(0).integers(0, 97, (64, 256)).astype(np.int64)
     buf = memoryview(batch).cast("B")

@@ -39,3 +39,21 @@ class Executor:
 
     def close(self) -> None:
         """Release everything the session held; called once, whatever ended the session."""
+
+
+# The routes, each a folder or module of its own; the acceptor names them without importing them (no torch).
+ROUTES = {"ops": "rgpu.server.ops.executor", "cuda": "rgpu.server.cuda.executor", "echo": "rgpu.server.echo"}
+
+
+def available() -> set[str]:
+    """The route names a client may ask for."""
+    return set(ROUTES)
+
+
+def executor_class(route: str):
+    """The route's Executor class (imports the route)."""
+    import importlib
+
+    if route not in ROUTES:
+        raise KeyError(f"unknown route {route!r}")
+    return importlib.import_module(ROUTES[route]).Executor

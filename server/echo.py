@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from .base import Executor as BaseExecutor, OpFailed
+from .route import Executor as BaseExecutor, OpFailed
 
 
 class Executor(BaseExecutor):

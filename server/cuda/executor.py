@@ -8,11 +8,14 @@ Wire format (msgpack meta, raw buffers):
     post     [op, ctx, *args]             same ops, no reply
     post     ["launches", 0]  + [records] the interceptor's C queue: launches (LAUNCH) and, in the same order, its
                                           memsets, event records, waits, frees, small copies, graph launches
-                                          (OP, cuda_driver/records.py)
+                                          (OP, cuda/records.py)
     request  ["image_load", ctx, "module" | "library", options, sha256, size] [+ the image's bytes]
                               content-addressed loading: with no bytes, a known image loads from the
                               server's store and an unknown one answers value {"send": true}, after which
                               the client repeats the request with the bytes (images.py)
+    request  ["lib_call", ctx, call, handle, stream] [+ payload]   a math library's call (cuBLAS, cuBLASLt,
+                              cuDNN: rgpu.protocol.cuda_libs, run by libs/), answered: value [status, message]
+                              (+ the call's output as the buffer); queued ones come in the launch records
 
 Buffers travel after the meta args (a copy's bytes, a module image). A value
 that is bytes (a device-to-host copy, a linked image) comes back as the reply's
@@ -25,14 +28,15 @@ import logging
 import numpy as np
 
 from rgpu.protocol.cuda import ATTR_BYTES, LAUNCH, LAUNCH_EX_ATTRS, LAUNCH_EX_KIND, LAUNCH_KIND, RECORD_HEAD
-from rgpu.server.cuda_driver import open_driver, records as queued
-from rgpu.server.cuda_driver.base import (
+from rgpu.server.cuda import open_driver, records as queued
+from rgpu.server.cuda.base import (
     CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_UNKNOWN, CudaDriverError,
 )
-from rgpu.server.cuda_driver.images import ImageStore, digest_of, valid_digest
+from rgpu.server.cuda.images import ImageStore, digest_of, valid_digest
+from rgpu.server.cuda.libs import Libraries
 
-from .. import quotas
-from .base import Executor as BaseExecutor, OpFailed
+from rgpu.server import quotas
+from rgpu.server.route import Executor as BaseExecutor, OpFailed
 
 log = logging.getLogger("rgpu.server.cuda")
 
@@ -52,6 +56,7 @@ stream_begin_capture stream_end_capture stream_is_capturing graph_instantiate gr
 graph_exec_destroy graph_destroy graph_get_nodes stream_get_capture_info kernel_get_attribute kernel_set_attribute
 mem_alloc_async mem_free_async device_get_default_mem_pool mem_pool_set_attribute mem_pool_get_attribute mem_pool_trim_to
 library_get_kernel_layout module_get_function_layout
+lib_call lib_record
 """.split())
 
 # Launch records from the interceptor's C queue (shim_launch.c): their layout is rgpu.protocol.cuda's.
@@ -74,6 +79,7 @@ class Executor(BaseExecutor):
         self.deferred: list[list] = []
         self.images = ImageStore(image_folder(), settings.cuda_image_cache)
         self.held = quotas.CudaHeld(getattr(settings, "max_session_bytes", None))   # RGPU_MAX_SESSION_BYTES
+        self.libs = Libraries(self.driver)       # cuBLAS, cuBLASLt, cuDNN: their handles and descriptors
 
     def welcome(self) -> dict:
         return {"route": "cuda", "driver": self.driver.name}
@@ -89,6 +95,8 @@ class Executor(BaseExecutor):
         self._enter(ctx)
         if op == "image_load":
             return self._image_load(*args, *buffers)
+        if op in ("lib_call", "lib_record"):      # a math library's call: answered, or from the queue
+            return self.libs.run(*args, *buffers, answered=op == "lib_call")
         if op in ("ctx_destroy", "primary_ctx_release", "primary_ctx_reset"):
             self.current = None     # the driver may have popped or dropped the current context
         try:
@@ -233,6 +241,10 @@ class Executor(BaseExecutor):
         return pos + size
 
     def close(self) -> None:
+        try:
+            self.libs.close()                # every handle and descriptor, before the contexts go
+        except Exception:
+            log.exception("closing the math libraries failed")
         try:
             self.driver.close()
         except Exception:                    # the worker exits next; the OS reclaims the rest

@@ -22,8 +22,7 @@ from rgpu.server.ops.as_on_cuda import CPU_ADAPT, CPU_RESULTS
 from rgpu.server.ops.resolve import OpRefused, Resolved, resolve
 from rgpu.server.ops.trace import Calls, Trace
 
-from .base import Executor as BaseExecutor
-from .base import OpFailed
+from rgpu.server.route import Executor as BaseExecutor, OpFailed
 
 # Why: the receive pool's buffers may be read-only views; we copy out of them at once.
 warnings.filterwarnings("ignore", message="The given buffer is not writable")

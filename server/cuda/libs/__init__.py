@@ -1,0 +1,93 @@
+"""One session's math libraries on the cuda route: cuBLAS, cuBLASLt and cuDNN, run where the GPU is.
+
+The client's rgpu libraries forward whole calls, numbered (``rgpu.protocol.cuda_libs``); the executor
+hands each here (``lib_call`` answered, ``lib_record`` from the C queue, in order with the launches).
+A call's payload is unpacked by its protocol fields and run by the library's implementation, loaded at
+its first call: ``<lib>_real.py`` (the real library through ctypes, on the session's thread, in its
+current context) beside the real driver, ``<lib>_fake.py`` (torch on the CPU, over the fake driver's
+memory) beside the fake one. The handles and descriptors the client minted are mapped there and freed
+when the session ends.
+
+An implementation is a class ``Library(driver, owner)`` with one method per call, named as the call
+(``cublasGemmEx(self, handle, stream, tail, **fields)``), returning the library's status, or
+``(status, output bytes)``; ``LibError(status, message)`` fails a call with a message the client shows;
+``status_name(status)`` names a status; ``close()`` frees everything.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+
+from rgpu.protocol.cuda import NO_STREAM
+from rgpu.protocol.cuda_libs import CALLS
+
+from ..base import CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_LAUNCH_FAILED, CUDA_ERROR_NOT_SUPPORTED, CudaDriverError
+
+log = logging.getLogger("rgpu.server.cuda")
+
+# id range -> the library's module prefix here (its protocol module is rgpu.protocol.lib_<prefix>)
+RANGES = ((0x100, 0x200, "cublas"), (0x200, 0x300, "cublaslt"), (0x300, 0x400, "cudnn"))
+
+
+class LibError(Exception):
+    """A library call that fails with ``status``; ``message`` reaches the client."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+class Libraries:
+    def __init__(self, driver):
+        self.driver = driver
+        self.flavour = "fake" if getattr(driver, "name", "") == "fake" else "real"
+        self.open: dict[str, object] = {}        # prefix -> its implementation, once loaded
+
+    def library(self, prefix: str):
+        """The implementation of ``prefix`` (cublas, cublaslt, cudnn), loaded at its first use."""
+        lib = self.open.get(prefix)
+        if lib is None:
+            module = importlib.import_module(f"{__name__}.{prefix}_{self.flavour}")
+            lib = self.open[prefix] = module.Library(self.driver, self)
+        return lib
+
+    def run(self, call: int, handle: int, stream: int, payload=None, *, answered: bool):
+        """Run one forwarded call: ``[status, message]`` (or ``[output, status, message]``) when answered;
+        a queued call that fails raises, so the executor defers its error to the next synchronisation."""
+        spec = CALLS.get(call)
+        prefix = next((p for lo, hi, p in RANGES if lo <= call < hi), None) if spec else None
+        if spec is None or prefix is None:
+            raise CudaDriverError(CUDA_ERROR_NOT_SUPPORTED, f"unknown math library call {call!r}")
+        payload = memoryview(b"") if payload is None else payload
+        fixed = spec.format
+        if payload.nbytes < fixed.size:
+            raise CudaDriverError(CUDA_ERROR_INVALID_VALUE,
+                                  f"{spec.name}: a payload of {payload.nbytes} bytes, expected at least {fixed.size}")
+        lib = self.library(prefix)
+        method = getattr(lib, spec.name, None)
+        if method is None:
+            raise CudaDriverError(CUDA_ERROR_NOT_SUPPORTED, f"{spec.name} is not forwarded by this server's {prefix}")
+        fields = dict(zip((name for name, _ in spec.fields), fixed.unpack_from(payload)))
+        out, message = None, None
+        try:
+            result = method(handle=handle, stream=None if stream == NO_STREAM else stream,
+                            tail=payload[fixed.size:], **fields)
+        except LibError as exc:
+            result, message = exc.status, str(exc)
+        status, out = (result if isinstance(result, tuple) else (result, None))
+        status = int(status or 0)
+        if status and message is None:
+            message = f"{lib.status_name(status)} ({status})"
+        if not answered:
+            if status:
+                raise CudaDriverError(CUDA_ERROR_LAUNCH_FAILED, f"{spec.name}: {message}", op=spec.name)
+            return None
+        return [out, status, message] if out is not None else [status, message]
+
+    def close(self) -> None:
+        for prefix, lib in reversed(list(self.open.items())):   # cuDNN, then cuBLASLt, then cuBLAS
+            try:
+                lib.close()
+            except Exception:
+                log.exception("closing %s failed", prefix)
+        self.open.clear()
