@@ -39,9 +39,10 @@ class Library:
 # 2.11.0 pins: cuDNN the one it was built against (the JSON's info.cudnn), cuBLAS 13.1.0 (its
 # cuda-toolkit==13.0.2 requires nvidia-cublas 13.1.0.3). The forwarders answer with the server's.
 LIBRARIES = {
-    "libcublas.so.13": Library("libcublas.so.13", ("stub.c", "stub_cublas.c"), 15, (13, 1, 0)),
-    "libcublasLt.so.13": Library("libcublasLt.so.13", ("stub.c", "stub_cublaslt.c"), 15, (13, 1, 0)),
-    "libcudnn.so.9": Library("libcudnn.so.9", ("stub.c", "stub_cudnn.c"), 3000, None),
+    "libcublas.so.13": Library("libcublas.so.13", ("stub.c", "stub_cublas.c", "lib_door.c", "lib_cublas.c"), 15, (13, 1, 0)),
+    "libcublasLt.so.13": Library("libcublasLt.so.13", ("stub.c", "stub_cublaslt.c", "lib_door.c", "lib_cublaslt.c"), 15,
+                                 (13, 1, 0)),
+    "libcudnn.so.9": Library("libcudnn.so.9", ("stub.c", "stub_cudnn.c", "lib_door.c", "lib_cudnn.c"), 3000, None),
 }
 
 _DEFINED = re.compile(r"^RGPU_API\b[^(;]*?\b(\w+)\s*\(|^RGPU_STUB_AS\(\s*[^,]+,\s*(\w+)\s*,", re.M)
@@ -93,7 +94,7 @@ def cudart_version() -> int:
 
 def build(soname: str, folder: str | os.PathLike | None = None, *, force: bool = False) -> Path:
     """Build (or find built) the stand-in ``soname`` into ``folder`` and return its path."""
-    from rgpu import native
+    from rgpu import native, protocol
     lib = LIBRARIES[soname]
     major, minor, patch = version(soname)
     defines = [f'-DRGPU_LIB="{soname}"', f"-DRGPU_NOT_SUPPORTED={lib.not_supported}",
@@ -101,10 +102,11 @@ def build(soname: str, folder: str | os.PathLike | None = None, *, force: bool =
                f"-DRGPU_CUDART_VERSION={cudart_version()}"]
     return native.build_library(
         soname.split(".so")[0][3:], [HERE / s for s in lib.sources], out_dir=folder, soname=soname,
-        version_node=soname, include_dirs=[HERE],
+        version_node=soname, include_dirs=[HERE, protocol.HEADER_DIR],
         extra_cflags=["-std=gnu11", "-fvisibility=hidden", "-Wall", *defines],
         extra_ldflags=["-Wl,--no-undefined"],
-        generated={f"{soname.split('.so')[0]}_stubs.c": source(soname)}, key_extra=ABI.read_text(), force=force)
+        generated={f"{soname.split('.so')[0]}_stubs.c": source(soname)},
+        key_extra=ABI.read_text() + protocol.HEADER.read_text() + (HERE / "lib_door.h").read_text(), force=force)
 
 
 def build_all(folder: str | os.PathLike | None = None, *, force: bool = False) -> list[Path]:

@@ -1,0 +1,2 @@
+/* rgpu's cublas forwarders: see rgpu/protocol/lib_cublas.py. */
+#include "lib_door.h"

@@ -1,0 +1,2 @@
+/* rgpu's cudnn forwarders: see rgpu/protocol/lib_cudnn.py. */
+#include "lib_door.h"
