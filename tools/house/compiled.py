@@ -30,6 +30,8 @@ _STUB = ['-DRGPU_LIB="libcheck.so"', "-DRGPU_NOT_SUPPORTED=15", "-DRGPU_VERSION_
 EXTRA = {  # path -> flags its build passes (cuda_intercept/stubs.py's defines, placeholder values)
     "cuda_intercept/stub.c": _STUB, "cuda_intercept/stub_cublas.c": _STUB,
     "cuda_intercept/stub_cublaslt.c": _STUB, "cuda_intercept/stub_cudnn.c": _STUB,
+    "cuda_intercept/lib_door.c": _STUB, "cuda_intercept/lib_cublas.c": _STUB,
+    "cuda_intercept/lib_cublaslt.c": _STUB, "cuda_intercept/lib_cudnn.c": _STUB,
 }
 
 
