@@ -16,13 +16,7 @@ RGPU_API const char *cublasGetStatusName(int status) { return rgpu_cublas_status
 RGPU_API const char *cublasGetStatusString(int status) { return rgpu_cublas_status_string(status); }
 RGPU_API size_t cublasGetCudartVersion(void) { return RGPU_CUDART_VERSION; }
 
-/* libraryPropertyType: MAJOR_VERSION 0, MINOR_VERSION 1, PATCH_LEVEL 2 */
-RGPU_API int cublasGetProperty(int type, int *value) {
-    static const int v[] = {RGPU_VERSION_MAJOR, RGPU_VERSION_MINOR, RGPU_VERSION_PATCH};
-    if (!value || type < 0 || type > 2) return 7;   /* CUBLAS_STATUS_INVALID_VALUE */
-    *value = v[type];
-    return 0;
-}
+/* cublasGetProperty answers in lib_cublas.c: the server's version once known. */
 
 /* The legacy API (cublas.h) returns results, not statuses; its errors go to cublasGetError, a stub. */
 RGPU_STUB_AS(float, cublasSasum, 0.0f)

@@ -587,6 +587,11 @@ typedef struct __attribute__((packed)) {
     double epsilon;
 } rgpu_lib_cudnnBatchNormalizationForwardInference_t;
 _Static_assert(sizeof(rgpu_lib_cudnnBatchNormalizationForwardInference_t) == 100, "cudnnBatchNormalizationForwardInference's payload");
+#define RGPU_LIB_cudnnBackendFinalizeQueued 0x313u
+typedef struct __attribute__((packed)) {
+    uint8_t _none;
+} rgpu_lib_cudnnBackendFinalizeQueued_t;
+_Static_assert(sizeof(rgpu_lib_cudnnBackendFinalizeQueued_t) == 1, "cudnnBackendFinalizeQueued's payload");
 #endif
 
 #endif /* RGPU_PROTOCOL_H */

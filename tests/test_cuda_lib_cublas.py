@@ -1,0 +1,213 @@
+"""rgpu's libcublas.so.13 forwarding whole calls: a C program's GEMMs, GEMVs and dot products against numpy.
+
+The program (``lib_programs/cublas_gemms.c``, its own declarations, built with gcc against rgpu's
+libraries) runs through ``rgpu intercept run`` against ``rgpu serve --cuda-driver fake``, whose cuBLAS is
+torch on the CPU; every buffer it prints, padding included, is compared with numpy's computation of the
+same call. The server side is also driven directly (``Libraries``): handles freed at the session's end,
+a short payload or an unknown handle answered with a clear error. On a GPU host (``-m gpu``) the same
+program through rgpu against the real driver prints what it prints run natively.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import clean_env
+from test_cuda_programs import run
+
+HERE = Path(__file__).parent / "lib_programs"
+
+
+def x_of(n: int, s: int) -> np.ndarray:
+    return np.array([((i * s + 3) % 17 - 8) / 8.0 for i in range(n)])
+
+
+def gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, oa=0, ob=0, oc=0):
+    """c (a flat column-major buffer, changed in place) = alpha op(a) op(b) + beta c, as BLAS defines it."""
+    def mat(buf, rows, cols, ld, off):
+        return np.array([[buf[off + i + j * ld] for j in range(cols)] for i in range(rows)])
+    A = mat(a, *((m, k) if ta == 0 else (k, m)), lda, oa)
+    B = mat(b, *((k, n) if tb == 0 else (n, k)), ldb, ob)
+    out = alpha * ((A if ta == 0 else A.T) @ (B if tb == 0 else B.T))
+    if beta != 0:
+        out = out + beta * mat(c, m, n, ldc, oc)
+    for j in range(n):
+        c[oc + j * ldc:oc + j * ldc + m] = out[:, j]
+    return c
+
+
+def bf16(v: np.ndarray) -> np.ndarray:
+    import torch
+    return torch.tensor(v, dtype=torch.float32).to(torch.bfloat16).to(torch.float64).numpy()
+
+
+def expected() -> dict[str, np.ndarray]:
+    """What cublas_gemms.c must print, label by label."""
+    A, B, C = x_of(21, 3), x_of(18, 5), x_of(32, 7)
+    out = {"sgemm_nt": gemm(0, 1, 5, 4, 3, 1.5, A, 7, B, 6, 0.5, C.copy(), 8)}
+    out["sgemm_tn_device"] = gemm(1, 0, 3, 4, 5, -1.0, A, 7, x_of(20, 9), 5, 2.0, x_of(20, 11), 5)
+    dA = x_of(16, 2)
+    c = np.full(9, np.nan)
+    out["dgemm_tt_beta0"] = gemm(1, 1, 2, 3, 4, 0.25, dA, 4, x_of(12, 4), 3, 0.0, c, 3)
+    out["gemmex_bf16"] = bf16(gemm(0, 1, 4, 3, 5, 1.0, x_of(25, 6), 5, x_of(15, 8), 3, 1.0, x_of(18, 10), 6))
+    sA, sB, sC = x_of(120, 12), x_of(33, 13), x_of(27, 14)
+    for i in range(3):
+        gemm(0, 0, 3, 2, 4, 2.0, sA, 3, sB, 5, -1.0, sC, 4, 40 * i, 11 * i, 9 * i)
+    out["sgemm_strided"] = sC
+    eB, eC = x_of(16, 15), x_of(8, 16)
+    for i in range(2):
+        gemm(1, 0, 2, 2, 3, 1.0, A, 7, eB, 4, 0.0, eC, 2, 0, 8 * i, 4 * i)
+    out["gemm_strided_ex"] = eC
+    gx, gy = x_of(6, 17), x_of(5, 18)
+    a53 = np.array([[A[i + 7 * j] for j in range(3)] for i in range(5)])
+    gy = 99.0 * a53 @ gx[::2][:3] + 0.5 * gy        # alpha was 99 when Sgemv ran: copied at each call
+    out["sgemv_n"] = gy
+    Dy = x_of(7, 20)
+    a43 = np.array([[dA[i + 5 * j] for j in range(3)] for i in range(4)])
+    Dy[::3] = -2.0 * a43.T @ x_of(5, 19)[:4] + Dy[::3]
+    out["dgemv_t"] = Dy
+    out["sdot_host"] = np.array([gx[::2][:3] @ gy[:3]])
+    out["sdot_device"] = np.array([A[:5] @ gy])
+    return out
+
+
+def parse(stdout: str) -> dict[str, np.ndarray]:
+    return {f[0]: np.array([float(v) for v in f[1:]]) for f in (line.split() for line in stdout.splitlines())
+            if len(f) > 1 and f[0] in expected.labels}
+
+
+expected.labels = ("sgemm_nt", "sgemm_tn_device", "dgemm_tt_beta0", "gemmex_bf16", "sgemm_strided",
+                   "gemm_strided_ex", "sgemv_n", "dgemv_t", "sdot_host", "sdot_device")
+
+
+@pytest.fixture(scope="module")
+def folder() -> Path:
+    if not shutil.which("gcc"):
+        pytest.skip("gcc is not installed (it builds the cuBLAS test program)")
+    pytest.importorskip("cffi", reason="cffi builds libcuda.so.1")
+    from rgpu.cuda_intercept import libraries
+    return libraries.build()
+
+
+def build(folder: Path, out: Path, libs: Path | None = None) -> Path:
+    """cublas_gemms.c linked against rgpu's libraries (``folder``), or against ``libs`` (NVIDIA's)."""
+    exe = out / "cublas_gemms"
+    where = libs or folder
+    cmd = ["gcc", "-O1", "-o", str(exe), str(HERE / "cublas_gemms.c"), f"-L{where}", "-l:libcudart.so.13",
+           "-l:libcublas.so.13", f"-Wl,-rpath-link,{where}"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return exe
+
+
+@pytest.fixture(scope="module")
+def fake_server(tmp_path_factory):
+    from conftest import RunningServer
+    server = RunningServer(tmp_path_factory.mktemp("rgpu-cublas-server"), ("--cuda-driver", "fake"))
+    yield server
+    server.stop()
+
+
+def test_gemms_gemvs_and_dots_through_the_fake_server_equal_numpy(folder, fake_server, tmp_path):
+    done = run([build(folder, tmp_path)], fake_server)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "version_major 13" in done.stdout and "done" in done.stdout, done.stdout + done.stderr
+    assert "stream_kept 1 pointer_mode 1" in done.stdout and "math_mode 0" in done.stdout
+    got, want = parse(done.stdout), expected()
+    assert set(got) == set(want), done.stdout
+    for label, values in want.items():
+        np.testing.assert_allclose(got[label], values, rtol=1e-6, atol=1e-7, equal_nan=True, err_msg=label)
+
+
+def test_a_refused_queued_gemm_fails_the_next_synchronisation_and_a_destroyed_handle_is_refused(folder, fake_server,
+                                                                                              tmp_path):
+    done = run([build(folder, tmp_path), "errors"], fake_server)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "bad_lda queued=0 sync=1" in done.stdout, done.stdout + done.stderr
+    assert "lda 1 is less than 4" in done.stderr, done.stderr
+    assert "destroyed sgemm=1 version=1" in done.stdout          # CUBLAS_STATUS_NOT_INITIALIZED, on the client
+
+
+# ---- the server side, driven directly ---------------------------------------------------------------
+
+def _libraries():
+    from rgpu.server.cuda.fake import FakeDriver
+    from rgpu.server.cuda.libs import Libraries
+    driver = FakeDriver()
+    driver.set_current(driver.primary_ctx_retain(0))
+    return driver, Libraries(driver)
+
+
+def _sgemm_payload(spec, **over) -> bytes:
+    f = {name: (b"\0" * int(code[:-1]) if code.endswith("s") else 0) for name, code in spec.fields}
+    f.update(workspace_size=(1 << 64) - 1, m=1, n=1, k=1, lda=1, ldb=1, ldc=1)
+    f.update(over)
+    return spec.format.pack(*(f[name] for name, _ in spec.fields))
+
+
+def test_every_handle_is_freed_when_the_session_ends():
+    from rgpu.protocol.cuda_libs import BY_NAME
+    driver, libs = _libraries()
+    create = BY_NAME["cublasCreate_v2"]
+    for h in (0x5247505500000001, 0x5247505500000002, 0x5247505500000003):
+        out, status, _ = libs.run(create.id, h, 0, memoryview(struct.pack("<i", 130100)), answered=True)
+        assert status == 0 and struct.unpack("<i", out)[0] // 10000 == 13
+    libs.run(BY_NAME["cublasDestroy_v2"].id, 0x5247505500000002, 0, None, answered=False)
+    cublas = libs.library("cublas")
+    assert sorted(cublas.handles) == [0x5247505500000001, 0x5247505500000003]
+    assert cublas.handle_for_lt(0x5247505500000001) is not None and cublas.handle_for_lt(0x99) is None
+    libs.close()
+    assert not cublas.handles
+
+
+def test_a_short_payload_an_unknown_handle_and_a_wrong_major_version_are_clear_errors():
+    from rgpu.protocol.cuda_libs import BY_NAME
+    from rgpu.server.cuda.base import CudaDriverError
+    driver, libs = _libraries()
+    sgemm = BY_NAME["cublasSgemm_v2"]
+    with pytest.raises(CudaDriverError, match="cublasSgemm_v2: a payload of 3 bytes"):
+        libs.run(sgemm.id, 0x52475055000000aa, 0, memoryview(b"abc"), answered=False)
+    status, message = libs.run(sgemm.id, 0x52475055000000aa, 0, memoryview(_sgemm_payload(sgemm)), answered=True)
+    assert status == 1 and "0x52475055000000aa is not a cuBLAS handle of this session" in message
+    with pytest.raises(CudaDriverError, match="not a cuBLAS handle"):
+        libs.run(sgemm.id, 0x52475055000000aa, 0, memoryview(_sgemm_payload(sgemm)), answered=False)
+    status, message = libs.run(BY_NAME["cublasCreate_v2"].id, 7, 0, memoryview(struct.pack("<i", 120900)),
+                               answered=True)
+    assert status == 1 and "major versions differ" in message
+    libs.close()
+
+
+# ---- on a GPU host: the real library through rgpu equals the program run natively ------------------
+
+def _real_lib_dir() -> Path:
+    from rgpu.server.cuda.libs import loading
+    for path in loading.candidates("libcublas.so.13"):
+        if os.sep in path and Path(path).exists() and (Path(path).parent / "libcudart.so.13").exists():
+            return Path(path).parent
+    pytest.skip("no NVIDIA libcublas.so.13 beside a libcudart.so.13 (pip install nvidia-cublas nvidia-cuda-runtime)")
+
+
+@pytest.mark.gpu
+def test_the_program_through_rgpu_on_the_real_driver_prints_what_it_prints_natively(folder, tmp_path_factory):
+    from conftest import RunningServer
+    libs = _real_lib_dir()
+    native_dir, ours_dir = tmp_path_factory.mktemp("native"), tmp_path_factory.mktemp("ours")
+    native = subprocess.run([str(build(folder, native_dir, libs))], capture_output=True, text=True, timeout=120,
+                            env=clean_env(LD_LIBRARY_PATH=str(libs)))
+    assert native.returncode == 0, native.stdout + native.stderr
+    server = RunningServer(tmp_path_factory.mktemp("rgpu-cublas-real"), ("--cuda-driver", "real"))
+    try:
+        done = run([build(folder, ours_dir)], server)
+    finally:
+        server.stop()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout == native.stdout                         # bitwise: the same real function, the same inputs
+    got, want = parse(native.stdout), expected()
+    for label, values in want.items():
+        np.testing.assert_allclose(got[label], values, rtol=1e-6, atol=1e-7, equal_nan=True, err_msg=label)
