@@ -1,0 +1,220 @@
+"""rgpu's libcublasLt.so.13: descriptors kept in C, the heuristic cached by content, the matmul one queued record.
+
+A C program (``lib_programs/cublaslt_matmul.c``, its own declarations) built with gcc against rgpu's
+libraries runs through ``rgpu intercept run`` against ``rgpu serve --cuda-driver fake``; its printed values
+are compared with numpy's computation of the same inputs. The server side is also driven directly
+(malformed payloads, unknown handles, descriptors freed at close). On a GPU host the same program runs
+natively against NVIDIA's libcublasLt and through rgpu against ``--cuda-driver real``.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import clean_env
+from test_cuda_programs import run
+from test_cuda_support import build_shim_or_skip
+
+PROGRAM = Path(__file__).parent / "lib_programs" / "cublaslt_matmul.c"
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory) -> Path:
+    build_shim_or_skip()
+    from rgpu.cuda_intercept import libraries
+    folder = libraries.build()
+    exe = tmp_path_factory.mktemp("cublaslt") / "cublaslt_matmul"
+    subprocess.run(["cc", "-std=gnu11", "-O1", "-Wall", str(PROGRAM), "-o", str(exe), f"-L{folder}",
+                    "-l:libcublasLt.so.13", "-l:libcuda.so.1"], check=True)
+    return exe
+
+
+@pytest.fixture(scope="module")
+def fake_server(tmp_path_factory):
+    from conftest import RunningServer
+    server = RunningServer(tmp_path_factory.mktemp("rgpu-cublaslt-server"), ("--cuda-driver", "fake"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def through_rgpu(program, fake_server) -> subprocess.CompletedProcess:
+    """One run of the program through rgpu against the fake server (each test reads its own lines)."""
+    return run([program], fake_server)
+
+
+def x(n: int, s: int) -> np.ndarray:
+    i = np.arange(n)
+    return ((i * s + 3) % 17 - 8) / 8.0
+
+
+def parse(stdout: str) -> dict[str, list[str]]:
+    return {line.split()[0]: line.split()[1:] for line in stdout.splitlines() if line.strip()}
+
+
+def linear(m: int, n: int, k: int, act: str | None, bf16: bool) -> np.ndarray:
+    """The program's linear(): y = act(x @ w^T + b), printed as column-major y^T, i.e. y row-major."""
+    xs, w, b = (torch.tensor(v, dtype=torch.float32) for v in (x(n * k, 5).reshape(n, k), x(m * k, 7).reshape(m, k),
+                                                              x(m, 3)))
+    y = xs @ w.T + b
+    y = torch.relu(y) if act == "relu" else torch.nn.functional.gelu(y, approximate="tanh") if act == "gelu" else y
+    if bf16:
+        y = y.to(torch.bfloat16).to(torch.float32)
+    return y.numpy().reshape(-1)
+
+
+def expected() -> dict[str, tuple[np.ndarray, float]]:
+    """Label -> (values, relative tolerance)."""
+    B, M, N, K = 3, 4, 5, 3
+    a = x(B * M * K, 5).reshape(B, K, M).transpose(0, 2, 1)     # column-major per batch
+    b = x(B * K * N, 7).reshape(B, N, K).transpose(0, 2, 1)
+    c = x(B * M * N, 3).reshape(B, N, M).transpose(0, 2, 1)
+    batched = (0.5 * a @ b + 2 * c).transpose(0, 2, 1).reshape(-1)
+    m, n, k = 3, 2, 4
+    a64 = x(k * m, 5).reshape(m, k)             # A is k x m column-major: A^T is m x k row-major
+    b64 = x(n * k, 7).reshape(k, n)             # B is n x k column-major: B^T is k x n row-major
+    c64 = x(m * n, 3).reshape(n, m).T
+    fp64 = (1.5 * a64 @ b64 - c64).T.reshape(-1)
+    return {"linear_fp32": (linear(6, 5, 7, None, False), 1e-6), "linear_bf16": (linear(6, 5, 7, None, True), 8e-3),
+            "relu_bias_bf16": (linear(4, 3, 8, "relu", True), 8e-3),
+            "gelu_bias_fp32": (linear(5, 4, 6, "gelu", False), 1e-5),
+            "batched": (batched, 1e-6), "fp64": (fp64, 1e-12)}
+
+
+def check_values(out: dict) -> None:
+    for label, (want, rtol) in expected().items():
+        got = np.array([float(v) for v in out[label]])
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol, err_msg=label)
+
+
+def test_linear_batched_and_fp64_matmuls_print_numpys_values(through_rgpu):
+    done = through_rgpu
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "not supported over rgpu" not in done.stderr, done.stderr
+    out = parse(done.stdout)
+    check_values(out)
+    assert out["done"] == []
+
+
+def test_a_second_identical_heuristic_query_is_answered_from_the_cache(through_rgpu):
+    done = through_rgpu
+    assert done.returncode == 0, done.stdout + done.stderr
+    # the fake's algo counts the session's heuristic answers: 4 linears came first, then 5, 5 (cached), 6
+    got0, got1, got2, first, second, third, same = parse(done.stdout)["algo"]
+    assert (got0, got1, got2) == ("1", "1", "1")
+    assert (first, second, third, same) == ("5", "5", "6", "1")
+
+
+def test_the_descriptors_answer_get_in_c_with_cublaslts_size_rules(through_rgpu):
+    done = through_rgpu
+    # TRANSA back as set (4 bytes); EPILOGUE's size asked (4), its default DEFAULT (1); wrong sizes: INVALID_VALUE
+    assert parse(done.stdout)["get"] == ["1", "4", "4", "1", "7", "7"], done.stdout + done.stderr
+
+
+def test_an_unknown_handle_is_refused_now_when_answered_and_at_the_next_sync_when_queued(program, fake_server):
+    done = run([program, "bogus"], fake_server)
+    assert done.returncode == 0, done.stdout + done.stderr
+    heur, mm, sync = parse(done.stdout)["bogus"]
+    assert (heur, mm) == ("1", "0")            # CUBLAS_STATUS_NOT_INITIALIZED; queued: not known yet
+    assert sync != "0"                         # the record's failure, deferred to the synchronisation
+    assert "is not a cuBLAS or cuBLASLt handle of this session" in done.stderr, done.stderr
+
+
+# ---- the server side, driven directly ---------------------------------------------------------
+def _objects(*objs) -> bytes:
+    out = b""
+    for kind, attrs in objs:
+        body = b"".join(struct.pack("<II", a, len(v)) + v for a, v in sorted(attrs.items()))
+        out += struct.pack("<II", kind, len(body)) + body
+    return out
+
+
+def _state(rows=2, bias=0):
+    i32, u64 = (lambda v: struct.pack("<i", v)), (lambda v: struct.pack("<Q", v))
+    desc = (1, {0: i32(68), 1: i32(0), **({8: u64(bias), 7: i32(4)} if bias else {})})
+    layout = (2, {0: i32(0), 2: u64(rows), 3: u64(rows), 4: u64(rows)})
+    return desc, layout
+
+
+@pytest.fixture
+def libs():
+    from server.cuda.fake import FakeDriver
+    from server.cuda.libs import Libraries
+    driver = FakeDriver()
+    driver.set_current(driver.primary_ctx_retain(0))
+    libs = Libraries(driver)
+    yield libs
+    libs.close()
+
+
+def _matmul_payload(libs, state: bytes, a: int) -> bytes:
+    from rgpu.protocol.cuda_libs import BY_NAME
+    fields = BY_NAME["cublasLtMatmul"].format
+    return fields.pack(struct.pack("<f", 1.0).ljust(16, b"\0"), bytes(16), 0, 0, a, a, a, a, 0, 0, bytes(64), 0) + state
+
+
+def test_malformed_payloads_and_unknown_handles_get_clear_errors(libs):
+    from rgpu.protocol.cuda_libs import BY_NAME
+    from server.cuda.base import CudaDriverError
+    call = BY_NAME["cublasLtMatmul"].id
+    with pytest.raises(CudaDriverError, match="a payload of 3 bytes, expected at least"):
+        libs.run(call, 1, 0, memoryview(b"abc"), answered=True)
+    assert libs.run(BY_NAME["cublasLtCreate"].id, 7, 0, memoryview(bytes(8)), answered=True) == [0, None]
+    desc, layout = _state()
+    status, message = libs.run(call, 7, 0, memoryview(_matmul_payload(libs, _objects(desc, layout)[:-3], 0)),
+                               answered=True)
+    assert status == 7 and "past the state's end" in message
+    status, message = libs.run(call, 99, 0, memoryview(_matmul_payload(libs, _objects(desc, *[layout] * 4), 0)),
+                               answered=True)
+    assert status == 1 and "handle 0x63 is not a cuBLAS or cuBLASLt handle" in message
+    heur = BY_NAME["cublasLtMatmulAlgoGetHeuristic"]
+    status, message = libs.run(heur.id, 7, 0, memoryview(heur.format.pack(1) + _objects(*[layout] * 6)),
+                               answered=True)
+    assert status == 7 and "object 0 is not a desc" in message
+    with pytest.raises(CudaDriverError, match="cublasLtDestroy: .*was not created"):
+        libs.run(BY_NAME["cublasLtDestroy"].id, 8, 0, memoryview(b"\0"), answered=False)
+
+
+def test_descriptors_are_kept_by_content_bias_pointers_apart_and_freed_at_close(libs):
+    from rgpu.protocol.cuda_libs import BY_NAME
+    libs.run(BY_NAME["cublasLtCreate"].id, 7, 0, memoryview(bytes(8)), answered=True)
+    mem = libs.driver.mem_alloc(64)
+    libs.driver.memcpy_htod(mem, None, memoryview(np.arange(16, dtype=np.float32).tobytes()))
+    for bias in (mem, mem + 32, mem):             # two bias pointers: one descriptor
+        desc, layout = _state(rows=2, bias=bias)
+        assert libs.run(BY_NAME["cublasLtMatmul"].id, 7, 0, memoryview(_matmul_payload(
+            libs, _objects(desc, *[layout] * 4), mem)), answered=True) == [0, None]
+    lt = libs.library("cublaslt")
+    assert lt.live() == 3                        # the handle, one desc, one layout
+    libs.close()
+    assert lt.live() == 0
+
+
+@pytest.mark.gpu
+def test_the_program_prints_through_rgpu_what_it_prints_natively(program, start_server):
+    from rgpu.server.cuda import real_api
+    from server.cuda.libs import loading
+    if not real_api.candidates() or not shutil.which("nvidia-smi"):
+        pytest.skip("needs an NVIDIA GPU and its driver (runs through the device tool, not in CI)")
+    real = next((p for p in loading.candidates("libcublasLt.so.13") if os.sep in p), None)
+    if real is None:
+        pytest.skip("NVIDIA's libcublasLt.so.13 is not installed here (pip install nvidia-cublas)")
+    native = subprocess.run([str(program)], capture_output=True, text=True, timeout=120,
+                            env=clean_env(LD_LIBRARY_PATH=os.path.dirname(real)))
+    assert native.returncode == 0, native.stdout + native.stderr
+    done = run([program], start_server("--cuda-driver", "real"))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    ours, theirs = parse(done.stdout), parse(native.stdout)
+    check_values(theirs)                                      # the program itself is right
+    for label in expected():                                  # and rgpu runs what NVIDIA runs
+        np.testing.assert_allclose(np.array(ours[label], float), np.array(theirs[label], float), rtol=1e-6,
+                                   err_msg=label)
+    assert ours["get"] == theirs["get"]
+    assert ours["algo"][:3] == theirs["algo"][:3] and ours["algo"][6] == "1"
