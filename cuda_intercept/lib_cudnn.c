@@ -29,6 +29,7 @@
 #define DATA_DOUBLE 1
 #define DATA_HALF 2
 #define DATA_BFLOAT16 9
+#define VARIANT_PACK 16                    /* CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR */
 #define DIM_MAX 8                          /* CUDNN_DIM_MAX */
 /* rgpu.protocol.lib_cudnn's dump: ENTRY "<iiqq" then the bytes; COUNT_ONLY marks descriptor attributes */
 #define ENTRY_SIZE 24
@@ -303,6 +304,9 @@ RGPU_API int cudnnBackendInitialize(void *descriptor) {
 RGPU_API int cudnnBackendFinalize(void *descriptor) {
     dnn_backend *d = as_backend(descriptor);
     if (!d) return DNN_BAD_PARAM;
+    forget(d);
+    if (d->type == VARIANT_PACK)            /* one per execution: queued, its failure deferred like Execute's */
+        return queue(RGPU_LIB_cudnnBackendFinalizeQueued, 0, d->id, NULL, 0);
     uint8_t *out = malloc(REPLY_CAP);
     if (!out) return DNN_ALLOC_FAILED;
     size_t got = 0;

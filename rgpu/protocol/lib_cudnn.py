@@ -50,6 +50,8 @@ CALLS: tuple[LibCall, ...] = (
     LibCall(0x306, "cudnnBackendInitialize", sync=True),
     # answered: a frontend tries the next engine on NOT_SUPPORTED; the reply carries the readable attributes
     LibCall(0x307, "cudnnBackendFinalize", sync=True),
+    # a variant pack's, queued: torch makes one per execution, and nothing tries another on its failure
+    LibCall(0x313, "cudnnBackendFinalizeQueued"),
     LibCall(0x308, "cudnnBackendExecute", (("plan", "Q"), ("pack", "Q"))),
     LibCall(0x309, "cudnnCreateTensorDescriptor"),
     LibCall(0x30A, "cudnnSetTensorNdDescriptor", (("dtype", "i"), ("nbdims", "i"))),

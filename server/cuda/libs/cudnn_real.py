@@ -1,0 +1,357 @@
+"""cuDNN beside the real driver: the client's forwarded calls run on the real libcudnn.so.9 through ctypes.
+
+The client's handles and descriptors are ids; they map here to the real objects, inside attribute
+payloads too (``CUDNN_TYPE_HANDLE`` and ``CUDNN_TYPE_BACKEND_DESCRIPTOR`` elements; ``VOID_PTR`` ones
+are device addresses and pass through). The stream travels with each call and is set on the real
+handle only when it changed. A Finalize (and a Get that fills the caller's descriptors) answers with
+the readable attributes of the descriptors it made readable (``READABLE``), so the client answers the
+frontend's later Gets itself. Every call runs on the session's thread with its context current.
+"""
+from __future__ import annotations
+
+import ctypes
+import struct
+from ctypes import POINTER, byref, c_char_p, c_double, c_float, c_int, c_int64, c_size_t, c_void_p
+
+from rgpu.protocol.lib_cudnn import TYPE_BACKEND_DESCRIPTOR, TYPE_HANDLE, WIDTH, dump
+
+from . import LibError
+
+BAD_PARAM, NOT_INITIALIZED, VERSION_MISMATCH, NOT_SUPPORTED = 2000, 1001, 1002, 3000
+DOUBLE = 1                              # CUDNN_DATA_DOUBLE: its scalars are doubles, every other type's floats
+VARIANT_PACK = 16                       # CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR
+STATUS = {0: "CUDNN_STATUS_SUCCESS", 1001: "CUDNN_STATUS_NOT_INITIALIZED", 2000: "CUDNN_STATUS_BAD_PARAM",
+          2002: "CUDNN_STATUS_BAD_PARAM_NULL_POINTER", 2004: "CUDNN_STATUS_BAD_PARAM_NOT_FINALIZED",
+          2010: "CUDNN_STATUS_BAD_PARAM_ATTRIBUTE_TYPE", 2012: "CUDNN_STATUS_BAD_PARAM_DESCRIPTOR_TYPE",
+          3000: "CUDNN_STATUS_NOT_SUPPORTED", 4000: "CUDNN_STATUS_INTERNAL_ERROR", 5000: "CUDNN_STATUS_EXECUTION_FAILED"}
+
+# descriptor type -> the attributes a frontend reads once it is finalized: (attribute, its type); the
+# descriptor-typed ones travel as counts (their Get fills the caller's descriptors: a round trip)
+_D, _I64, _I32, _DT, _BOOL = TYPE_BACKEND_DESCRIPTOR, 3, 23, 1, 2
+READABLE = {
+    1: [(100, _DT), (101, 7), (102, _I64), (103, _I64), (104, _I64), (105, _I64), (106, _I64)],        # convolution
+    2: [(1300, _D), (1301, _I64), (1302, _D), (1303, 11), (1304, _D), (1305, 19), (1306, _I32)],        # engine
+    3: [(300, _D), (301, _D), (302, _D), (303, _I64), (304, _I64)],                                     # engine config
+    4: [(200, 8), (201, _D), (202, _D), (203, _I32)],                                                   # engine heuristic
+    5: [(401, _D), (402, _I64), (403, _I64), (404, _I64)],                                              # execution plan
+    6: [(500, _I64), (501, _I64), (502, _I64), (503, 13)],                                              # intermediate info
+    7: [(600, 9), (601, _I64)],                                                                         # knob choice
+    8: [(1200, 9), (1201, _I64), (1202, _I64), (1203, _I64)],                                           # knob info
+    9: [(1100, _I64), (1101, 12)],                                                                      # layout info
+    15: [(801, _D), (802, _I64), (803, _BOOL)],                                                         # operation graph
+    17: [(900, _I64), (901, _DT), (902, _I64), (903, _I64), (904, _I64), (905, _I64), (906, _I64),
+         (907, _BOOL), (908, _BOOL), (909, 20)],                                                        # tensor
+}
+_P = c_void_p
+
+
+def _bind(lib) -> None:
+    """The C prototypes (cudnn_graph.h, cudnn_ops.h), so ctypes passes int64, size_t and doubles right."""
+    sigs = {
+        "cudnnCreate": [POINTER(_P)], "cudnnDestroy": [_P], "cudnnSetStream": [_P, _P],
+        "cudnnBackendCreateDescriptor": [c_int, POINTER(_P)], "cudnnBackendDestroyDescriptor": [_P],
+        "cudnnBackendInitialize": [_P], "cudnnBackendFinalize": [_P],
+        "cudnnBackendSetAttribute": [_P, c_int, c_int, c_int64, _P],
+        "cudnnBackendGetAttribute": [_P, c_int, c_int, c_int64, POINTER(c_int64), _P],
+        "cudnnBackendExecute": [_P, _P, _P],
+        "cudnnCreateTensorDescriptor": [POINTER(_P)], "cudnnDestroyTensorDescriptor": [_P],
+        "cudnnSetTensorNdDescriptor": [_P, c_int, c_int, POINTER(c_int), POINTER(c_int)],
+        "cudnnDeriveBNTensorDescriptor": [_P, _P, c_int],
+        "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize": [_P, c_int, c_int, _P, _P, _P, _P, _P, POINTER(c_size_t)],
+        "cudnnGetBatchNormalizationBackwardExWorkspaceSize": [_P, c_int, c_int, _P, _P, _P, _P, _P, _P, _P, POINTER(c_size_t)],
+        "cudnnGetBatchNormalizationTrainingExReserveSpaceSize": [_P, c_int, c_int, _P, _P, POINTER(c_size_t)],
+        "cudnnBatchNormalizationForwardTrainingEx": [_P, c_int, c_int, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P,
+                                                     c_double, _P, _P, c_double, _P, _P, _P, _P, c_size_t, _P, c_size_t],
+        "cudnnBatchNormalizationBackwardEx": [_P, c_int, c_int, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P,
+                                              _P, _P, _P, _P, _P, c_double, _P, _P, _P, _P, c_size_t, _P, c_size_t],
+        "cudnnBatchNormalizationForwardInference": [_P, c_int, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, c_double],
+        "cudnnGetLastErrorString": [c_char_p, c_size_t], "cudnnGetErrorString": [c_int],
+    }
+    for name, args in sigs.items():
+        fn = getattr(lib, name)
+        fn.argtypes = args
+        fn.restype = c_int
+    lib.cudnnGetErrorString.restype = c_char_p
+    lib.cudnnGetVersion.restype = c_size_t
+    lib.cudnnGetVersion.argtypes = []
+
+
+class Library:
+    def __init__(self, driver, owner):
+        self.driver = driver
+        self.lib = None
+        self.handles: dict[int, list] = {}         # client id -> [real handle, the stream set on it]
+        self.descs: dict[int, list] = {}           # client id -> [real descriptor, its type]
+        self.tensors: dict[int, list] = {}         # client id -> [real tensor descriptor, its data type]
+
+    # ---- the contract --------------------------------------------------------------------------
+    def status_name(self, status: int) -> str:
+        if self.lib is not None:
+            return self.lib.cudnnGetErrorString(status).decode()
+        return STATUS.get(status, "CUDNN_STATUS_UNKNOWN")
+
+    def close(self) -> None:
+        if self.lib is None:
+            return
+        for real, _ in self.descs.values():
+            self.lib.cudnnBackendDestroyDescriptor(real)
+        for real, _ in self.tensors.values():
+            self.lib.cudnnDestroyTensorDescriptor(real)
+        for real, _ in self.handles.values():
+            self.lib.cudnnDestroy(real)
+        self.descs.clear()
+        self.tensors.clear()
+        self.handles.clear()
+
+    # ---- helpers -------------------------------------------------------------------------------
+    def _check(self, name: str, status: int) -> int:
+        if status:
+            buf = ctypes.create_string_buffer(512)
+            self.lib.cudnnGetLastErrorString(buf, len(buf))
+            text = buf.value.decode(errors="replace")
+            raise LibError(status, f"{self.status_name(status)} ({status}){': ' + text if text else ''}")
+        return 0
+
+    def _handle(self, name: str, handle: int, stream=None):
+        h = self.handles.get(handle)
+        if h is None:
+            raise LibError(BAD_PARAM, f"{name}: {handle:#x} is not a cuDNN handle of this session")
+        stream = stream or 0
+        if h[1] != stream:                        # the session's stream, set only when it changed
+            self._check(name, self.lib.cudnnSetStream(h[0], stream))
+            h[1] = stream
+        return h[0]
+
+    def _desc(self, name: str, desc: int) -> list:
+        d = self.descs.get(desc)
+        if d is None:
+            raise LibError(BAD_PARAM, f"{name}: {desc:#x} is not a backend descriptor of this session")
+        return d
+
+    def _tensor(self, name: str, t: int, optional: bool = False):
+        if optional and t == 0:
+            return None
+        d = self.tensors.get(t)
+        if d is None:
+            raise LibError(BAD_PARAM, f"{name}: {t:#x} is not a tensor descriptor of this session")
+        return d[0]
+
+    def _scalar(self, name: str, x: int, value: float):
+        dtype = self.tensors[x][1] if x in self.tensors else 0
+        return byref(c_double(value) if dtype == DOUBLE else c_float(value))
+
+    # ---- handles -------------------------------------------------------------------------------
+    def cudnnCreate(self, handle, stream, tail, client_version):
+        if self.lib is None:
+            from .loading import LibraryMissing, load
+            try:
+                lib = load("libcudnn.so.9")
+                _bind(lib)
+            except (LibraryMissing, AttributeError) as exc:
+                raise LibError(NOT_INITIALIZED, str(exc)) from None
+            self.lib = lib
+        version = self.lib.cudnnGetVersion()
+        if version // 10000 != client_version // 10000:
+            raise LibError(VERSION_MISMATCH, f"the client's cuDNN is {client_version}, the server's {version}")
+        if handle in self.handles:
+            raise LibError(BAD_PARAM, f"cuDNN handle {handle:#x} exists already")
+        real = _P()
+        self._check("cudnnCreate", self.lib.cudnnCreate(byref(real)))
+        self.handles[handle] = [real, 0]
+        return 0
+
+    def cudnnDestroy(self, handle, stream, tail):
+        real = self._handle("cudnnDestroy", handle)
+        del self.handles[handle]
+        return self._check("cudnnDestroy", self.lib.cudnnDestroy(real))
+
+    # ---- the backend graph API -----------------------------------------------------------------
+    def _need_lib(self, name):
+        if self.lib is None:
+            raise LibError(NOT_INITIALIZED, f"{name} before cudnnCreate")
+
+    def cudnnBackendCreateDescriptor(self, handle, stream, tail, type):
+        self._need_lib("cudnnBackendCreateDescriptor")
+        if handle in self.descs:
+            raise LibError(BAD_PARAM, f"backend descriptor {handle:#x} exists already")
+        real = _P()
+        self._check("cudnnBackendCreateDescriptor", self.lib.cudnnBackendCreateDescriptor(type, byref(real)))
+        self.descs[handle] = [real, type]
+        return 0
+
+    def cudnnBackendDestroyDescriptor(self, handle, stream, tail):
+        real, _ = self._desc("cudnnBackendDestroyDescriptor", handle)
+        del self.descs[handle]
+        return self._check("cudnnBackendDestroyDescriptor", self.lib.cudnnBackendDestroyDescriptor(real))
+
+    def _elements(self, name: str, type: int, count: int, tail):
+        """The payload's elements as the real library takes them: client ids mapped to real values."""
+        width = WIDTH.get(type)
+        if width is None or count < 0 or len(tail) != count * width:
+            raise LibError(BAD_PARAM, f"{name}: {len(tail)} bytes for {count} elements of attribute type {type}")
+        if type in (TYPE_HANDLE, TYPE_BACKEND_DESCRIPTOR):
+            ids = struct.unpack_from(f"<{count}Q", tail)
+            table = self.handles if type == TYPE_HANDLE else self.descs
+            missing = [i for i in ids if i and i not in table]
+            if missing:
+                what = "cuDNN handle" if type == TYPE_HANDLE else "backend descriptor"
+                raise LibError(BAD_PARAM, f"{name}: {missing[0]:#x} is not a {what} of this session")
+            return (_P * max(count, 1))(*[table[i][0] if i else None for i in ids])
+        return (ctypes.c_uint8 * max(len(tail), 1)).from_buffer_copy(bytes(tail) or b"\0")
+
+    def cudnnBackendSetAttribute(self, handle, stream, tail, name, type, count):
+        real, _ = self._desc("cudnnBackendSetAttribute", handle)
+        elements = self._elements("cudnnBackendSetAttribute", type, count, tail)
+        return self._check("cudnnBackendSetAttribute",
+                           self.lib.cudnnBackendSetAttribute(real, name, type, count, ctypes.cast(elements, _P)))
+
+    def _get(self, real, name: int, type: int, cap: int = 64):
+        """(count, element bytes) of one attribute, or None when the library refuses it."""
+        width = WIDTH[type]
+        count = c_int64(0)
+        buf = ctypes.create_string_buffer(cap * width)
+        if self.lib.cudnnBackendGetAttribute(real, name, type, cap, byref(count), buf):
+            return None
+        if count.value > cap:
+            return self._get(real, name, type, count.value)
+        return count.value, buf.raw[:count.value * width]
+
+    def readable(self, desc: int) -> bytes:
+        """The dump of a finalized descriptor: every attribute in ``READABLE`` the library answers."""
+        real, type_ = self.descs[desc]
+        entries = []
+        for name, atype in READABLE.get(type_, ()):
+            if atype == TYPE_BACKEND_DESCRIPTOR:
+                count = c_int64(0)
+                if not self.lib.cudnnBackendGetAttribute(real, name, atype, 0, byref(count), None):
+                    entries.append((name, atype, count.value, None))
+                continue
+            got = self._get(real, name, atype)
+            if got is not None:
+                entries.append((name, atype, got[0], got[1]))
+        return dump(entries)
+
+    def cudnnBackendGetAttribute(self, handle, stream, tail, name, type, requested):
+        real, _ = self._desc("cudnnBackendGetAttribute", handle)
+        width = WIDTH.get(type)
+        if width is None or requested < 0 or requested * width > 1 << 24:
+            raise LibError(BAD_PARAM, f"cudnnBackendGetAttribute: {requested} elements of attribute type {type}")
+        count = c_int64(0)
+        if type == TYPE_BACKEND_DESCRIPTOR:       # the caller's descriptors, filled by the library
+            targets = self._elements("cudnnBackendGetAttribute", type, requested, tail)
+            ids = struct.unpack_from(f"<{requested}Q", tail)
+            self._check("cudnnBackendGetAttribute", self.lib.cudnnBackendGetAttribute(
+                real, name, type, requested, byref(count), ctypes.cast(targets, _P) if requested else None))
+            out = bytearray(struct.pack("<q", count.value))
+            for i in ids[:min(requested, count.value)]:
+                d = self.readable(i) if i else b""
+                out += struct.pack("<I", len(d)) + d
+            return 0, bytes(out)
+        buf = ctypes.create_string_buffer(max(requested * width, 1))
+        self._check("cudnnBackendGetAttribute", self.lib.cudnnBackendGetAttribute(
+            real, name, type, requested, byref(count), buf if requested else None))
+        data = buf.raw[:min(requested, count.value) * width]
+        if type == TYPE_HANDLE:                   # real handles -> the client's ids
+            back = {h[0].value: cid for cid, h in self.handles.items()}
+            data = struct.pack(f"<{len(data) // 8}Q", *(back.get(v, 0) for v in struct.unpack(f"<{len(data) // 8}Q", data)))
+        return 0, struct.pack("<q", count.value) + data
+
+    def cudnnBackendInitialize(self, handle, stream, tail):
+        real, _ = self._desc("cudnnBackendInitialize", handle)
+        return self._check("cudnnBackendInitialize", self.lib.cudnnBackendInitialize(real))
+
+    def cudnnBackendFinalize(self, handle, stream, tail):
+        real, type_ = self._desc("cudnnBackendFinalize", handle)
+        self._check("cudnnBackendFinalize", self.lib.cudnnBackendFinalize(real))
+        return 0, b"" if type_ == VARIANT_PACK else self.readable(handle)
+
+    def cudnnBackendFinalizeQueued(self, handle, stream, tail):
+        real, _ = self._desc("cudnnBackendFinalize", handle)
+        return self._check("cudnnBackendFinalize", self.lib.cudnnBackendFinalize(real))
+
+    def cudnnBackendExecute(self, handle, stream, tail, plan, pack):
+        h = self._handle("cudnnBackendExecute", handle, stream)
+        p, _ = self._desc("cudnnBackendExecute", plan)
+        v, _ = self._desc("cudnnBackendExecute", pack)
+        return self._check("cudnnBackendExecute", self.lib.cudnnBackendExecute(h, p, v))
+
+    # ---- legacy tensor descriptors and batch normalization -------------------------------------
+    def cudnnCreateTensorDescriptor(self, handle, stream, tail):
+        self._need_lib("cudnnCreateTensorDescriptor")
+        if handle in self.tensors:
+            raise LibError(BAD_PARAM, f"tensor descriptor {handle:#x} exists already")
+        real = _P()
+        self._check("cudnnCreateTensorDescriptor", self.lib.cudnnCreateTensorDescriptor(byref(real)))
+        self.tensors[handle] = [real, 0]
+        return 0
+
+    def cudnnSetTensorNdDescriptor(self, handle, stream, tail, dtype, nbdims):
+        real = self._tensor("cudnnSetTensorNdDescriptor", handle)
+        if not 0 < nbdims <= 8 or len(tail) != 8 * nbdims:
+            raise LibError(BAD_PARAM, f"cudnnSetTensorNdDescriptor: {len(tail)} bytes for {nbdims} dims and strides")
+        v = struct.unpack(f"<{2 * nbdims}i", tail)
+        dims, strides = (c_int * nbdims)(*v[:nbdims]), (c_int * nbdims)(*v[nbdims:])
+        self._check("cudnnSetTensorNdDescriptor", self.lib.cudnnSetTensorNdDescriptor(real, dtype, nbdims, dims, strides))
+        self.tensors[handle][1] = dtype
+        return 0
+
+    def cudnnDestroyTensorDescriptor(self, handle, stream, tail):
+        real = self._tensor("cudnnDestroyTensorDescriptor", handle)
+        del self.tensors[handle]
+        return self._check("cudnnDestroyTensorDescriptor", self.lib.cudnnDestroyTensorDescriptor(real))
+
+    def cudnnDeriveBNTensorDescriptor(self, handle, stream, tail, x, mode):
+        n = "cudnnDeriveBNTensorDescriptor"
+        self._check(n, self.lib.cudnnDeriveBNTensorDescriptor(self._tensor(n, handle), self._tensor(n, x), mode))
+        dtype = self.tensors[x][1]
+        self.tensors[handle][1] = 0 if dtype in (2, 9) else dtype       # half, bfloat16 -> float parameters
+        return 0
+
+    def _size(self, name: str, fn, *args):
+        size = c_size_t(0)
+        self._check(name, fn(*args, byref(size)))
+        return 0, struct.pack("<Q", size.value)
+
+    def cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(self, handle, stream, tail, mode, ops, x, z, y, bn, act):
+        n = "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize"
+        return self._size(n, getattr(self.lib, n), self._handle(n, handle, stream), mode, ops, self._tensor(n, x),
+                          self._tensor(n, z, True), self._tensor(n, y), self._tensor(n, bn), None)
+
+    def cudnnGetBatchNormalizationBackwardExWorkspaceSize(self, handle, stream, tail, mode, ops, x, y, dy, dz, dx, dbn, act):
+        n = "cudnnGetBatchNormalizationBackwardExWorkspaceSize"
+        t = self._tensor
+        return self._size(n, getattr(self.lib, n), self._handle(n, handle, stream), mode, ops, t(n, x), t(n, y, True),
+                          t(n, dy), t(n, dz, True), t(n, dx), t(n, dbn), None)
+
+    def cudnnGetBatchNormalizationTrainingExReserveSpaceSize(self, handle, stream, tail, mode, ops, act, x):
+        n = "cudnnGetBatchNormalizationTrainingExReserveSpaceSize"
+        return self._size(n, getattr(self.lib, n), self._handle(n, handle, stream), mode, ops, None, self._tensor(n, x))
+
+    def cudnnBatchNormalizationForwardTrainingEx(self, handle, stream, tail, **f):
+        n = "cudnnBatchNormalizationForwardTrainingEx"
+        t, s = self._tensor, self._scalar
+        return self._check(n, self.lib.cudnnBatchNormalizationForwardTrainingEx(
+            self._handle(n, handle, stream), f["mode"], f["ops"], s(n, f["x"], f["alpha"]), s(n, f["x"], f["beta"]),
+            t(n, f["x"]), f["x_data"], t(n, f["z"], True), f["z_data"] or None, t(n, f["y"]), f["y_data"], t(n, f["bn"]),
+            f["scale"], f["bias"], f["factor"], f["running_mean"] or None, f["running_var"] or None, f["epsilon"],
+            f["save_mean"] or None, f["save_inv_var"] or None, None, f["workspace"] or None, f["workspace_size"],
+            f["reserve"] or None, f["reserve_size"]))
+
+    def cudnnBatchNormalizationBackwardEx(self, handle, stream, tail, **f):
+        n = "cudnnBatchNormalizationBackwardEx"
+        t, s, x = self._tensor, self._scalar, f["x"]
+        return self._check(n, self.lib.cudnnBatchNormalizationBackwardEx(
+            self._handle(n, handle, stream), f["mode"], f["ops"], s(n, x, f["alpha_data"]), s(n, x, f["beta_data"]),
+            s(n, x, f["alpha_param"]), s(n, x, f["beta_param"]), t(n, x), f["x_data"], t(n, f["y"], True),
+            f["y_data"] or None, t(n, f["dy"]), f["dy_data"], t(n, f["dz"], True), f["dz_data"] or None, t(n, f["dx"]),
+            f["dx_data"], t(n, f["dbn"]), f["scale"], f["bias"] or None, f["dscale"], f["dbias"], f["epsilon"],
+            f["save_mean"] or None, f["save_inv_var"] or None, None, f["workspace"] or None, f["workspace_size"],
+            f["reserve"] or None, f["reserve_size"]))
+
+    def cudnnBatchNormalizationForwardInference(self, handle, stream, tail, **f):
+        n = "cudnnBatchNormalizationForwardInference"
+        t, s = self._tensor, self._scalar
+        return self._check(n, self.lib.cudnnBatchNormalizationForwardInference(
+            self._handle(n, handle, stream), f["mode"], s(n, f["x"], f["alpha"]), s(n, f["x"], f["beta"]), t(n, f["x"]),
+            f["x_data"], t(n, f["y"]), f["y_data"], t(n, f["bn"]), f["scale"], f["bias"], f["mean"], f["var"],
+            f["epsilon"]))

@@ -1,0 +1,225 @@
+"""rgpu's libcudnn.so.9: the backend graph API and legacy BN forwarded whole, checked against torch's arithmetic.
+
+The C program (``lib_programs/cudnn_conv_bn.c``: its own prototypes, linked against rgpu's libraries)
+builds a convolution graph the way cudnn-frontend does and runs BN through the legacy calls; it runs
+through ``rgpu intercept run`` against ``rgpu serve --cuda-driver fake`` (torch on the CPU) and its
+printed values are compared with torch's here. The server side is also driven directly: descriptor
+bookkeeping, attribute checks, the counts back to zero, malformed payloads. On a GPU host
+(``-m gpu``) the same program runs through rgpu against the real cuDNN and natively, and must agree.
+"""
+from __future__ import annotations
+
+import struct
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from cuda_programs import parse
+from test_cuda_programs import run
+from test_cuda_support import build_shim_or_skip
+
+from rgpu.protocol.cuda_libs import BY_NAME
+from rgpu.protocol.lib_cudnn import WIDTH, undump
+from rgpu.server.cuda.base import CudaDriverError
+from rgpu.server.cuda.fake import FakeDriver
+from rgpu.server.cuda.libs import Libraries
+
+PROGRAM = Path(__file__).parent / "lib_programs" / "cudnn_conv_bn.c"
+F32 = np.float32
+
+
+# ---- what the program must print, computed with torch ------------------------------------------
+def _seq(n, mul, mod, scale, shift):
+    return (np.arange(n) * mul % mod).astype(F32) * F32(scale) - F32(shift)
+
+
+def expected() -> dict[str, np.ndarray]:
+    t = lambda a, shape: torch.from_numpy(a.astype(np.float64)).reshape(shape)   # noqa: E731
+    x = t(_seq(2 * 3 * 49, 7, 13, 0.25, 1.5), (2, 3, 7, 7))
+    w = t(_seq(4 * 27, 5, 11, 0.125, 0.5), (4, 3, 3, 3))
+    dy = t(_seq(2 * 4 * 20, 3, 7, 0.5, 1.0), (2, 4, 4, 5))
+    conv = dict(stride=(2, 1), padding=(1, 1), dilation=(1, 2))
+    y = F.conv2d(x, w, **conv)
+    dx = torch.nn.grad.conv2d_input(x.shape, w, dy, **conv) * 0.5
+    dw = torch.nn.grad.conv2d_weight(x, w.shape, dy, **conv)
+    out = {"conv_y": y, "conv_dx": dx, "conv_dw": dw}
+    bx = t(_seq(300, 7, 19, 0.2, 1.5), (4, 3, 5, 5)).requires_grad_()
+    bdy = t(_seq(300, 11, 17, 0.1, 0.8), (4, 3, 5, 5))
+    scale = torch.tensor([1.0 + 0.5 * c for c in range(3)], dtype=torch.float64, requires_grad=True)
+    bias = torch.tensor([np.float32(0.1) * c - np.float32(0.2) for c in range(3)], dtype=torch.float64, requires_grad=True)
+    rm, rv = torch.zeros(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64)
+    by = F.batch_norm(bx, rm, rv, scale, bias, training=True, momentum=0.1, eps=1e-5)
+    by.backward(bdy)
+    mean = bx.detach().mean((0, 2, 3))
+    inv = (bx.detach().var((0, 2, 3), unbiased=False) + 1e-5).rsqrt()
+    infer = F.batch_norm(bx.detach(), rm, rv, scale.detach(), bias.detach(), training=False, eps=1e-5)
+    out.update(bn_y=by, bn_save_mean=mean, bn_save_inv_var=inv, bn_running_mean=rm, bn_running_var=rv,
+               bn_dx=bx.grad, bn_dscale=scale.grad, bn_dbias=bias.grad, bn_infer_y=infer)
+    out = {k: v.detach().numpy().astype(F32).astype(np.float64).ravel() for k, v in out.items()}
+    out["bn_desc"] = np.array([0, 4, 1, 3, 1, 1], dtype=np.float64)
+    out["stream"] = np.array([1.0])
+    out["version"] = np.array([9.0])
+    return out
+
+
+def check(stdout: str, rtol: float = 2e-6, atol: float = 2e-5) -> None:
+    got, want = parse(stdout), expected()
+    for label, values in want.items():
+        assert label in got, f"no {label!r} line in the output:\n{stdout[-2000:]}"
+        np.testing.assert_allclose(got[label], values, rtol=rtol, atol=atol, err_msg=label)
+    for kind in range(3):
+        assert got[f"conv{kind}_plan"].tolist() == [1, 1, 1]
+
+
+# ---- building and running -----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def libraries() -> Path:
+    build_shim_or_skip()
+    from rgpu.cuda_intercept import libraries
+    return libraries.build()
+
+
+def compile_program(out: Path, lib_dirs: list[Path], libs: list[str]) -> Path:
+    exe = out / "cudnn_conv_bn"
+    cmd = ["cc", "-std=gnu11", "-O1", "-Wall", str(PROGRAM), "-o", str(exe)]
+    for d in lib_dirs:
+        cmd += [f"-L{d}", f"-Wl,-rpath,{d}"]
+    subprocess.run(cmd + [f"-l:{lib}" for lib in libs], check=True, capture_output=True, text=True)
+    return exe
+
+
+@pytest.fixture(scope="module")
+def fake_server(tmp_path_factory):
+    from conftest import RunningServer
+    server = RunningServer(tmp_path_factory.mktemp("rgpu-cudnn-server"), ("--cuda-driver", "fake"))
+    yield server
+    server.stop()
+
+
+def test_a_conv_graph_and_batch_norm_through_rgpu_give_torchs_values(libraries, fake_server, tmp_path):
+    exe = compile_program(tmp_path, [libraries], ["libcudnn.so.9", "libcudart.so.13"])
+    done = run([exe], fake_server)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    assert "not supported over rgpu" not in done.stderr, done.stderr
+    assert "done" in done.stdout.split()
+    check(done.stdout)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_program_through_rgpu_matches_its_native_run(libraries, start_server, tmp_path):
+    from rgpu.server.cuda.libs.loading import candidates
+    real = {}
+    for soname in ("libcudnn.so.9", "libcudart.so.13"):
+        found = [p for p in candidates(soname) if "/" in p]
+        if not found:
+            pytest.skip(f"no real {soname} on this host")
+        real[soname] = Path(found[0])
+    native_dir = tmp_path / "native"
+    native_dir.mkdir()
+    native = compile_program(native_dir, sorted({p.parent for p in real.values()}), list(real))
+    mine = compile_program(tmp_path, [libraries], ["libcudnn.so.9", "libcudart.so.13"])
+    here = subprocess.run([native], capture_output=True, text=True, timeout=120)
+    assert here.returncode == 0, here.stdout + here.stderr
+    server = start_server("--cuda-driver", "real")
+    done = run([mine], server)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    check(here.stdout, rtol=1e-3, atol=1e-3)          # the engine may use TF32 for fp32 data
+    theirs, ours = parse(here.stdout), parse(done.stdout)
+    for label, values in theirs.items():
+        np.testing.assert_array_equal(ours[label], values, err_msg=label)    # the same library, the same engine
+
+
+# ---- the server side, driven directly -----------------------------------------------------------
+class Session:
+    """Libraries over a fake driver, called as the executor calls them (payloads packed by the protocol)."""
+
+    def __init__(self):
+        self.driver = FakeDriver()
+        self.driver.set_current(self.driver.primary_ctx_retain(0))
+        self.libs = Libraries(self.driver)
+        self.next = 0x52475055 << 32
+
+    def mint(self) -> int:
+        self.next += 1
+        return self.next
+
+    def __call__(self, call, handle=0, tail=b"", queued=False, **fields):
+        spec = BY_NAME[call]
+        payload = spec.format.pack(*(fields[f] for f, _ in spec.fields)) + bytes(tail)
+        return self.libs.run(spec.id, handle, 0, memoryview(payload), answered=not queued)
+
+    @property
+    def lib(self):
+        return self.libs.library("cudnn")
+
+
+def _ok(reply):
+    assert reply[-2] == 0, reply
+    return reply[0] if len(reply) == 3 else None
+
+
+def _tensor(s, uid, dims):
+    t = s.mint()
+    strides = [int(np.prod(dims[i + 1:])) for i in range(len(dims))]
+    _ok(s("cudnnBackendCreateDescriptor", t, type=17))
+    for name, type_, data in ((901, 1, struct.pack("<i", 0)), (902, 3, struct.pack(f"<{len(dims)}q", *dims)),
+                              (903, 3, struct.pack(f"<{len(dims)}q", *strides)), (906, 3, struct.pack("<q", uid)),
+                              (900, 3, struct.pack("<q", 16)), (907, 2, b"\0")):
+        _ok(s("cudnnBackendSetAttribute", t, data, name=name, type=type_, count=len(data) // WIDTH[type_]))
+    return t
+
+
+def test_descriptors_are_checked_kept_and_all_freed_at_session_end():
+    s = Session()
+    h = s.mint()
+    _ok(s("cudnnCreate", h, client_version=91900))
+    x = _tensor(s, 1, [1, 2, 3, 3])
+    # a wrong element type and a wrong element count are the library's errors, not a crash
+    bad = s("cudnnBackendSetAttribute", x, struct.pack("<i", 0), name=906, type=23, count=1)
+    assert bad[0] == 2010 and "element type" in bad[1]
+    short = s("cudnnBackendSetAttribute", x, b"\0" * 12, name=902, type=3, count=2)
+    assert short[0] == 2000 and "12 bytes for 2 elements" in short[1]
+    dump = _ok(s("cudnnBackendFinalize", x))
+    entries = {name: (count, data) for name, _, count, data in undump(dump)}
+    assert entries[902] == (4, struct.pack("<4q", 1, 2, 3, 3)) and entries[906][1] == struct.pack("<q", 1)
+    got = _ok(s("cudnnBackendGetAttribute", x, name=902, type=3, requested=2))
+    assert struct.unpack("<q2q", got) == (4, 1, 2)
+    assert s.lib.counts() == (1, 1, 0)
+    _ok(s("cudnnBackendDestroyDescriptor", x))
+    t = s.mint()
+    _ok(s("cudnnCreateTensorDescriptor", t))
+    _ok(s("cudnnSetTensorNdDescriptor", t, struct.pack("<8i", 1, 2, 3, 3, 18, 9, 3, 1), dtype=0, nbdims=4))
+    assert s.lib.counts() == (1, 0, 1)
+    _ok(s("cudnnDestroyTensorDescriptor", t))
+    _ok(s("cudnnDestroy", h))
+    assert s.lib.counts() == (0, 0, 0)
+    # what a program leaves behind is freed when the session ends
+    _ok(s("cudnnCreate", h, client_version=91900))
+    _tensor(s, 2, [1, 1, 1, 1])
+    lib = s.lib
+    assert lib.counts() == (1, 1, 0)
+    s.libs.close()
+    assert lib.counts() == (0, 0, 0)
+
+
+def test_a_short_payload_or_an_unknown_descriptor_is_a_clear_error():
+    s = Session()
+    spec = BY_NAME["cudnnBackendSetAttribute"]
+    with pytest.raises(CudaDriverError, match="a payload of 3 bytes, expected at least 16"):
+        s.libs.run(spec.id, 1, 0, memoryview(b"abc"), answered=True)
+    reply = s("cudnnBackendFinalize", 0xDEAD)
+    assert reply[0] == 2000 and "0xdead is not a backend descriptor of this session" in reply[1]
+    # a queued call's failure is raised for the executor to defer, naming the call
+    with pytest.raises(CudaDriverError, match="cudnnBackendExecute: .*not a cuDNN handle"):
+        s("cudnnBackendExecute", 0xBEEF, queued=True, plan=1, pack=2)
+    d = s.mint()
+    _ok(s("cudnnBackendCreateDescriptor", d, type=15))
+    ids = struct.pack("<Q", 0x1234)
+    reply = s("cudnnBackendSetAttribute", d, ids, name=801, type=15, count=1)
+    assert reply[0] == 2000 and "0x1234 is not a backend descriptor" in reply[1]
+    bad = s("cudnnSetTensorNdDescriptor", 0x99, b"\0" * 4, dtype=0, nbdims=1)
+    assert bad[0] == 2000
