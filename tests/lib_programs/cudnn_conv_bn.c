@@ -134,13 +134,14 @@ static void convolve(handle_t h, int kind, void *xp, void *wp, void *yp, float a
     OK(cudnnBackendGetAttribute(heur, 202, T_DESC, count, &got, cfgs));
     /* the frontend reads each config's engine and its notes before choosing; the first that finalizes wins */
     int64_t index = -1, notes = 0, workspace = -1, one = 0;
+    int note[16];
     void *ws = NULL;
     OK(cudnnBackendCreateDescriptor(D_ENGINE, &engine));
     OK(cudnnBackendCreateDescriptor(D_PLAN, &plan));
     for (int64_t i = 0; i < got; i++) {
         OK(cudnnBackendGetAttribute(cfgs[i], 300, T_DESC, 1, &one, &engine));
         OK(cudnnBackendGetAttribute(engine, 1301, T_INT64, 1, &one, &index));
-        OK(cudnnBackendGetAttribute(engine, 1303, T_NUMERICAL_NOTE, 0, &notes, NULL));
+        OK(cudnnBackendGetAttribute(engine, 1303, T_NUMERICAL_NOTE, 16, &notes, note));
         OK(cudnnBackendSetAttribute(plan, 400, T_HANDLE, 1, &h));
         OK(cudnnBackendSetAttribute(plan, 401, T_DESC, 1, &cfgs[i]));
         if (cudnnBackendFinalize(plan) == 0) break;
@@ -239,6 +240,7 @@ int main(void) {
     void *bufs[] = {xp, wp, dyp, yp, dxp, dwp};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) OK(cudaFree(bufs[i]));
     OK(cudnnDestroy(h));
+    OK(cudaDeviceSynchronize());                      /* the queued destroys have run: the server counts none left */
     printf("done\n");
     return 0;
 }

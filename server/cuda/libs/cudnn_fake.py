@@ -91,6 +91,7 @@ class Library:
         self.handles: dict[int, dict] = {}
         self.descs: dict[int, Desc] = {}
         self.tensors: dict[int, dict] = {}        # legacy: {"dtype", "dims", "strides"}
+        self.asked = {"cudnnBackendFinalize": 0, "cudnnBackendGetAttribute": 0}   # what reached the server
 
     # ---- the contract --------------------------------------------------------------------------
     def status_name(self, status: int) -> str:
@@ -101,8 +102,8 @@ class Library:
         return len(self.handles), len(self.descs), len(self.tensors)
 
     def close(self) -> None:
-        if any(self.counts()):
-            log.info("cuDNN: the session left %d handles, %d backend and %d tensor descriptors (freed)", *self.counts())
+        log.debug("cuDNN: %d Finalize and %d GetAttribute calls reached the server; the session left %d handles, "
+                  "%d backend and %d tensor descriptors (freed now)", *self.asked.values(), *self.counts())
         self.handles.clear()
         self.descs.clear()
         self.tensors.clear()
@@ -177,6 +178,7 @@ class Library:
 
     def cudnnBackendGetAttribute(self, handle, stream, tail, name, type, requested):
         n = "cudnnBackendGetAttribute"
+        self.asked[n] += 1
         d = self._desc(n, handle)
         if not d.finalized:
             _fail(NOT_FINALIZED, f"{n}: the descriptor is not finalized")
@@ -265,6 +267,7 @@ class Library:
         d.finalized = True
 
     def cudnnBackendFinalize(self, handle, stream, tail):
+        self.asked["cudnnBackendFinalize"] += 1
         d = self._desc("cudnnBackendFinalize", handle)
         self._finalize(d)
         return 0, self.readable(d)
