@@ -8,6 +8,7 @@ natively against NVIDIA's libcublasLt and through rgpu against ``--cuda-driver r
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import struct
@@ -23,6 +24,7 @@ from test_cuda_programs import run
 from test_cuda_support import build_shim_or_skip
 
 PROGRAM = Path(__file__).parent / "lib_programs" / "cublaslt_matmul.c"
+MOCK = Path(__file__).parent / "lib_programs" / "cublaslt_mock.c"
 
 
 @pytest.fixture(scope="module")
@@ -195,6 +197,72 @@ def test_descriptors_are_kept_by_content_bias_pointers_apart_and_freed_at_close(
     assert lt.live() == 3                        # the handle, one desc, one layout
     libs.close()
     assert lt.live() == 0
+
+
+@pytest.fixture
+def real_side(tmp_path, monkeypatch):
+    """The server's ctypes side over a stand-in libcublasLt.so.13 (``cublaslt_mock.c``): (libraries, mock)."""
+    lib = tmp_path / "libcublasLt.so.13"
+    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-Wl,-soname,libcublasLt.so.13", str(MOCK), "-o", str(lib)],
+                   check=True)
+    monkeypatch.setenv("RGPU_CUDA_LIB_DIR", str(tmp_path))
+    from server.cuda.libs import Libraries
+
+    class RealDriver:
+        name = "real"
+    libs = Libraries(RealDriver())
+    yield libs, ctypes.CDLL(str(lib))
+    libs.close()
+
+
+def test_the_real_side_hands_cublaslt_the_state_scalars_pointers_and_stream_in_its_order(real_side):
+    from rgpu.protocol.cuda_libs import BY_NAME
+    libs, mock = real_side
+    assert libs.run(BY_NAME["cublasLtCreate"].id, 7, 0, memoryview(bytes(8)), answered=True) == [0, None]
+    a = np.asfortranarray(x(6, 5).reshape(2, 3), np.float32)        # m=2, k=3
+    b = np.asfortranarray(x(6, 7).reshape(2, 3), np.float32)        # n=2, k=3, used transposed
+    c = np.asfortranarray(x(4, 3).reshape(2, 2), np.float32)
+    d = np.zeros((2, 2), np.float32, order="F")
+    bias1, bias2, dev_scalars = (np.array(v, np.float32) for v in ([1, 2], [10, 20], [3, 0]))
+    i32, u64 = (lambda v: struct.pack("<i", v)), (lambda v: struct.pack("<Q", v))
+    lay = lambda r, k: (2, {0: i32(0), 2: u64(r), 3: u64(k), 4: u64(r)})            # noqa: E731
+    matmul = BY_NAME["cublasLtMatmul"]
+
+    def run_matmul(bias, mode=0, alpha=2.0, beta=0.5):
+        desc = (1, {0: i32(68), 1: i32(0), 2: i32(mode), 4: i32(1), 7: i32(4), 8: u64(bias.ctypes.data)})
+        host = mode == 0
+        fields = matmul.format.pack(struct.pack("<f", alpha).ljust(16, b"\0") if host else bytes(16),
+                                    struct.pack("<f", beta).ljust(16, b"\0") if host else bytes(16),
+                                    0 if host else dev_scalars.ctypes.data, 0 if host else dev_scalars.ctypes.data + 4,
+                                    a.ctypes.data, b.ctypes.data, c.ctypes.data, d.ctypes.data, 0xBEEF000, 4096,
+                                    struct.pack("<Q", 0xA160).ljust(64, b"\0"), 1)
+        state = _objects(desc, lay(2, 3), lay(2, 3), lay(2, 2), lay(2, 2))
+        return libs.run(matmul.id, 7, 0x55, memoryview(fields + state), answered=True)
+
+    assert run_matmul(bias1) == [0, None]
+    np.testing.assert_allclose(d, 2 * a @ b.T + 0.5 * c + bias1[:, None], rtol=1e-6)
+    assert (ctypes.c_uint64.in_dll(mock, "mock_stream").value, ctypes.c_uint64.in_dll(mock, "mock_workspace").value,
+            ctypes.c_size_t.in_dll(mock, "mock_workspace_size").value,
+            ctypes.c_uint64.in_dll(mock, "mock_algo0").value) == (0x55, 0xBEEF000, 4096, 0xA160)
+    held = mock.mock_live()
+    assert run_matmul(bias2) == [0, None]                   # another bias: the same real descriptor, re-pointed
+    np.testing.assert_allclose(d, 2 * a @ b.T + 0.5 * c + bias2[:, None], rtol=1e-6)
+    assert mock.mock_live() == held
+    assert run_matmul(bias1, mode=1) == [0, None]           # device scalars: 3 and 0, read where they are
+    np.testing.assert_allclose(d, 3 * a @ b.T + bias1[:, None], rtol=1e-6)
+    heur = BY_NAME["cublasLtMatmulAlgoGetHeuristic"]
+    pref = (3, {1: u64(1 << 20)})
+    out, status, message = libs.run(heur.id, 7, 0, memoryview(heur.format.pack(4) + _objects(
+        (1, {0: i32(68), 1: i32(0)}), lay(2, 3), lay(2, 3), lay(2, 2), lay(2, 2), pref)), answered=True)
+    assert (status, len(out)) == (0, 96)
+    algo0, algo1, workspace, state, waves = struct.unpack_from("<QQ48xQif", out)
+    assert (algo0, algo1, workspace, state, waves) == (0xA160, 2, 0, 0, 1.0)
+    assert ctypes.c_uint64.in_dll(mock, "mock_pref_workspace").value == 1 << 20
+    status, message = libs.run(heur.id, 8, 0, memoryview(heur.format.pack(1) + _objects(*[lay(2, 2)] * 6)),
+                               answered=True)
+    assert status == 1 and "not a cuBLAS or cuBLASLt handle" in message
+    libs.close()
+    assert mock.mock_live() == 0                            # handle, descriptors, layouts, preference: all freed
 
 
 @pytest.mark.gpu

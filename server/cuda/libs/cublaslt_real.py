@@ -1,0 +1,217 @@
+"""cuBLASLt beside the real driver: the heuristic and the matmul run by NVIDIA's libcublasLt.so.13, via ctypes.
+
+It runs on the session's thread with its context current (the executor's). The client's descriptors
+arrive serialized (``rgpu.protocol.lib_cublaslt``); real ones are made from them once and kept by content
+(a descriptor's device addresses zeroed in the key and set at each call), so steady state creates
+nothing. The handle is torch's cuBLAS handle (``cublas_real.Library.handle_for_lt``: cuBLASLt takes a
+``cublasHandle_t`` as its own, as torch does natively) or one ``cublasLtCreate`` made here. Host scalars
+arrive by value and are passed from a buffer of ours (cuBLASLt reads them during the call); device
+scalars and matrices are the server's addresses and pass through. The prototypes are cublasLt.h's
+(CUDA 13), written out here.
+"""
+from __future__ import annotations
+
+import ctypes
+from ctypes import POINTER, c_int, c_size_t, c_uint64, c_int64, c_void_p
+
+from rgpu.protocol import lib_cublaslt as P
+
+from . import LibError
+from .loading import LibraryMissing, load
+
+H = V = c_void_p
+PROTOTYPES = {
+    "cublasLtCreate": [POINTER(c_void_p)],
+    "cublasLtDestroy": [H],
+    "cublasLtMatmulDescCreate": [POINTER(c_void_p), c_int, c_int],              # computeType, scaleType
+    "cublasLtMatmulDescDestroy": [V],
+    "cublasLtMatmulDescSetAttribute": [V, c_int, V, c_size_t],
+    "cublasLtMatrixLayoutCreate": [POINTER(c_void_p), c_int, c_uint64, c_uint64, c_int64],   # type, rows, cols, ld
+    "cublasLtMatrixLayoutDestroy": [V],
+    "cublasLtMatrixLayoutSetAttribute": [V, c_int, V, c_size_t],
+    "cublasLtMatmulPreferenceCreate": [POINTER(c_void_p)],
+    "cublasLtMatmulPreferenceDestroy": [V],
+    "cublasLtMatmulPreferenceSetAttribute": [V, c_int, V, c_size_t],
+    # handle, desc, Adesc, Bdesc, Cdesc, Ddesc, preference, requestedAlgoCount, results, returnAlgoCount
+    "cublasLtMatmulAlgoGetHeuristic": [H, V, V, V, V, V, V, c_int, V, POINTER(c_int)],
+    # handle, desc, alpha, A, Adesc, B, Bdesc, beta, C, Cdesc, D, Ddesc, algo, workspace, workspaceSize, stream
+    "cublasLtMatmul": [H, V, V, V, V, V, V, V, V, V, V, V, V, V, c_size_t, V],
+}
+KINDS = {  # kind -> (create, destroy, set attribute, the attributes create takes)
+    P.KIND_DESC: ("cublasLtMatmulDescCreate", "cublasLtMatmulDescDestroy", "cublasLtMatmulDescSetAttribute",
+                  (P.DESC_COMPUTE_TYPE, P.DESC_SCALE_TYPE)),
+    P.KIND_LAYOUT: ("cublasLtMatrixLayoutCreate", "cublasLtMatrixLayoutDestroy", "cublasLtMatrixLayoutSetAttribute",
+                    (P.LAYOUT_TYPE, P.LAYOUT_ROWS, P.LAYOUT_COLS, P.LAYOUT_LD)),
+    P.KIND_PREF: ("cublasLtMatmulPreferenceCreate", "cublasLtMatmulPreferenceDestroy",
+                  "cublasLtMatmulPreferenceSetAttribute", ()),
+}
+MAX_KEPT = 4096                 # real descriptors kept per kind; past it the oldest go (they are host objects)
+MAX_REQUESTED = 1024
+
+
+class Library:
+    def __init__(self, driver, owner):
+        self.driver = driver
+        self.owner = owner
+        self.handles: dict[int, int] = {}                      # client handle -> real, from cublasLtCreate
+        self.kept: dict[int, dict[bytes, int]] = {k: {} for k in KINDS}   # kind -> content -> real descriptor
+        self._lib = None
+        self._missing: str | None = None
+
+    # ---- the contract --------------------------------------------------------------------------
+    def status_name(self, status: int) -> str:
+        return P.STATUS.get(status, "CUBLAS_STATUS_UNKNOWN")
+
+    def live(self) -> int:
+        """Real descriptors and handles this session holds."""
+        return sum(len(k) for k in self.kept.values()) + len(self.handles)
+
+    def close(self) -> None:
+        if self._lib is None:
+            return
+        for kind, kept in self.kept.items():
+            destroy = self.fn(KINDS[kind][1])
+            for real in kept.values():
+                destroy(c_void_p(real))
+            kept.clear()
+        for real in self.handles.values():
+            self.fn("cublasLtDestroy")(c_void_p(real))
+        self.handles.clear()
+
+    # ---- the library ---------------------------------------------------------------------------
+    def fn(self, name: str):
+        if self._lib is None:
+            if self._missing:
+                raise LibError(P.NOT_INITIALIZED, self._missing)
+            try:
+                lib = load("libcublasLt.so.13")
+            except LibraryMissing as exc:
+                self._missing = str(exc)
+                raise LibError(P.NOT_INITIALIZED, self._missing) from None
+            for fname, args in PROTOTYPES.items():
+                f = getattr(lib, fname)
+                f.argtypes, f.restype = args, c_int
+            self._lib = lib
+        return getattr(self._lib, name)
+
+    def _check(self, status: int, what: str) -> None:
+        if status:
+            raise LibError(status, f"{what}: {self.status_name(status)} ({status})")
+
+    # ---- handles -------------------------------------------------------------------------------
+    def _handle(self, handle: int) -> int:
+        """The real handle for a client one: torch's cuBLAS handle, or one cublasLtCreate made."""
+        real = self.handles.get(handle)
+        if real is not None:
+            return real
+        try:
+            cublas = self.owner.library("cublas")
+        except Exception:      # noqa: BLE001  (no cuBLAS implementation here yet: our own handles only)
+            cublas = None
+        find = getattr(cublas, "handle_for_lt", None)
+        real = find(handle) if find is not None else None
+        if real is None:
+            raise LibError(P.NOT_INITIALIZED, f"handle {handle:#x} is not a cuBLAS or cuBLASLt handle of this session")
+        return int(real)
+
+    def cublasLtCreate(self, handle, stream, tail, client_version):
+        if handle in self.handles:
+            raise LibError(P.INVALID_VALUE, f"cuBLASLt handle {handle:#x} exists already")
+        real = c_void_p()
+        self._check(int(self.fn("cublasLtCreate")(ctypes.byref(real))), "cublasLtCreate")
+        self.handles[handle] = real.value
+        return 0
+
+    def cublasLtDestroy(self, handle, stream, tail):
+        real = self.handles.pop(handle, None)
+        if real is None:
+            raise LibError(P.NOT_INITIALIZED, f"handle {handle:#x} was not created by cublasLtCreate")
+        return int(self.fn("cublasLtDestroy")(c_void_p(real)))
+
+    # ---- descriptors ---------------------------------------------------------------------------
+    def _real(self, obj: P.Obj | None) -> int | None:
+        """The real descriptor for ``obj``, made once per content; its device addresses set now."""
+        if obj is None:
+            return None
+        create, destroy, set_attr, args = KINDS[obj.kind]
+        kept = self.kept[obj.kind]
+        key = obj.key[1]
+        real = kept.get(key)
+        if real is None:
+            real = self._make(obj, create, set_attr, args)
+            if len(kept) >= MAX_KEPT:
+                self.fn(destroy)(c_void_p(kept.pop(next(iter(kept)))))
+            kept[key] = real
+        if obj.kind == P.KIND_DESC:
+            for attr in P.DESC_POINTERS & obj.attrs.keys():
+                self._set(set_attr, real, attr, obj.attrs[attr])
+        return real
+
+    def _make(self, obj: P.Obj, create: str, set_attr: str, args: tuple[int, ...]) -> int:
+        missing = [a for a in args if a not in obj.attrs]
+        if missing:
+            raise LibError(P.INVALID_VALUE, f"a descriptor without its creation attributes {missing}")
+        real = c_void_p()
+        if obj.kind == P.KIND_DESC:
+            values = (obj.int(P.DESC_COMPUTE_TYPE), obj.int(P.DESC_SCALE_TYPE))
+        elif obj.kind == P.KIND_LAYOUT:
+            values = (obj.int(P.LAYOUT_TYPE, signed=False), obj.int(P.LAYOUT_ROWS, signed=False),
+                      obj.int(P.LAYOUT_COLS, signed=False), obj.int(P.LAYOUT_LD))
+        else:
+            values = ()
+        self._check(int(self.fn(create)(ctypes.byref(real), *values)), create)
+        try:
+            for attr, value in obj.attrs.items():
+                if attr not in args:
+                    self._set(set_attr, real.value, attr, value)
+        except LibError:
+            self.fn(KINDS[obj.kind][1])(real)
+            raise
+        return real.value
+
+    def _set(self, set_attr: str, real: int, attr: int, value: bytes) -> None:
+        buf = ctypes.create_string_buffer(value, len(value))
+        self._check(int(self.fn(set_attr)(c_void_p(real), attr, buf, len(value))), f"{set_attr} ({attr})")
+
+    def _state(self, tail, kinds: tuple[int, ...]) -> list:
+        try:
+            objs = P.parse(tail, len(kinds))
+        except P.StateError as exc:
+            raise LibError(P.INVALID_VALUE, str(exc)) from None
+        for i, (obj, kind) in enumerate(zip(objs, kinds)):
+            if obj is None and kind != P.KIND_PREF or obj is not None and obj.kind != kind:
+                raise LibError(P.INVALID_VALUE, f"object {i} is not a {('desc', 'layout', 'pref')[kind - 1]}")
+        return objs
+
+    # ---- the calls -----------------------------------------------------------------------------
+    def cublasLtMatmulAlgoGetHeuristic(self, handle, stream, tail, requested):
+        real = self._handle(handle)
+        if not 0 < requested <= MAX_REQUESTED:
+            raise LibError(P.INVALID_VALUE, f"{requested} algos requested")
+        objs = self._state(tail, (P.KIND_DESC,) + (P.KIND_LAYOUT,) * 4 + (P.KIND_PREF,))
+        desc, a, b, c, d, pref = (self._real(o) for o in objs)
+        results = ctypes.create_string_buffer(P.RESULT * requested)
+        count = c_int(0)
+        status = int(self.fn("cublasLtMatmulAlgoGetHeuristic")(
+            c_void_p(real), c_void_p(desc), c_void_p(a), c_void_p(b), c_void_p(c), c_void_p(d), c_void_p(pref),
+            requested, results, ctypes.byref(count)))
+        if status:
+            return status
+        return 0, results.raw[:P.RESULT * max(0, min(count.value, requested))]
+
+    def cublasLtMatmul(self, handle, stream, tail, alpha, beta, alpha_ptr, beta_ptr, a, b, c, d, workspace,
+                       workspace_size, algo, has_algo):
+        real = self._handle(handle)
+        objs = self._state(tail, (P.KIND_DESC,) + (P.KIND_LAYOUT,) * 4)
+        desc, ad, bd, cd, dd = (self._real(o) for o in objs)
+        # cublasLtPointerMode_t: 0 both host; 1, 2 both device; 3 alpha device, beta unread; 4 alpha device, beta host
+        mode = objs[0].int(P.DESC_POINTER_MODE)
+        scalars = ctypes.create_string_buffer(bytes(alpha) + bytes(beta), 32)   # alive through the call
+        alpha_arg = ctypes.addressof(scalars) if mode == 0 else alpha_ptr
+        beta_arg = ctypes.addressof(scalars) + 16 if mode in (0, 4) else beta_ptr
+        algo_buf = ctypes.create_string_buffer(bytes(algo), P.ALGO) if has_algo else None
+        status = int(self.fn("cublasLtMatmul")(
+            c_void_p(real), c_void_p(desc), c_void_p(alpha_arg), c_void_p(a), c_void_p(ad), c_void_p(b),
+            c_void_p(bd), c_void_p(beta_arg), c_void_p(c), c_void_p(cd), c_void_p(d), c_void_p(dd), algo_buf,
+            c_void_p(workspace or None), workspace_size, c_void_p(stream or None)))
+        return status
