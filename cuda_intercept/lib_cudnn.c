@@ -15,25 +15,17 @@
 #include "lib_door.h"
 #include "stub.h"
 
-/* cudnnStatus_t (cudnn_graph.h) */
-#define DNN_OK 0
-#define DNN_NOT_INITIALIZED 1001
-#define DNN_BAD_PARAM 2000
-#define DNN_NULL_POINTER 2002
-#define DNN_NOT_SUPPORTED 3000
-#define DNN_INTERNAL 4000
-#define DNN_ALLOC_FAILED 4003
-/* cudnnBackendAttributeType_t, cudnnDataType_t */
-#define TYPE_HANDLE 0
-#define TYPE_BACKEND_DESCRIPTOR 15
-#define DATA_DOUBLE 1
-#define DATA_HALF 2
-#define DATA_BFLOAT16 9
-#define VARIANT_PACK 16                    /* CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR */
+/* cudnnStatus_t; cudnnBackendAttributeType_t, cudnnDataType_t, cudnnBackendDescriptorType_t (cudnn_graph.h) */
+enum { DNN_OK = 0, DNN_NOT_INITIALIZED = 1001, DNN_BAD_PARAM = 2000, DNN_NULL_POINTER = 2002, DNN_NOT_SUPPORTED = 3000,
+       DNN_INTERNAL = 4000, DNN_ALLOC_FAILED = 4003 };
+enum { TYPE_HANDLE = 0, TYPE_INT64 = 3, TYPE_BACKEND_DESCRIPTOR = 15, DATA_DOUBLE = 1, DATA_HALF = 2, DATA_BFLOAT16 = 9,
+       VARIANT_PACK = 16 };
 #define DIM_MAX 8                          /* CUDNN_DIM_MAX */
 /* rgpu.protocol.lib_cudnn's dump: ENTRY "<iiqq" then the bytes; COUNT_ONLY marks descriptor attributes */
 #define ENTRY_SIZE 24
 #define COUNT_ONLY (1 << 16)
+#define BY_VALUE (-1)                      /* a plan's by-value tensors: INT64 pairs (uid, bytes) */
+#define BY_VALUE_MAX ((int64_t)1 << 16)
 #define REPLY_CAP ((size_t)256 << 10)      /* a Finalize's dump; a longer one is not kept (Gets ask) */
 
 enum { MAGIC_HANDLE = 0x444e4e48, MAGIC_BACKEND = 0x444e4e42, MAGIC_TENSOR = 0x444e4e54 };
@@ -50,6 +42,8 @@ typedef struct {
     uint64_t id;
     uint8_t *dump;                          /* readable attributes once finalized or filled, else NULL */
     size_t dump_n;
+    int64_t nuids, nptrs, *uids;            /* a variant pack's: where its by-value tensors' bytes are */
+    uint64_t *ptrs;
 } dnn_backend;
 
 typedef struct {
@@ -92,8 +86,7 @@ RGPU_API int cudnnCreate(void **handle) {
     int st = rgpu_door_call(RGPU_LIB_cudnnCreate, 0, h->id, &p, sizeof p, NULL, 0, NULL, DNN_NOT_INITIALIZED);
     if (st) { free(h); return st; }
     pthread_mutex_lock(&handles_lock);
-    h->next = handles;
-    handles = h;
+    h->next = handles, handles = h;
     pthread_mutex_unlock(&handles_lock);
     *handle = h;
     return DNN_OK;
@@ -114,16 +107,12 @@ RGPU_API int cudnnDestroy(void *handle) {
 
 RGPU_API int cudnnSetStream(void *handle, void *stream) {
     dnn_handle *h = as_handle(handle);
-    if (!h) return DNN_BAD_PARAM;
-    h->stream = (uint64_t)(uintptr_t)stream;
-    return DNN_OK;
+    return h ? (h->stream = (uint64_t)(uintptr_t)stream, DNN_OK) : DNN_BAD_PARAM;
 }
 
 RGPU_API int cudnnGetStream(void *handle, void **stream) {
     dnn_handle *h = as_handle(handle);
-    if (!h || !stream) return DNN_BAD_PARAM;
-    *stream = (void *)(uintptr_t)h->stream;
-    return DNN_OK;
+    return h && stream ? (*stream = (void *)(uintptr_t)h->stream, DNN_OK) : DNN_BAD_PARAM;
 }
 
 static void *handle_of(uint64_t id) {
@@ -149,11 +138,7 @@ RGPU_API int cudnnBackendCreateDescriptor(int type, void **descriptor) {
     return DNN_OK;
 }
 
-static void forget(dnn_backend *d) {
-    free(d->dump);
-    d->dump = NULL;
-    d->dump_n = 0;
-}
+static void forget(dnn_backend *d) { free(d->dump); d->dump = NULL; d->dump_n = 0; }
 
 static void keep(dnn_backend *d, const uint8_t *dump, size_t n) {
     forget(d);
@@ -168,6 +153,8 @@ RGPU_API int cudnnBackendDestroyDescriptor(void *descriptor) {
     if (!d) return DNN_BAD_PARAM;
     int st = queue(RGPU_LIB_cudnnBackendDestroyDescriptor, 0, d->id, NULL, 0);
     forget(d);
+    free(d->uids);
+    free(d->ptrs);
     d->magic = 0;
     free(d);
     return st;
@@ -196,6 +183,12 @@ RGPU_API int cudnnBackendSetAttribute(void *descriptor, int name, int type, int6
         }
     } else {
         memcpy(tail, elements, (size_t)count * w);
+    }
+    if (!st && d->type == VARIANT_PACK && (name == 1000 || name == 1001) && w == 8) {   /* kept for Execute */
+        void *copy = malloc((size_t)count * 8 + 1);
+        if (!copy) st = DNN_ALLOC_FAILED;
+        else if (name == 1000) { free(d->uids); d->uids = memcpy(copy, elements, count * 8); d->nuids = count; }
+        else { free(d->ptrs); d->ptrs = memcpy(copy, elements, count * 8); d->nptrs = count; }
     }
     if (!st) {
         forget(d);                          /* what was kept of it is stale now */
@@ -312,17 +305,42 @@ RGPU_API int cudnnBackendFinalize(void *descriptor) {
     size_t got = 0;
     int st = rgpu_door_call(RGPU_LIB_cudnnBackendFinalize, 0, d->id, NULL, 0, out, REPLY_CAP, &got, DNN_INTERNAL);
     if (!st && got <= REPLY_CAP) keep(d, out, got);
-    else forget(d);
     free(out);
     return st;
 }
 
+/* A plan's by-value tensors (an attention scale) have host addresses in the variant pack: their bytes
+ * travel in the record, each as (uid, bytes) then the bytes padded to 8, and the server points at them. */
 RGPU_API int cudnnBackendExecute(void *handle, void *plan, void *pack) {
     dnn_handle *h = as_handle(handle);
     dnn_backend *p = as_backend(plan), *v = as_backend(pack);
     if (!h || !p || !v) return DNN_BAD_PARAM;
     rgpu_lib_cudnnBackendExecute_t x = {.plan = p->id, .pack = v->id};
-    return queue(RGPU_LIB_cudnnBackendExecute, h->stream, h->id, &x, sizeof x);
+    int64_t n = 0, size = sizeof x;
+    const uint8_t *pairs = NULL;
+    if (!lookup(p, BY_VALUE, TYPE_INT64, &n, &pairs) || !pairs || n < 2)
+        return queue(RGPU_LIB_cudnnBackendExecute, h->stream, h->id, &x, sizeof x);
+    int64_t pv[2];
+    for (int64_t k = 0; k + 1 < n; k += 2) {
+        memcpy(pv, pairs + k * 8, 16);
+        if (pv[1] < 0 || pv[1] > BY_VALUE_MAX) return DNN_BAD_PARAM;
+        size += 16 + (pv[1] + 7) / 8 * 8;
+    }
+    uint8_t *buf = calloc(1, size), *at = buf + sizeof x;
+    if (!buf) return DNN_ALLOC_FAILED;
+    memcpy(buf, &x, sizeof x);
+    for (int64_t k = 0; k + 1 < n; k += 2) {
+        memcpy(pv, pairs + k * 8, 16);
+        int64_t i = 0;
+        while (i < v->nuids && v->uids[i] != pv[0]) i++;
+        if (i >= v->nuids || i >= v->nptrs || !v->ptrs[i]) { free(buf); return DNN_BAD_PARAM; }
+        memcpy(at, pv, 16);
+        memcpy(at + 16, (const void *)(uintptr_t)v->ptrs[i], pv[1]);     /* the host value, read now */
+        at += 16 + (pv[1] + 7) / 8 * 8;
+    }
+    int st = queue(RGPU_LIB_cudnnBackendExecute, h->stream, h->id, buf, size);
+    free(buf);
+    return st;
 }
 
 /* ---- legacy tensor descriptors: kept here too (the scalars' width, cudnnGetTensorNdDescriptor) ---- */
@@ -338,13 +356,6 @@ RGPU_API int cudnnCreateTensorDescriptor(void **desc) {
     return DNN_OK;
 }
 
-static int send_shape(const dnn_tensor *t) {
-    struct { rgpu_lib_cudnnSetTensorNdDescriptor_t p; int32_t v[2 * DIM_MAX]; } m = {{t->dtype, t->nbdims}, {0}};
-    memcpy(m.v, t->dims, t->nbdims * sizeof(int));
-    memcpy(m.v + t->nbdims, t->strides, t->nbdims * sizeof(int));
-    return queue(RGPU_LIB_cudnnSetTensorNdDescriptor, 0, t->id, &m, sizeof m.p + 2 * t->nbdims * sizeof(int32_t));
-}
-
 RGPU_API int cudnnSetTensorNdDescriptor(void *desc, int dtype, int nbdims, const int *dims, const int *strides) {
     dnn_tensor *t = as_tensor(desc);
     if (!t || nbdims < 1 || nbdims > DIM_MAX) return DNN_BAD_PARAM;
@@ -355,13 +366,15 @@ RGPU_API int cudnnSetTensorNdDescriptor(void *desc, int dtype, int nbdims, const
     t->nbdims = nbdims;
     memcpy(t->dims, dims, nbdims * sizeof(int));
     memcpy(t->strides, strides, nbdims * sizeof(int));
-    return send_shape(t);
+    struct { rgpu_lib_cudnnSetTensorNdDescriptor_t p; int32_t v[2 * DIM_MAX]; } m = {{dtype, nbdims}, {0}};
+    memcpy(m.v, dims, nbdims * sizeof(int));
+    memcpy(m.v + nbdims, strides, nbdims * sizeof(int));
+    return queue(RGPU_LIB_cudnnSetTensorNdDescriptor, 0, t->id, &m, sizeof m.p + 2 * nbdims * sizeof(int32_t));
 }
 
 RGPU_API int cudnnGetTensorNdDescriptor(const void *desc, int requested, int *dtype, int *nbdims, int *dims, int *strides) {
     const dnn_tensor *t = as_tensor((void *)desc);
-    if (!t || requested < 0) return DNN_BAD_PARAM;
-    if (!t->nbdims) return DNN_BAD_PARAM;               /* never set */
+    if (!t || requested < 0 || !t->nbdims) return DNN_BAD_PARAM;       /* not ours, or never set */
     if (dtype) *dtype = t->dtype;
     if (nbdims) *nbdims = t->nbdims;
     for (int i = 0; i < requested && i < t->nbdims; i++) {
@@ -372,9 +385,8 @@ RGPU_API int cudnnGetTensorNdDescriptor(const void *desc, int requested, int *dt
 }
 
 RGPU_API int cudnnDestroyTensorDescriptor(void *desc) {
-    if (!desc) return DNN_OK;
     dnn_tensor *t = as_tensor(desc);
-    if (!t) return DNN_BAD_PARAM;
+    if (!t) return desc ? DNN_BAD_PARAM : DNN_OK;
     int st = queue(RGPU_LIB_cudnnDestroyTensorDescriptor, 0, t->id, NULL, 0);
     t->magic = 0;
     free(t);
@@ -402,8 +414,9 @@ static double scalar(const void *p, const dnn_tensor *x) {
 
 #define P(x) ((uint64_t)(uintptr_t)(x))
 /* the sizes are answered by the server (one round trip each) */
-static int bn_size(uint32_t call, dnn_handle *h, const void *p, size_t n, size_t *size) {
+static int bn_size(uint32_t call, dnn_handle *h, const void *act, const void *p, size_t n, size_t *size) {
     if (!h) return DNN_BAD_PARAM;
+    if (act) return DNN_NOT_SUPPORTED;
     if (!size) return DNN_NULL_POINTER;
     uint64_t v = 0;
     size_t got = 0;
@@ -417,8 +430,7 @@ RGPU_API int cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(void *hand
         const void *z, const void *y, const void *bn, const void *act, size_t *size) {
     rgpu_lib_cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize_t p = {
         mode, ops, tensor_id((void *)x), tensor_id((void *)z), tensor_id((void *)y), tensor_id((void *)bn), 0};
-    if (act) return DNN_NOT_SUPPORTED;
-    return bn_size(RGPU_LIB_cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize, as_handle(handle), &p, sizeof p, size);
+    return bn_size(RGPU_LIB_cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize, as_handle(handle), act, &p, sizeof p, size);
 }
 
 RGPU_API int cudnnGetBatchNormalizationBackwardExWorkspaceSize(void *handle, int mode, int ops, const void *x,
@@ -426,15 +438,13 @@ RGPU_API int cudnnGetBatchNormalizationBackwardExWorkspaceSize(void *handle, int
     rgpu_lib_cudnnGetBatchNormalizationBackwardExWorkspaceSize_t p = {
         mode, ops, tensor_id((void *)x), tensor_id((void *)y), tensor_id((void *)dy), tensor_id((void *)dz),
         tensor_id((void *)dx), tensor_id((void *)dbn), 0};
-    if (act) return DNN_NOT_SUPPORTED;
-    return bn_size(RGPU_LIB_cudnnGetBatchNormalizationBackwardExWorkspaceSize, as_handle(handle), &p, sizeof p, size);
+    return bn_size(RGPU_LIB_cudnnGetBatchNormalizationBackwardExWorkspaceSize, as_handle(handle), act, &p, sizeof p, size);
 }
 
 RGPU_API int cudnnGetBatchNormalizationTrainingExReserveSpaceSize(void *handle, int mode, int ops, const void *act,
         const void *x, size_t *size) {
     rgpu_lib_cudnnGetBatchNormalizationTrainingExReserveSpaceSize_t p = {mode, ops, 0, tensor_id((void *)x)};
-    if (act) return DNN_NOT_SUPPORTED;
-    return bn_size(RGPU_LIB_cudnnGetBatchNormalizationTrainingExReserveSpaceSize, as_handle(handle), &p, sizeof p, size);
+    return bn_size(RGPU_LIB_cudnnGetBatchNormalizationTrainingExReserveSpaceSize, as_handle(handle), act, &p, sizeof p, size);
 }
 
 RGPU_API int cudnnBatchNormalizationForwardTrainingEx(void *handle, int mode, int ops, const void *alpha,

@@ -236,3 +236,35 @@ def test_a_short_payload_or_an_unknown_descriptor_is_a_clear_error():
     assert reply[0] == 2000 and "0x1234 is not a backend descriptor" in reply[1]
     bad = s("cudnnSetTensorNdDescriptor", 0x99, b"\0" * 4, dtype=0, nbdims=1)
     assert bad[0] == 2000
+
+
+def test_a_plans_by_value_tensors_are_found_and_their_bytes_replace_the_host_pointers():
+    import ctypes
+
+    from rgpu.protocol.lib_cudnn import BY_VALUE, PATCH
+    from rgpu.server.cuda.libs import LibError
+    from rgpu.server.cuda.libs.cudnn_real import ByValue
+    b, q, ids = ByValue(), (lambda *v: struct.pack(f"<{len(v)}q", *v)), (lambda *v: struct.pack(f"<{len(v)}Q", *v))
+    for t, uid, by_value in ((1, 7, b"\1"), (2, 8, b"\0")):       # an attention scale by value, a device tensor
+        for name, type_, data in ((906, 3, q(uid)), (901, 1, struct.pack("<i", 0)), (902, 3, q(1, 1, 1, 1)), (908, 2, by_value)):
+            b.set(t, name, type_, len(data) // WIDTH[type_], data)
+        b.finalized(t)
+    b.set(3, 751, 15, 1, ids(2))
+    b.set(3, 752, 15, 1, ids(1))
+    b.finalized(3)                                  # the op
+    b.forget(1)                                     # a tensor destroyed early takes nothing with it
+    for desc, name, ref in ((4, 801, 3), (5, 201, 4)):    # the graph, the heuristic
+        b.set(desc, name, 15, 1, ids(ref))
+        b.finalized(desc)
+    b.filled(6, 5)                                  # an engine config from the heuristic's results
+    b.set(7, 401, 15, 1, ids(6))
+    b.finalized(7)                                  # the plan
+    assert b.entry(7) == [(BY_VALUE, 3, 2, q(7, 4))]
+    b.set(9, 1000, 3, 2, q(8, 7))
+    b.set(9, 1001, 6, 2, ids(0x7F0000001000, 0x1234))    # the scale's pointer: a host address of the client
+    attrs, keep = b.patched(9, PATCH.pack(7, 4) + struct.pack("<f", 0.125) + b"\0" * 4)
+    ptrs = struct.unpack("<2Q", attrs[1001][2])
+    assert ptrs[0] == 0x7F0000001000 and ptrs[1] == ctypes.addressof(keep[0])
+    assert ctypes.string_at(ptrs[1], 4) == struct.pack("<f", 0.125)
+    with pytest.raises(LibError, match="by-value tensor 99"):
+        b.patched(9, PATCH.pack(99, 4) + b"\0" * 8)

@@ -10,6 +10,8 @@ Tails:
     SetAttribute      the elements, ``count * WIDTH[type]`` bytes
     GetAttribute      descriptor elements only: the caller's descriptors to fill, ``requested`` client ids
     SetTensorNd       ``nbdims`` int32 dims, then ``nbdims`` int32 strides
+    Execute           the plan's by-value tensors' host bytes (``BY_VALUE`` below): per tensor ``PATCH``
+                      (uid, nbytes), then nbytes padded to 8; the server puts them where the pointers were
 
 Answers (the reply's buffer):
     GetAttribute      int64 count, then the elements (``min(requested, count) * WIDTH[type]`` bytes); for
@@ -19,7 +21,9 @@ Answers (the reply's buffer):
 
 A dump is entries of ``ENTRY`` (name, type, count, nbytes) then nbytes of elements; a descriptor-typed
 attribute carries its count only (nbytes 0, ``COUNT_ONLY`` set in its type): the caller's descriptors to
-fill make its Get a round trip, a count query does not.
+fill make its Get a round trip, a count query does not. A plan's dump may hold an rgpu entry, ``BY_VALUE``
+(INT64 pairs uid, nbytes): its tensors passed by value (``CUDNN_ATTR_TENSOR_IS_BY_VALUE``, e.g. an
+attention scale), whose variant-pack pointer is a host address of the client, so their bytes travel.
 """
 from __future__ import annotations
 
@@ -36,6 +40,8 @@ WIDTH = {0: 8, 1: 4, 2: 1, 3: 8, 4: 4, 5: 8, 6: 8, 7: 4, 8: 4, 9: 4, 10: 4, 11: 
 TYPE_HANDLE, TYPE_BACKEND_DESCRIPTOR, TYPE_VOID_PTR = 0, 15, 6
 ENTRY = struct.Struct("<iiqq")          # attribute name, type (| COUNT_ONLY), element count, bytes that follow
 COUNT_ONLY = 1 << 16
+BY_VALUE = -1                           # a plan's by-value tensors, in its dump
+PATCH = struct.Struct("<qq")            # a by-value tensor's uid and byte count in an Execute's tail
 
 _BN = (("mode", "i"), ("ops", "i"))
 

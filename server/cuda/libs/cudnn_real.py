@@ -13,7 +13,7 @@ import ctypes
 import struct
 from ctypes import POINTER, byref, c_char_p, c_double, c_float, c_int, c_int64, c_size_t, c_void_p
 
-from rgpu.protocol.lib_cudnn import TYPE_BACKEND_DESCRIPTOR, TYPE_HANDLE, WIDTH, dump
+from rgpu.protocol.lib_cudnn import BY_VALUE, PATCH, TYPE_BACKEND_DESCRIPTOR, TYPE_HANDLE, WIDTH, dump
 
 from . import LibError
 
@@ -43,6 +43,71 @@ READABLE = {
          (907, _BOOL), (908, _BOOL), (909, 20)],                                                        # tensor
 }
 _P = c_void_p
+# cudnnDataType_t -> bytes per element (a by-value tensor's size)
+DATA_BYTES = {0: 4, 1: 8, 2: 2, 3: 1, 4: 4, 6: 1, 9: 2, 10: 8, 11: 1, 12: 1, 13: 1, 15: 1, 19: 4, 20: 8, 21: 16}
+
+
+class ByValue:
+    """Which tensors a descriptor's graph passes by value, from what the client set: computed when each
+    descriptor is finalized or filled (a tensor, then its op, graph, heuristic, config, engine, plan), so
+    a descriptor destroyed early takes nothing with it. A variant pack's attributes are kept to rebuild it."""
+
+    def __init__(self):
+        self.sets: dict[int, dict[int, tuple[int, int, bytes]]] = {}   # id -> name -> (type, count, bytes)
+        self.of: dict[int, dict[int, int]] = {}                         # id -> {uid: bytes}
+
+    def set(self, desc: int, name: int, type_: int, count: int, data) -> None:
+        self.sets.setdefault(desc, {})[name] = (type_, count, bytes(data))
+
+    def finalized(self, desc: int) -> None:
+        found: dict[int, int] = {}
+        attrs = self.sets.get(desc, {})
+        if attrs.get(908, (0, 0, b"\0"))[2][:1] == b"\1" and {906, 901, 902} <= attrs.keys():    # a by-value tensor
+            dims = struct.unpack(f"<{attrs[902][1]}q", attrs[902][2])
+            n = DATA_BYTES.get(struct.unpack("<i", attrs[901][2])[0], 8)
+            for d in dims:
+                n *= d
+            found[struct.unpack("<q", attrs[906][2])[0]] = n
+        for type_, count, data in attrs.values():
+            if type_ == TYPE_BACKEND_DESCRIPTOR:
+                for ref in struct.unpack(f"<{count}Q", data):
+                    found.update(self.of.get(ref, {}))
+        if found:
+            self.of[desc] = found
+
+    def filled(self, target: int, source: int) -> None:
+        if source in self.of:
+            self.of[target] = dict(self.of[source])
+
+    def forget(self, desc: int) -> None:
+        self.sets.pop(desc, None)
+        self.of.pop(desc, None)
+
+    def entry(self, plan: int) -> list:
+        """The plan's dump entry of its by-value tensors, if any."""
+        pairs = [v for uid, n in sorted(self.of.get(plan, {}).items()) for v in (uid, n)]
+        return [(BY_VALUE, 3, len(pairs), struct.pack(f"<{len(pairs)}q", *pairs))] if pairs else []
+
+    def patched(self, pack: int, tail) -> tuple[dict, list]:
+        """The pack's attributes with the by-value tensors' pointers turned to host copies of the client's
+        bytes (the Execute's tail), and those copies (alive until the execution is made)."""
+        attrs = dict(self.sets.get(pack, {}))
+        if 1000 not in attrs or 1001 not in attrs:
+            raise LibError(BAD_PARAM, "cudnnBackendExecute: the variant pack has no unique ids or data pointers")
+        uids = list(struct.unpack(f"<{attrs[1000][1]}q", attrs[1000][2]))
+        ptrs = list(struct.unpack(f"<{attrs[1001][1]}Q", attrs[1001][2]))
+        keep, pos = [], 0
+        while pos + PATCH.size <= len(tail):
+            uid, n = PATCH.unpack_from(tail, pos)
+            pos += PATCH.size
+            if uid not in uids or n < 0 or pos + n > len(tail):
+                raise LibError(BAD_PARAM, f"cudnnBackendExecute: a by-value tensor {uid} the variant pack does not hold")
+            buf = ctypes.create_string_buffer(bytes(tail[pos:pos + n]), max(n, 1))
+            keep.append(buf)
+            ptrs[uids.index(uid)] = ctypes.addressof(buf)
+            pos += (n + 7) // 8 * 8
+        attrs[1001] = (attrs[1001][0], len(ptrs), struct.pack(f"<{len(ptrs)}Q", *ptrs))
+        return attrs, keep
 
 
 def _bind(lib) -> None:
@@ -83,6 +148,7 @@ class Library:
         self.handles: dict[int, list] = {}         # client id -> [real handle, the stream set on it]
         self.descs: dict[int, list] = {}           # client id -> [real descriptor, its type]
         self.tensors: dict[int, list] = {}         # client id -> [real tensor descriptor, its data type]
+        self.by_value = ByValue()
 
     # ---- the contract --------------------------------------------------------------------------
     def status_name(self, status: int) -> str:
@@ -182,6 +248,7 @@ class Library:
     def cudnnBackendDestroyDescriptor(self, handle, stream, tail):
         real, _ = self._desc("cudnnBackendDestroyDescriptor", handle)
         del self.descs[handle]
+        self.by_value.forget(handle)
         return self._check("cudnnBackendDestroyDescriptor", self.lib.cudnnBackendDestroyDescriptor(real))
 
     def _elements(self, name: str, type: int, count: int, tail):
@@ -202,8 +269,10 @@ class Library:
     def cudnnBackendSetAttribute(self, handle, stream, tail, name, type, count):
         real, _ = self._desc("cudnnBackendSetAttribute", handle)
         elements = self._elements("cudnnBackendSetAttribute", type, count, tail)
-        return self._check("cudnnBackendSetAttribute",
-                           self.lib.cudnnBackendSetAttribute(real, name, type, count, ctypes.cast(elements, _P)))
+        self._check("cudnnBackendSetAttribute",
+                    self.lib.cudnnBackendSetAttribute(real, name, type, count, ctypes.cast(elements, _P)))
+        self.by_value.set(handle, name, type, count, tail)
+        return 0
 
     def _get(self, real, name: int, type: int, cap: int = 64):
         """(count, element bytes) of one attribute, or None when the library refuses it."""
@@ -244,6 +313,7 @@ class Library:
                 real, name, type, requested, byref(count), ctypes.cast(targets, _P) if requested else None))
             out = bytearray(struct.pack("<q", count.value))
             for i in ids[:min(requested, count.value)]:
+                self.by_value.filled(i, handle)
                 d = self.readable(i) if i else b""
                 out += struct.pack("<I", len(d)) + d
             return 0, bytes(out)
@@ -263,17 +333,35 @@ class Library:
     def cudnnBackendFinalize(self, handle, stream, tail):
         real, type_ = self._desc("cudnnBackendFinalize", handle)
         self._check("cudnnBackendFinalize", self.lib.cudnnBackendFinalize(real))
-        return 0, b"" if type_ == VARIANT_PACK else self.readable(handle)
+        self.by_value.finalized(handle)
+        if type_ == VARIANT_PACK:
+            return 0, b""
+        return 0, self.readable(handle) + dump(self.by_value.entry(handle))
 
     def cudnnBackendFinalizeQueued(self, handle, stream, tail):
         real, _ = self._desc("cudnnBackendFinalize", handle)
         return self._check("cudnnBackendFinalize", self.lib.cudnnBackendFinalize(real))
 
     def cudnnBackendExecute(self, handle, stream, tail, plan, pack):
-        h = self._handle("cudnnBackendExecute", handle, stream)
-        p, _ = self._desc("cudnnBackendExecute", plan)
-        v, _ = self._desc("cudnnBackendExecute", pack)
-        return self._check("cudnnBackendExecute", self.lib.cudnnBackendExecute(h, p, v))
+        n = "cudnnBackendExecute"
+        h = self._handle(n, handle, stream)
+        p, _ = self._desc(n, plan)
+        v, _ = self._desc(n, pack)
+        if not len(tail):
+            return self._check(n, self.lib.cudnnBackendExecute(h, p, v))
+        # by-value tensors: the same pack, rebuilt with the client's bytes where its host pointers were
+        attrs, keep = self.by_value.patched(pack, tail)
+        tmp = _P()
+        self._check(n, self.lib.cudnnBackendCreateDescriptor(VARIANT_PACK, byref(tmp)))
+        try:
+            for name, (type_, count, data) in attrs.items():
+                elements = ctypes.cast(self._elements(n, type_, count, data), _P)
+                self._check(n, self.lib.cudnnBackendSetAttribute(tmp, name, type_, count, elements))
+            self._check(n, self.lib.cudnnBackendFinalize(tmp))
+            return self._check(n, self.lib.cudnnBackendExecute(h, p, tmp))
+        finally:
+            self.lib.cudnnBackendDestroyDescriptor(tmp)
+            del keep
 
     # ---- legacy tensor descriptors and batch normalization -------------------------------------
     def cudnnCreateTensorDescriptor(self, handle, stream, tail):
