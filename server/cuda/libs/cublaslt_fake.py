@@ -23,6 +23,7 @@ ALGO_TAG = 0x52475055                       # "RGPU": the fake's algos, recognis
 EPILOGUES = {1: (False, None), 2: (False, "relu"), 4: (True, None), 6: (True, "relu"), 32: (False, "gelu"),
              36: (True, "gelu")}            # cublasLtEpilogue_t -> (bias, activation)
 COMPUTE64 = (70, 71)                         # CUBLAS_COMPUTE_64F(_PEDANTIC): accumulate in double
+MAX_KEPT = 4096                              # descriptors kept, as the real side bounds its own
 
 
 def _dtype(t: int) -> torch.dtype:
@@ -83,6 +84,8 @@ class Library:
             if obj is None and kind != P.KIND_PREF or obj is not None and obj.kind != kind:
                 raise LibError(P.INVALID_VALUE, f"object {i} is not a {('desc', 'layout', 'pref')[kind - 1]}")
             if obj is not None:                  # kept by content, as the real side keeps its descriptors
+                if len(self.materialized) >= MAX_KEPT:
+                    self.materialized.pop(next(iter(self.materialized)))
                 self.materialized.setdefault(obj.key, obj)
         return objs
 
