@@ -211,3 +211,88 @@ def test_the_program_through_rgpu_on_the_real_driver_prints_what_it_prints_nativ
     got, want = parse(native.stdout), expected()
     for label, values in want.items():
         np.testing.assert_allclose(got[label], values, rtol=1e-6, atol=1e-7, equal_nan=True, err_msg=label)
+
+
+# ---- the real implementation's ctypes calls, against a recording stand-in for NVIDIA's library --------
+
+def _pack(spec, **over) -> memoryview:
+    f = {name: (b"\0" * int(code[:-1]) if code.endswith("s") else 0) for name, code in spec.fields}
+    f["workspace_size"] = (1 << 64) - 1
+    f.update(over)
+    return memoryview(spec.format.pack(*(f[name] for name, _ in spec.fields)))
+
+
+def _scalar(code: str, value) -> bytes:
+    return struct.pack("<" + code, value).ljust(16, b"\0")
+
+
+def test_the_real_implementation_calls_the_same_functions_with_the_clients_arguments(tmp_path, monkeypatch):
+    if not shutil.which("gcc"):
+        pytest.skip("gcc is not installed (it builds the recording library)")
+    import ctypes
+    from rgpu.protocol.cuda_libs import BY_NAME
+    from rgpu.server.cuda.libs import Libraries
+    lib_path = tmp_path / "libcublas.so.13"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib_path), str(HERE / "cublas_recorder.c")], check=True)
+    monkeypatch.setenv("RGPU_CUDA_LIB_DIR", str(tmp_path))
+    recorder = ctypes.CDLL(str(lib_path))
+    recorder.mock_log.restype = ctypes.c_char_p
+    seen = [0]
+
+    def new_lines() -> list[str]:
+        text = recorder.mock_log().decode()
+        lines, seen[0] = text[seen[0]:].splitlines(), len(text)
+        return lines
+
+    libs = Libraries(type("RealDriver", (), {"name": "real"})())
+    call = lambda name, handle=0x52475055_00000001, stream=0, **f: libs.run(   # noqa: E731
+        BY_NAME[name].id, handle, stream, _pack(BY_NAME[name], **f), answered=True)
+    out, status, _ = call("cublasCreate_v2", client_version=130100)
+    assert (status, struct.unpack("<i", out)[0], new_lines()) == (0, 131000, ["create"])
+    gemm = dict(transa=0, transb=1, m=5, n=4, k=3, lda=7, ldb=6, ldc=8, A=0xA000, B=0xB000, C=0xC000,
+                alpha=_scalar("f", 1.5), beta=_scalar("f", 0.5))
+    state = dict(stream=0x1234, workspace=0xDEAD000, workspace_size=4096, math_mode=3)
+    assert call("cublasSgemm_v2", **state, **gemm) == [0, None]
+    assert new_lines() == ["stream 1234", "workspace dead000 4096", "math 3", "sgemm 0 1 5 4 3 1.5 a000 7 b000 6 0.5 c000 8"]
+    call("cublasSgemm_v2", **state, **gemm)                       # nothing changed: no setter called again
+    assert new_lines() == ["sgemm 0 1 5 4 3 1.5 a000 7 b000 6 0.5 c000 8"]
+    status, message = call("cublasSgemm_v2", **dict(state, lda=2), **{k: v for k, v in gemm.items() if k != "lda"})
+    assert status == 7 and "CUBLAS_STATUS_INVALID_VALUE" in message
+    new_lines()
+    device = dict(gemm, alpha=(0x5000).to_bytes(16, "little"), beta=(0x5008).to_bytes(16, "little"))
+    call("cublasDgemm_v2", **state, pointer_mode=1, **device)
+    assert new_lines() == ["pointer 1", "dgemm 0 1 5 4 3 20480 a000 7 b000 6 20488 c000 8"]
+    ex = dict(gemm, atype=14, btype=14, ctype=14, compute_type=68, algo=-1)
+    call("cublasGemmEx", **state, **ex)
+    assert new_lines() == ["pointer 0", "gemmex 0 1 5 4 3 1.5 a000 7 b000 6 0.5 c000 8", "  types 14 14 14 68 -1"]
+    strides = dict(stride_a=40, stride_b=11, stride_c=9, batch=3)
+    call("cublasSgemmStridedBatched", **state, **gemm, **strides)
+    call("cublasGemmStridedBatchedEx", **state, **ex, **strides)
+    call("cublasGemmBatchedEx", **state, **ex, batch=2)
+    call("cublasSgemmEx", **state, **{k: v for k, v in ex.items() if k not in ("compute_type", "algo")})
+    dgemm = dict(gemm, alpha=_scalar("d", -2.0), beta=_scalar("d", 0.25))
+    call("cublasDgemmStridedBatched", **state, **dgemm, **strides)
+    assert new_lines() == ["sgemm_strided 0 1 5 4 3 1.5 a000 7 b000 6 0.5 c000 8", "  strides 40 11 9 3",
+                           "gemm_strided_ex 0 1 5 4 3 1.5 a000 7 b000 6 0.5 c000 8",
+                           "  types 14 14 14 68 -1 strides 40 11 9 3",
+                           "gemm_batched_ex 0 1 5 4 3 1.5 a000 7 b000 6 0.5 c000 8", "  types 14 14 14 68 -1 batch 2",
+                           "sgemmex 0 1 5 4 3 1.5 a000 7 b000 6 0.5 c000 8", "  types 14 14 14",
+                           "dgemm_strided 0 1 5 4 3 -2 a000 7 b000 6 0.25 c000 8", "  strides 40 11 9 3"]
+    gemv = dict(trans=1, m=4, n=3, lda=5, incx=2, incy=3, A=0xA000, x=0x1000, y=0x2000)
+    call("cublasSgemv_v2", **state, **gemv, alpha=_scalar("f", 99.0), beta=_scalar("f", 0.5))
+    call("cublasDgemv_v2", **state, **gemv, alpha=_scalar("d", -2.0), beta=_scalar("d", 1.0))
+    assert new_lines() == ["sgemv 1 4 3 99 a000 5 1000 2 0.5 2000 3", "dgemv 1 4 3 -2 a000 5 1000 2 1 2000 3"]
+    dot = dict(n=3, incx=2, incy=1, x=0x1000, y=0x2000, result=0x3000)
+    assert call("cublasSdot_v2", **state, **dot) == [struct.pack("<f", 2.5), 0, None]
+    assert call("cublasDdot_v2", **state, **dot) == [struct.pack("<d", -0.75), 0, None]
+    assert call("cublasDotEx", **state, **dot, xtype=0, ytype=0, result_type=0, exec_type=0) == [
+        struct.pack("<f", 4.0), 0, None]
+    assert new_lines() == ["sdot 3 1000 2 2000 1", "ddot 3 1000 2 2000 1", "dotex 3 1000 0 2 2000 0 1 0 0"]
+    # a new stream resets the real workspace to the library's pool, as the client's record does
+    call("cublasSgemm_v2", stream=0x77, math_mode=3, **gemm)
+    assert new_lines() == ["stream 77", "sgemm 0 1 5 4 3 1.5 a000 7 b000 6 0.5 c000 8"]
+    call("cublasCreate_v2", handle=0x52475055_00000002, client_version=130100)
+    assert libs.library("cublas").handle_for_lt(0x52475055_00000002) is not None
+    assert libs.run(BY_NAME["cublasDestroy_v2"].id, 0x52475055_00000001, 0, None, answered=True) == [0, None]
+    libs.close()                                                   # the second handle, destroyed at the end
+    assert new_lines() == ["create", "destroy", "destroy"]

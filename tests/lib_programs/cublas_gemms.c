@@ -87,8 +87,8 @@ static int errors(void) {
     cublasHandle_t h;
     float one = 1, *d;
     int v = 0;
-    CK(cublasCreate_v2(&h));
     RT(cudaMalloc((void **)&d, 64 * sizeof(float)));
+    CK(cublasCreate_v2(&h));
     /* lda 1 < m 4: the server's library refuses it; queued, the refusal comes at the next synchronisation */
     int queued = cublasSgemm_v2(h, 0, 0, 4, 4, 4, &one, d, 1, d, 4, &one, d + 32, 4);
     int sync = cudaDeviceSynchronize();
@@ -105,10 +105,10 @@ int main(int argc, char **argv) {
     cublasHandle_t h;
     cudaStream_t s2, got;
     int version = 0, mode = -1, math = -1;
+    RT(cudaStreamCreate(&s2));                           /* the context first, as torch has it */
     CK(cublasCreate_v2(&h));
     CK(cublasGetVersion_v2(h, &version));
     printf("version_major %d\n", version / 10000);
-    RT(cudaStreamCreate(&s2));
 
     /* Sgemm N,T: C(5x4, ldc 8) = 1.5 A(5x3, lda 7) B(4x3, ldb 6)^T + 0.5 C */
     float *A = floats(7 * 3, 3), *B = floats(6 * 3, 5), *C = floats(8 * 4, 7);
