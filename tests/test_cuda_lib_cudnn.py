@@ -272,3 +272,113 @@ def test_a_plans_by_value_tensors_are_found_and_their_bytes_replace_the_host_poi
     assert ctypes.string_at(ptrs[1], 4) == struct.pack("<f", 0.125)
     with pytest.raises(LibError, match="by-value tensor 99"):
         b.patched(9, PATCH.pack(99, 4) + b"\0" * 8)
+
+
+# ---- the real library's side, over a recording stand-in for libcudnn.so.9 ------------------------
+@pytest.fixture
+def mock_cudnn(tmp_path, monkeypatch):
+    """``cudnn_real`` over ``lib_programs/cudnn_mock.c`` (found through RGPU_CUDA_LIB_DIR), and the mock itself."""
+    import ctypes
+    lib = tmp_path / "libcudnn.so.9"
+    subprocess.run(["cc", "-std=gnu11", "-O1", "-shared", "-fPIC", str(PROGRAM.parent / "cudnn_mock.c"), "-o", str(lib)],
+                   check=True, capture_output=True)
+    monkeypatch.setenv("RGPU_CUDA_LIB_DIR", str(tmp_path))
+    mock = ctypes.CDLL(str(lib))
+    mock.mock_last.restype = ctypes.c_uint64
+    mock.mock_last_d.restype = ctypes.c_double
+    mock.mock_tensor.restype = ctypes.POINTER(ctypes.c_int)
+    s = Session()
+    s.libs = Libraries(type("RealDriver", (), {"name": "real"})())
+    yield s, mock
+
+
+def test_the_real_side_maps_ids_to_its_pointers_fills_the_callers_descriptors_and_passes_each_argument(mock_cudnn):
+    s, mock = mock_cudnn
+    h = s.mint()
+    _ok(s("cudnnCreate", h, client_version=91900))
+    real = s.lib
+    assert real.handles[h][0].value and mock.mock_live() == 1
+    heur, cfgs, plan, pack = s.mint(), [s.mint(), s.mint()], s.mint(), s.mint()
+    for d, t in ((heur, 4), (cfgs[0], 3), (cfgs[1], 3), (plan, 5), (pack, 16)):
+        _ok(s("cudnnBackendCreateDescriptor", d, type=t))
+    dump = {e[0]: e for e in undump(_ok(s("cudnnBackendFinalize", heur)))}
+    assert dump[202][2:] == (2, None)                       # the results' count, for a count query answered locally
+    got = _ok(s("cudnnBackendGetAttribute", heur, struct.pack("<2Q", *cfgs), name=202, type=15, requested=2))
+    count, = struct.unpack_from("<q", got)
+    filled, pos = [], 8
+    for _ in range(count):                                   # each filled config's readable attributes
+        n, = struct.unpack_from("<I", got, pos)
+        filled.append({e[0]: e for e in undump(got[pos + 4:pos + 4 + n])})
+        pos += 4 + n
+    assert [f[303][3] for f in filled] == [struct.pack("<q", 1000), struct.pack("<q", 1001)]
+    _ok(s("cudnnBackendSetAttribute", plan, struct.pack("<Q", h), name=400, type=0, count=1))
+    _ok(s("cudnnBackendSetAttribute", plan, struct.pack("<Q", cfgs[1]), name=401, type=15, count=1))
+    plan_dump = {e[0]: e for e in undump(_ok(s("cudnnBackendFinalize", plan)))}
+    assert plan_dump[402][3] == struct.pack("<q", 4096) and plan_dump[401][2:] == (1, None)
+    # the plan's handle attribute holds the real handle; asked back, it is the client's id again
+    assert struct.unpack("<qQ", _ok(s("cudnnBackendGetAttribute", plan, name=400, type=0, requested=1))) == (1, h)
+    _ok(s("cudnnBackendSetAttribute", pack, struct.pack("<2q", 1, 2), name=1000, type=3, count=2))
+    _ok(s("cudnnBackendSetAttribute", pack, struct.pack("<2Q", 0x7F0000001000, 0xABC0), name=1001, type=6, count=2))
+    assert s("cudnnBackendFinalizeQueued", pack, queued=True) is None
+    for stream in (0x55, 0x55, 0x66):                        # the stream is set when it changes only
+        assert s.libs.run(BY_NAME["cudnnBackendExecute"].id, h, stream, memoryview(struct.pack("<QQ", plan, pack)),
+                          answered=False) is None
+    assert mock.mock_stream_sets() == 2 and mock.mock_last(3) == 0x66
+    assert (mock.mock_last(0), mock.mock_last(1), mock.mock_last(2)) == (
+        real.handles[h][0].value, real.descs[plan][0].value, real.descs[pack][0].value)
+    assert (mock.mock_last(4), mock.mock_last(5)) == (0x7F0000001000, 0xABC0)     # device addresses pass through
+
+    # legacy BN: every argument where the real prototype has it, alpha/beta at the data type's width
+    x, bn = s.mint(), s.mint()
+    _ok(s("cudnnCreateTensorDescriptor", x))
+    _ok(s("cudnnCreateTensorDescriptor", bn))
+    _ok(s("cudnnSetTensorNdDescriptor", x, struct.pack("<8i", 2, 3, 4, 5, 60, 20, 5, 1), dtype=0, nbdims=4))
+    assert list(mock.mock_tensor(real.tensors[x][0])[:6]) == [0, 4, 2060, 3020, 4005, 5001]
+    _ok(s("cudnnDeriveBNTensorDescriptor", bn, x=x, mode=1))
+    ws = _ok(s("cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize", h, mode=1, ops=0, x=x, z=0, y=x, bn=bn, act=0))
+    assert struct.unpack("<Q", ws) == (101,)
+    f = dict(mode=1, ops=0, alpha=1.5, beta=0.25, x=x, x_data=0x1000, z=0, z_data=0, y=x, y_data=0x2000, bn=bn,
+             scale=0x3000, bias=0x4000, factor=0.1, running_mean=0x5000, running_var=0x6000, epsilon=1e-5,
+             save_mean=0x7000, save_inv_var=0x8000, act=0, workspace=0x9000, workspace_size=77, reserve=0xA000,
+             reserve_size=88)
+    assert s("cudnnBatchNormalizationForwardTrainingEx", h, queued=True, **f) is None
+    ints = [mock.mock_last(i) for i in range(21)]
+    rx, rbn = real.tensors[x][0].value, real.tensors[bn][0].value
+    assert ints == [real.handles[h][0].value, rx, 0x1000, 0, 0, rx, 0x2000, rbn, 0x3000, 0x4000, 0x5000, 0x6000,
+                    0x7000, 0x8000, 0, 0x9000, 77, 0xA000, 88, 1, 0]
+    assert [mock.mock_last_d(i) for i in range(4)] == [1.5, 0.25, 0.1, 1e-5]
+    for d in (x, bn):
+        _ok(s("cudnnDestroyTensorDescriptor", d))
+    s.libs.close()                                           # what the session left is destroyed for real
+    assert mock.mock_live() == 0
+
+
+def test_the_real_side_hands_a_by_value_tensors_bytes_to_the_library(mock_cudnn):
+    s, mock = mock_cudnn
+    from rgpu.protocol.lib_cudnn import PATCH
+    h, t, op, plan, pack = (s.mint() for _ in range(5))
+    _ok(s("cudnnCreate", h, client_version=91900))
+    _ok(s("cudnnBackendCreateDescriptor", t, type=17))
+    for name, type_, data in ((906, 3, struct.pack("<q", 9)), (901, 1, struct.pack("<i", 0)),
+                              (902, 3, struct.pack("<4q", 1, 1, 1, 1)), (908, 2, b"\1")):
+        _ok(s("cudnnBackendSetAttribute", t, data, name=name, type=type_, count=len(data) // WIDTH[type_]))
+    _ok(s("cudnnBackendFinalize", t))
+    _ok(s("cudnnBackendCreateDescriptor", op, type=13))
+    _ok(s("cudnnBackendSetAttribute", op, struct.pack("<Q", t), name=752, type=15, count=1))
+    _ok(s("cudnnBackendFinalize", op))
+    _ok(s("cudnnBackendCreateDescriptor", plan, type=5))
+    _ok(s("cudnnBackendSetAttribute", plan, struct.pack("<Q", op), name=401, type=15, count=1))
+    entries = {e[0]: e for e in undump(_ok(s("cudnnBackendFinalize", plan)))}
+    assert entries[-1][2:] == (2, struct.pack("<2q", 9, 4))      # the plan's by-value tensor: uid 9, 4 bytes
+    _ok(s("cudnnBackendCreateDescriptor", pack, type=16))
+    _ok(s("cudnnBackendSetAttribute", pack, struct.pack("<2q", 3, 9), name=1000, type=3, count=2))
+    _ok(s("cudnnBackendSetAttribute", pack, struct.pack("<2Q", 0x7F0000002000, 0x1234), name=1001, type=6, count=2))
+    s("cudnnBackendFinalizeQueued", pack, queued=True)
+    mock.mock_read(0b10)
+    tail = PATCH.pack(9, 4) + struct.pack("<f", 0.125) + b"\0" * 4
+    s.libs.run(BY_NAME["cudnnBackendExecute"].id, h, 0, memoryview(struct.pack("<QQ", plan, pack) + tail), answered=False)
+    assert mock.mock_last(4) == 0x7F0000002000 and mock.mock_last(5) != 0x1234    # not the client's address
+    assert mock.mock_last_d(1) == 0.125 and mock.mock_last(2) != s.lib.descs[pack][0].value   # a pack rebuilt for it
+    live = mock.mock_live()
+    s.libs.close()
+    assert live == 5 and mock.mock_live() == 0         # the rebuilt pack went at once
