@@ -34,7 +34,7 @@ def program(tmp_path_factory) -> Path:
     folder = libraries.build()
     exe = tmp_path_factory.mktemp("cublaslt") / "cublaslt_matmul"
     subprocess.run(["cc", "-std=gnu11", "-O1", "-Wall", str(PROGRAM), "-o", str(exe), f"-L{folder}",
-                    "-l:libcublasLt.so.13", "-l:libcuda.so.1"], check=True)
+                    "-l:libcublasLt.so.13", "-l:libcublas.so.13", "-l:libcuda.so.1"], check=True)
     return exe
 
 
@@ -147,8 +147,8 @@ def _state(rows=2, bias=0):
 
 @pytest.fixture
 def libs():
-    from server.cuda.fake import FakeDriver
-    from server.cuda.libs import Libraries
+    from rgpu.server.cuda.fake import FakeDriver
+    from rgpu.server.cuda.libs import Libraries
     driver = FakeDriver()
     driver.set_current(driver.primary_ctx_retain(0))
     libs = Libraries(driver)
@@ -164,7 +164,7 @@ def _matmul_payload(libs, state: bytes, a: int) -> bytes:
 
 def test_malformed_payloads_and_unknown_handles_get_clear_errors(libs):
     from rgpu.protocol.cuda_libs import BY_NAME
-    from server.cuda.base import CudaDriverError
+    from rgpu.server.cuda.base import CudaDriverError
     call = BY_NAME["cublasLtMatmul"].id
     with pytest.raises(CudaDriverError, match="a payload of 3 bytes, expected at least"):
         libs.run(call, 1, 0, memoryview(b"abc"), answered=True)
@@ -206,7 +206,7 @@ def real_side(tmp_path, monkeypatch):
     subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-Wl,-soname,libcublasLt.so.13", str(MOCK), "-o", str(lib)],
                    check=True)
     monkeypatch.setenv("RGPU_CUDA_LIB_DIR", str(tmp_path))
-    from server.cuda.libs import Libraries
+    from rgpu.server.cuda.libs import Libraries
 
     class RealDriver:
         name = "real"
@@ -268,7 +268,7 @@ def test_the_real_side_hands_cublaslt_the_state_scalars_pointers_and_stream_in_i
 @pytest.mark.gpu
 def test_the_program_prints_through_rgpu_what_it_prints_natively(program, start_server):
     from rgpu.server.cuda import real_api
-    from server.cuda.libs import loading
+    from rgpu.server.cuda.libs import loading
     if not real_api.candidates() or not shutil.which("nvidia-smi"):
         pytest.skip("needs an NVIDIA GPU and its driver (runs through the device tool, not in CI)")
     real = next((p for p in loading.candidates("libcublasLt.so.13") if os.sep in p), None)

@@ -3,7 +3,7 @@
  * scalars; the heuristic asked twice alike (the second from the cache) and once more; the descriptors' Get
  * answered; an unknown handle refused.  Each result is printed ("label v v ...") for the test to compare
  * with numpy.  Own declarations (no CUDA headers): built against rgpu's libraries, run natively too.
- * Inputs: x_s(i) = ((i * s + 3) % 17 - 8) / 8, exact in bf16. */
+ * The linears run on a cuBLAS handle, as torch's do.  Inputs: x_s(i) = ((i * s + 3) % 17 - 8) / 8, exact in bf16. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +20,8 @@ int cuMemcpyHtoD_v2(uint64_t dst, const void *src, size_t n);
 int cuMemcpyDtoH_v2(void *dst, uint64_t src, size_t n);
 int cuStreamCreate(void **s, unsigned flags);
 int cuStreamSynchronize(void *s);
+int cublasCreate_v2(lt_t *h);
+int cublasDestroy_v2(lt_t h);
 int cublasLtCreate(lt_t *h);
 int cublasLtDestroy(lt_t h);
 int cublasLtMatmulDescCreate(lt_t *d, int compute, int scale);
@@ -55,7 +57,7 @@ static lt_t layout(int type, uint64_t rows, uint64_t cols, int64_t ld) {
     if (cublasLtMatrixLayoutCreate(&l, type, rows, cols, ld)) { printf("error layout\n"); exit(1); }
     return l;
 }
-static lt_t h, pref;
+static lt_t h, blas, pref;          /* a cuBLASLt handle; a cuBLAS one, which torch hands cuBLASLt */
 static uint64_t ws;
 
 /* torch's addmm through cuBLASLt: y (n x m, row-major) = x (n x k) @ w^T (w: m x k) + b, i.e. column-major
@@ -75,10 +77,10 @@ static int linear(const char *label, int type, int epilogue, int m, int n, int k
     OK(cublasLtMatmulDescSetAttribute(desc, EPILOGUE, &epilogue, sizeof epilogue));
     OK(cublasLtMatmulDescSetAttribute(desc, BIAS, &db, sizeof db));
     result_t r[4];
-    OK(cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, ly, ly, pref, 4, r, &got));
+    OK(cublasLtMatmulAlgoGetHeuristic(blas, desc, la, lb, ly, ly, pref, 4, r, &got));
     if (got < 1 || r[0].state) { printf("error no algo for %s\n", label); return 1; }
     float one = 1, zero = 0;
-    OK(cublasLtMatmul(h, desc, &one, dw, la, dx, lb, &zero, dy, ly, dy, ly, &r[0].algo, ws, 1 << 22, NULL));
+    OK(cublasLtMatmul(blas, desc, &one, dw, la, dx, lb, &zero, dy, ly, dy, ly, &r[0].algo, ws, 1 << 22, NULL));
     OK(cuCtxSynchronize());
     OK(cuMemcpyDtoH_v2(hy, dy, m * n * es));
     printf("%s", label);
@@ -180,6 +182,7 @@ int main(int argc, char **argv) {
     OK(cuDevicePrimaryCtxRetain(&ctx, d));
     OK(cuCtxSetCurrent(ctx));
     OK(cublasLtCreate(&h));
+    OK(cublasCreate_v2(&blas));
     OK(cublasLtMatmulPreferenceCreate(&pref));
     uint64_t wsn = 1 << 22;
     OK(cublasLtMatmulPreferenceSetAttribute(pref, WS, &wsn, sizeof wsn));
@@ -204,6 +207,7 @@ int main(int argc, char **argv) {
     }
     cublasLtMatmulPreferenceDestroy(pref);
     OK(cublasLtDestroy(h));
+    OK(cublasDestroy_v2(blas));
     OK(cuCtxSynchronize());
     printf("done\n");
     return 0;
