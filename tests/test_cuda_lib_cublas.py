@@ -74,6 +74,21 @@ def expected() -> dict[str, np.ndarray]:
     out["dgemv_t"] = Dy
     out["sdot_host"] = np.array([gx[::2][:3] @ gy[:3]])
     out["sdot_device"] = np.array([A[:5] @ gy])
+    zA, zB, zC = (x_of(8, s).view(np.complex128) for s in (21, 22, 23))
+    zc = zC.copy()
+    gemm(2, 0, 2, 2, 2, 1 + 0.5j, zA.conj(), 2, zB, 2, 0.5 - 1j, zc, 2)   # op C: A's conjugate, transposed
+    out["gemmex_complex"] = zc.view(np.float64)
+    pA, pB, pC = x_of(16, 24), x_of(24, 25), x_of(18, 26)
+    for i in range(2):
+        gemm(0, 0, 2, 3, 4, 1.0, pA, 2, pB, 4, 1.0, pC, 3, 8 * i, 12 * i, 9 * i)
+    out["gemm_batched_ex"] = pC
+    out["sgemmex_bf16"] = gemm(0, 1, 4, 3, 5, 2.0, x_of(25, 6), 5, x_of(15, 8), 3, -1.0, x_of(12, 27), 4)
+    qA, qC = x_of(14, 28), x_of(12, 30)
+    for i in range(2):
+        gemm(0, 1, 3, 2, 2, 0.5, qA, 4, x_of(8, 29), 2, 0.0, qC, 3, 7 * i, 4 * i, 6 * i)
+    out["dgemm_strided"] = qC
+    out["ddot_device"] = np.array([qA[::3][:4] @ qC[::2][:4]])
+    out["dotex_host"] = np.array([pA[::2][:4] @ pB[:4]])
     return out
 
 
@@ -83,7 +98,8 @@ def parse(stdout: str) -> dict[str, np.ndarray]:
 
 
 expected.labels = ("sgemm_nt", "sgemm_tn_device", "dgemm_tt_beta0", "gemmex_bf16", "sgemm_strided",
-                   "gemm_strided_ex", "sgemv_n", "dgemv_t", "sdot_host", "sdot_device")
+                   "gemm_strided_ex", "sgemv_n", "dgemv_t", "sdot_host", "sdot_device", "gemmex_complex",
+                   "gemm_batched_ex", "sgemmex_bf16", "dgemm_strided", "ddot_device", "dotex_host")
 
 
 @pytest.fixture(scope="module")

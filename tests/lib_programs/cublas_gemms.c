@@ -38,6 +38,15 @@ int cublasSgemmStridedBatched(cublasHandle_t, int, int, int, int, int, const flo
 int cublasGemmStridedBatchedEx(cublasHandle_t, int, int, int, int, int, const void *, const void *, int, int,
                                long long, const void *, int, int, long long, const void *, void *, int, int,
                                long long, int, int, int);
+int cublasSgemmEx(cublasHandle_t, int, int, int, int, int, const float *, const void *, int, int, const void *, int,
+                  int, const float *, void *, int, int);
+int cublasDgemmStridedBatched(cublasHandle_t, int, int, int, int, int, const double *, const double *, int,
+                              long long, const double *, int, long long, const double *, double *, int, long long,
+                              int);
+int cublasGemmBatchedEx(cublasHandle_t, int, int, int, int, int, const void *, const void *const *, int, int,
+                        const void *const *, int, int, const void *, void *const *, int, int, int, int, int);
+int cublasDdot_v2(cublasHandle_t, int, const double *, int, const double *, int, double *);
+int cublasDotEx(cublasHandle_t, int, const void *, int, int, const void *, int, int, void *, int, int);
 int cublasSgemv_v2(cublasHandle_t, int, int, int, const float *, const float *, int, const float *, int,
                    const float *, float *, int);
 int cublasDgemv_v2(cublasHandle_t, int, int, int, const double *, const double *, int, const double *, int,
@@ -187,6 +196,49 @@ int main(int argc, char **argv) {
     CK(cublasSdot_v2(h, 5, dA, 1, dgy, 1, dr));
     print_back("sdot_device", dr, 1, 4);
     CK(cublasSetPointerMode_v2(h, 0));
+
+    /* GemmEx complex float, A conjugate-transposed: alpha (1, 0.5), beta (0.5, -1), complex scalars (8 bytes) */
+    float *zA = floats(2 * 2 * 2, 21), *zB = floats(2 * 2 * 2, 22), *zC = floats(2 * 2 * 2, 23);
+    float za[2] = {1.0f, 0.5f}, zb[2] = {0.5f, -1.0f};
+    void *dzA = device(zA, 32), *dzB = device(zB, 32), *dzC = device(zC, 32);
+    CK(cublasGemmEx(h, 2, 0, 2, 2, 2, za, dzA, 4, 2, dzB, 4, 2, zb, dzC, 4, 2, 68, -1));
+    print_back("gemmex_complex", dzC, 8, 4);
+
+    /* GemmBatchedEx fp32 over device arrays of pointers, 2 batches: C_i(2x3, ldc 3) = A_i(2x4, lda 2) B_i(4x3) + C_i */
+    float *pA = floats(16, 24), *pB = floats(24, 25), *pC = floats(18, 26);
+    float *dpA = device(pA, 16 * 4), *dpB = device(pB, 24 * 4), *dpC = device(pC, 18 * 4);
+    float *arr[6] = {dpA, dpA + 8, dpB, dpB + 12, dpC, dpC + 9};
+    float **darr = device(arr, sizeof arr);
+    CK(cublasGemmBatchedEx(h, 0, 0, 2, 3, 4, &one, (const void *const *)darr, 0, 2, (const void *const *)darr + 2,
+                           0, 4, &one, (void *const *)darr + 4, 0, 3, 2, 68, -1));
+    print_back("gemm_batched_ex", dpC, 18, 4);
+
+    /* SgemmEx: bf16 inputs, fp32 output, torch's reduced-precision-disallowed math mode */
+    CK(cublasSetMathMode(h, 16));
+    float *xC = floats(4 * 3, 27), *dxC = device(xC, 12 * 4);
+    CK(cublasSgemmEx(h, 0, 1, 4, 3, 5, &two, bA, 14, 5, bB, 14, 3, &minus, dxC, 0, 4));
+    print_back("sgemmex_bf16", dxC, 12, 4);
+    CK(cublasSetMathMode(h, 0));
+
+    /* DgemmStridedBatched N,T, 2 batches: C_i(3x2, ldc 3) = 0.5 A_i(3x2, lda 4) B_i(2x2, ldb 2)^T */
+    double qA[14], qB[8], qC[12], half = 0.5, dz = 0.0;
+    for (int i = 0; i < 14; i++) qA[i] = x_of(i, 28);
+    for (int i = 0; i < 8; i++) qB[i] = x_of(i, 29);
+    for (int i = 0; i < 12; i++) qC[i] = x_of(i, 30);
+    double *dqA = device(qA, sizeof qA), *dqB = device(qB, sizeof qB), *dqC = device(qC, sizeof qC);
+    CK(cublasDgemmStridedBatched(h, 0, 1, 3, 2, 2, &half, dqA, 4, 7, dqB, 2, 4, &dz, dqC, 3, 6, 2));
+    print_back("dgemm_strided", dqC, 12, 8);
+
+    /* Ddot into device memory, DotEx (fp32) into host memory */
+    double *ddr;
+    RT(cudaMalloc((void **)&ddr, 8));
+    CK(cublasSetPointerMode_v2(h, 1));
+    CK(cublasDdot_v2(h, 4, dqA, 3, dqC, 2, ddr));
+    CK(cublasSetPointerMode_v2(h, 0));
+    print_back("ddot_device", ddr, 1, 8);
+    float rx = 0.0f;
+    CK(cublasDotEx(h, 4, dpA, 0, 2, dpB, 0, 1, &rx, 0, 0));
+    printf("dotex_host %.17g\n", (double)rx);
 
     RT(cudaDeviceSynchronize());
     CK(cublasDestroy_v2(h));
