@@ -88,6 +88,10 @@ static size_t rgpu_scale_width(int compute_type, int ctype) {
     return rgpu_complex(ctype) ? 2 * w : w;
 }
 
+/* A type we cannot size is refused loudly, once per function, rather than its scalars guessed. */
+#define RGPU_REFUSE_TYPE(name) do { static int said_; \
+    return rgpu_stub_refuse(name " with this compute or result type", RGPU_LIB, &said_, ST_NOT_SUPPORTED); } while (0)
+
 static int rgpu_queue(uint32_t id, const rgpu_cublas_handle *s, const void *p, size_t n) {
     return rgpu_door_queue(id, s->stream, s->id, p, n, ST_INTERNAL);
 }
@@ -288,7 +292,8 @@ RGPU_API cublasStatus_t cublasGemmEx(RGPU_GEMM_ARGS, const void *alpha, const vo
     size_t w = rgpu_scale_width(compute_type, ctype);
     int st = rgpu_state(handle, &s);
     if (st) return st;
-    if (!alpha || !beta || !w) return w ? ST_INVALID_VALUE : ST_NOT_SUPPORTED;
+    if (!w) RGPU_REFUSE_TYPE("cublasGemmEx");
+    if (!alpha || !beta) return ST_INVALID_VALUE;
     RGPU_GEMM_FILL(p, s, w);
     RGPU_EX_FILL(p);
     return rgpu_queue(RGPU_LIB_cublasGemmEx, &s, &p, sizeof p);
@@ -304,7 +309,8 @@ RGPU_API cublasStatus_t cublasGemmStridedBatchedEx(RGPU_GEMM_ARGS, const void *a
     size_t w = rgpu_scale_width(compute_type, ctype);
     int st = rgpu_state(handle, &s);
     if (st) return st;
-    if (!alpha || !beta || !w) return w ? ST_INVALID_VALUE : ST_NOT_SUPPORTED;
+    if (!w) RGPU_REFUSE_TYPE("cublasGemmStridedBatchedEx");
+    if (!alpha || !beta) return ST_INVALID_VALUE;
     RGPU_GEMM_FILL(p, s, w);
     RGPU_EX_FILL(p);
     RGPU_STRIDES;
@@ -321,7 +327,8 @@ RGPU_API cublasStatus_t cublasGemmBatchedEx(RGPU_GEMM_ARGS, const void *alpha, c
     size_t w = rgpu_scale_width(compute_type, ctype);
     int st = rgpu_state(handle, &s);
     if (st) return st;
-    if (!alpha || !beta || !w) return w ? ST_INVALID_VALUE : ST_NOT_SUPPORTED;
+    if (!w) RGPU_REFUSE_TYPE("cublasGemmBatchedEx");
+    if (!alpha || !beta) return ST_INVALID_VALUE;
     RGPU_GEMM_FILL(p, s, w);
     RGPU_EX_FILL(p);
     p.batch = batch;
@@ -398,7 +405,7 @@ RGPU_API cublasStatus_t cublasDotEx(cublasHandle_t handle, int n, const void *x,
     size_t w = rgpu_type_width(result_type);
     int st = rgpu_state(handle, &s);
     if (st) return st;
-    if (!w) return ST_NOT_SUPPORTED;
+    if (!w) RGPU_REFUSE_TYPE("cublasDotEx");
     RGPU_DOT_FILL(p, s);
     p.xtype = xtype; p.ytype = ytype; p.result_type = result_type; p.exec_type = exec_type;
     return rgpu_dot(RGPU_LIB_cublasDotEx, &s, &p, sizeof p, result, w);
