@@ -218,6 +218,7 @@ static void batch_norm(handle_t h) {
 int main(void) {
     handle_t h;
     void *stream = (void *)1;
+    OK(cudaFree(NULL));                               /* the runtime's idiom, as torch: a context before cuDNN */
     OK(cudnnCreate(&h));
     OK(cudnnSetStream(h, NULL));
     OK(cudnnGetStream(h, &stream));
