@@ -184,6 +184,29 @@ def test_malformed_payloads_and_unknown_handles_get_clear_errors(libs):
         libs.run(BY_NAME["cublasLtDestroy"].id, 8, 0, memoryview(b"\0"), answered=False)
 
 
+def test_mutated_payloads_get_a_status_or_a_driver_error_never_a_crash(libs):
+    from rgpu.protocol.cuda_libs import BY_NAME
+    from rgpu.server.cuda.base import CudaDriverError
+    libs.run(BY_NAME["cublasLtCreate"].id, 7, 0, memoryview(bytes(8)), answered=True)
+    mem = libs.driver.mem_alloc(256)
+    desc, layout = _state(rows=2, bias=mem + 128)
+    good = _matmul_payload(libs, _objects(desc, *[layout] * 4), mem)
+    heur = BY_NAME["cublasLtMatmulAlgoGetHeuristic"]
+    good_heur = heur.format.pack(1) + _objects(desc, *[layout] * 4, (3, {}))
+    rng = np.random.default_rng(5)
+    for i in range(400):
+        call, payload = (BY_NAME["cublasLtMatmul"].id, good) if i % 2 else (heur.id, good_heur)
+        data = bytearray(payload)
+        for _ in range(rng.integers(1, 4)):
+            data[rng.integers(0, len(data))] = int(rng.integers(0, 256))
+        data = data[:rng.integers(len(data) // 2, len(data) + 1)] if i % 3 == 0 else data
+        try:
+            reply = libs.run(call, 7, 0, memoryview(bytes(data)), answered=True)
+        except CudaDriverError:
+            continue
+        assert isinstance(reply[-2], int) and (reply[-2] == 0) == (reply[-1] is None), reply
+
+
 def test_descriptors_are_kept_by_content_bias_pointers_apart_and_freed_at_close(libs):
     from rgpu.protocol.cuda_libs import BY_NAME
     libs.run(BY_NAME["cublasLtCreate"].id, 7, 0, memoryview(bytes(8)), answered=True)

@@ -24,6 +24,7 @@ EPILOGUES = {1: (False, None), 2: (False, "relu"), 4: (True, None), 6: (True, "r
              36: (True, "gelu")}            # cublasLtEpilogue_t -> (bias, activation)
 COMPUTE64 = (70, 71)                         # CUBLAS_COMPUTE_64F(_PEDANTIC): accumulate in double
 MAX_KEPT = 4096                              # descriptors kept, as the real side bounds its own
+MAX_ELEMENTS = 1 << 26                       # per operand: the CPU's copy of it stays bounded
 
 
 def _dtype(t: int) -> torch.dtype:
@@ -101,10 +102,16 @@ class Library:
         if k != kb or (c["rows"], c["cols"]) != (m, n) or (d["rows"], d["cols"]) != (m, n):
             raise LibError(P.INVALID_VALUE, f"op(A) {m}x{k}, op(B) {kb}x{n}, C {c['rows']}x{c['cols']}, "
                                             f"D {d['rows']}x{d['cols']} do not make a matmul")
+        if min(m, n, k) < 1:
+            raise LibError(P.NOT_SUPPORTED, f"an empty matmul ({m}x{k} @ {kb}x{n}) is not modelled by the fake cuBLASLt")
         for L in (a, b, c, d):
             least = L["rows"] if L["order"] == 0 else L["cols"]
-            if L["order"] not in (0, 1) or L["ld"] < max(1, least) or L["batch"] not in (1, d["batch"]):
+            if (L["order"] not in (0, 1) or L["ld"] < max(1, least) or L["batch"] not in (1, d["batch"])
+                    or L["stride"] < 0 or L["batch"] < 1):
                 raise LibError(P.INVALID_VALUE, f"a layout the fake cannot read: {L}")
+            if d["batch"] * L["rows"] * L["cols"] > MAX_ELEMENTS:   # a batch of stride 0 would read one matrix often
+                raise LibError(P.NOT_SUPPORTED, f"a matmul of {d['batch']} x {L['rows']}x{L['cols']} is too big "
+                                                "for the fake cuBLASLt")
             _dtype(L["type"])
         if desc.int(P.DESC_EPILOGUE, 1) not in EPILOGUES:
             raise LibError(P.NOT_SUPPORTED, f"epilogue {desc.int(P.DESC_EPILOGUE, 1)} is not modelled by "
