@@ -125,28 +125,32 @@ def run_ladder(names: list[str], device: str, out: str, resume: bool = False, ti
     return 0 if all(doc["rungs"][n].get("ok") is not False for n in names) else 1
 
 
-def _interceptor_stats():
-    try:
-        from rgpu.bench.cuda_torch_loop import interceptor_stats
-        return interceptor_stats()
-    except Exception:                        # rgpu not installed in this Python, or not loaded in this process
-        return None
+def _round_trips():
+    """The interceptor connection's round trips so far, when rgpu's libcuda.so.1 runs in this process, else None.
+    Looked up, never imported: importing rgpu's client elsewhere would build (or wait for) rgpu's native parts."""
+    client = sys.modules.get("rgpu.cuda_intercept.client")
+    conn = getattr(getattr(client, "_client", None), "conn", None)
+    return conn.stats.get("round_trips") if conn is not None else None
 
 
 def bench(device: str, steps: int, warmup: int, out: str) -> int:
     """The R7 eager step (forward, backward, AdamW, loss.item()), timed: median and spread over ``steps``."""
-    dev = rungs.load_torch().device(device)
-    model, opt, batches = rungs.gpt_setup(dev)
     times, trips = [], []
-    for i in range(warmup + steps):
-        x, y = batches[i % len(batches)]
-        before, t = _interceptor_stats(), time.perf_counter()
-        rungs.train_step(model, opt, x, y, dev)
-        ms, after = (time.perf_counter() - t) * 1e3, _interceptor_stats()
-        if i >= warmup:
-            times.append(ms)
-            if before and after:
-                trips.append(after["round_trips"] - before["round_trips"])
+    try:
+        dev = rungs.load_torch().device(device)
+        model, opt, batches = rungs.gpt_setup(dev)
+        for i in range(warmup + steps):
+            x, y = batches[i % len(batches)]
+            before, t = _round_trips(), time.perf_counter()
+            rungs.train_step(model, opt, x, y, dev)
+            ms, after = (time.perf_counter() - t) * 1e3, _round_trips()
+            if i >= warmup:
+                times.append(ms)
+                if before is not None and after is not None:
+                    trips.append(after - before)
+    except Exception as exc:                 # the comparison shows it in place of the figures
+        _save({"error": rungs.error(exc), "times_ms": times}, out)
+        return 1
     _save({"median_ms": statistics.median(times), "spread_ms": [min(times), max(times)],
            "quartiles_ms": statistics.quantiles(times, n=4) if len(times) > 1 else times, "times_ms": times,
            "steps": steps, "warmup": warmup, "round_trips_per_step": statistics.median(trips) if trips else None,
@@ -187,7 +191,7 @@ def compare_rung(native: dict | None, ours: dict | None) -> dict:
     row = {"native_ok": n.get("ok") if native else "not run", "rgpu_ok": r.get("ok") if ours else "not run",
            "native_wall_s": n.get("wall_s"), "rgpu_wall_s": r.get("wall_s"), "native_error": _brief(n.get("error")),
            "rgpu_error": _brief(r.get("error")), "skipped": n.get("skipped") or r.get("skipped"),
-           "compared": 0, "mismatched": [], "rgpu_failed": {}, "native_failed": {}, "both_failed": [], "max_abs_diff": None}
+           "compared": 0, "equal": 0, "mismatched": [], "rgpu_failed": {}, "native_failed": {}, "both_failed": [], "max_abs_diff": None}
     for key in sorted(set(nres) | set(rres)):
         a, b = nres.get(key), rres.get(key)
         if (a and "info" in a) or (b and "info" in b):
@@ -202,7 +206,9 @@ def compare_rung(native: dict | None, ours: dict | None) -> dict:
             row["compared"] += 1
             d = _max_diff(a, b)
             row["max_abs_diff"] = d if row["max_abs_diff"] is None else max(row["max_abs_diff"], d or 0.0)
-            if a["sha256"] != b["sha256"]:
+            if a["sha256"] == b["sha256"]:
+                row["equal"] += 1
+            else:
                 row["mismatched"].append(key)
     bad = row["mismatched"] or row["rgpu_failed"] or row["native_failed"] or row["rgpu_error"] or row["native_error"]
     row["bitwise_equal"] = False if bad or not (native and ours) else (True if row["compared"] else None)
@@ -233,7 +239,7 @@ def compare_bench(natives, ours) -> dict:
                          "round_trips_per_step": runs[0].get("round_trips_per_step")} if runs else None
     return {"native": side([x for x in n if "median_ms" in x]), "rgpu": side([x for x in r if "median_ms" in x]),
             "ratio": statistics.median(pairs) if pairs else None, "ratio_spread": [min(pairs), max(pairs)] if pairs else None,
-            "unreadable": [x["unreadable"] for x in n + r if "unreadable" in x]}
+            "errors": [x.get("unreadable") or _brief(x["error"]) for x in n + r if "unreadable" in x or "error" in x]}
 
 
 def compare(native_path, rgpu_path, stderr=(), bench_native=(), bench_rgpu=()) -> dict:
@@ -258,8 +264,8 @@ def format_summary(s: dict) -> str:
         err = x["rgpu_error"] or (f"{len(x['rgpu_failed'])} failed: {failed}: {next(iter(x['rgpu_failed'].values()))}"
                                   if x["rgpu_failed"] else "") or x["skipped"] or ""
         lines.append(f"{name:5s} {word.get(x['native_ok'], str(x['native_ok'])):6s} {word.get(x['rgpu_ok'], str(x['rgpu_ok'])):6s} "
-                     f"{word.get(x['bitwise_equal'], '?') if x['bitwise_equal'] is not True else 'equal':8s} {nd:>10s} "
-                     f"{x['compared'] - len([m for m in x['mismatched'] if '(' not in m]):>3d}/{x['compared']:<4d}  {err[:160]}")
+                     f"{ {True: 'equal', False: 'differs'}.get(x['bitwise_equal'], '-'):8s} {nd:>10s} "
+                     f"{x['equal']:>3d}/{x['compared']:<4d}  {err[:160]}")
         lines += [f"      refused: {line}" for line in x["not_supported"][:4]]
     b = s.get("bench")
     if b and b["native"] and b["rgpu"]:
@@ -268,7 +274,7 @@ def format_summary(s: dict) -> str:
                      f"{b['rgpu']['spread_ms'][1]:.2f}), rgpu/native {b['ratio']:.2f} ({b['ratio_spread'][0]:.2f}-"
                      f"{b['ratio_spread'][1]:.2f}), round trips per step {b['rgpu']['round_trips_per_step']}")
     elif b:
-        lines.append(f"bench: incomplete (native {b['native']}, rgpu {b['rgpu']}, {b['unreadable']})")
+        lines.append(f"bench: incomplete (native {b['native']}, rgpu {b['rgpu']}): {'; '.join(b['errors'])[:600]}")
     lines.append(f"all equal: {s['all_equal']}; rgpu side loaded rgpu's libraries: {(s['rgpu_meta'] or {}).get('rgpu')}")
     return "\n".join(lines)
 

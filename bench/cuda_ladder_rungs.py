@@ -14,7 +14,7 @@ import traceback
 import zlib
 
 torch = nn = F = None
-TIMEOUTS = {"R10": 240, "R11": 240}       # the compile rungs' seconds (Inductor and Triton compile cold); others: the caller's
+TIMEOUTS = {"R10": 150, "R11": 150}       # the compile rungs' seconds (Inductor and Triton compile cold); others: the caller's
 
 
 def load_torch():

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Stock PyTorch's math libraries on a GPU host: rgpu's libcublas.so.13, libcublasLt.so.13 and libcudnn.so.9 forwarding
+# whole calls to the real libraries in the server's session worker, checked by the ladder (bench/cuda_ladder.py, rungs
+# R4-R12) run natively and through `rgpu intercept run` on the same host.
+#
+#   OUT=/some/folder bash gpu/check_cuda_libs.sh       (the device tool sets $OUT; under 8 minutes)
+#   RUNGS=R4,R5 bash gpu/check_cuda_libs.sh            some rungs only
+#   CHECK_DRIVER=fake CHECK_INSTALL=0 LADDER_DEVICE=cpu RUNGS=R4,R9 BENCH_STEPS=3 bash gpu/check_cuda_libs.sh
+#                                                      the script itself, on a machine without a GPU (nothing installed)
+#
+# Steps: install the cffi wheels (.whl/) and rgpu, build the library set; start `rgpu serve --cuda-driver real`; rgpu
+# into torch's Python; the ladder natively (no RGPU_* in its environment), then through rgpu, each side carried on
+# in a fresh process after a rung that ran past its timeout or crashed (--resume); the R7 eager step timed (--bench),
+# native and rgpu interleaved twice; then `cuda_ladder.py compare`: per rung native ok, rgpu ok, bitwise equal, the
+# largest difference of the float summaries, rgpu's error and the "not supported over rgpu" lines (they name the
+# calls still missing), the step's time rgpu/native.
+# Results: $OUT/summary.txt, $OUT/cuda_libs.json, $OUT/cuda_libs.tar.gz (both ladders' and benches' JSON, every step's
+# stderr, the server log). Needs the ignored .whl/ folder carried with the tree.
+BUDGET=465
+cd "$(dirname "$0")/.."
+. gpu/steps.sh
+RUNGS=${RUNGS:-R4,R5,R6,R7,R8,R9,R12,R10,R11}   # the compile rungs last: where time runs short, only they go
+DEVICE=${LADDER_DEVICE:-cuda}
+BENCH=(--steps "${BENCH_STEPS:-30}" --warmup "${BENCH_WARMUP:-5}")
+RUNG_S=60          # an eager rung's timeout (bench/cuda_ladder_rungs.py TIMEOUTS gives the compile rungs theirs)
+LADDER=$REPO/bench/cuda_ladder.py
+CACHE=$(mktemp -d)  # each side's Inductor and Triton caches: the rgpu side compiles for itself, not from native's
+NATIVE=(env -u LD_LIBRARY_PATH -u LD_AUDIT -u LD_PRELOAD -u RGPU_SERVER -u RGPU_TOKEN)
+
+if [ "${CHECK_INSTALL:-1}" = 1 ]; then
+  stamp wheels
+  python3 -m pip install --no-index --no-deps -q .whl/*.whl >"$OUT/wheels.log" 2>&1
+  stamp install    # rgpu itself, not editable
+  python3 -m pip install --no-deps --no-build-isolation -q "$REPO" >"$OUT/install.log" 2>&1
+fi
+step libs 120 python3 -c "from rgpu.cuda_intercept import libraries; print(libraries.build())"
+LIBDIR=$(tail -n 1 "$OUT/libs.json")
+
+export RGPU_TOKEN=gpu-check-$RANDOM$RANDOM
+(cd /tmp && exec python3 -m rgpu serve --port 0 --cuda-driver "${CHECK_DRIVER:-real}" --preload "") >"$OUT/server.log" 2>&1 &   # from /tmp: ./rgpu would shadow the installed package
+SERVER_PID=$!
+for _ in $(seq 150); do grep -q "listening on" "$OUT/server.log" && break; sleep 0.2; done
+export RGPU_SERVER=$(grep -o "listening on [^;]*" "$OUT/server.log" | head -1 | awk '{print $3}')
+stamp "server $RGPU_SERVER (pid $SERVER_PID), libraries in $LIBDIR"
+
+TPY=""
+for p in "${TORCH_PYTHON:-}" /opt/torch/.venv/bin/python python3; do
+  [ -n "$p" ] && "$p" -c "import torch" 2>/dev/null && { TPY=$p; break; }
+done
+stamp "torch python: ${TPY:-none}"
+if [ -n "$TPY" ] && [ "$TPY" != python3 ] && [ "${CHECK_INSTALL:-1}" = 1 ]; then   # rgpu (and cffi) in the program's own Python
+  { "$TPY" -m pip install --no-index --no-deps .whl/*.whl
+    "$TPY" -m pip install --no-deps --no-build-isolation "$REPO"; } >"$OUT/torch_install.log" 2>&1
+  mkdir -p "$OUT/pylink"   # what that Python lacks of rgpu's dependencies, from python3's (same version)
+  for mod in msgpack cffi _cffi_backend pycparser; do
+    "$TPY" -c "import $mod" 2>/dev/null && continue
+    src=$(python3 -c "import $mod, os; f = $mod.__file__; print(os.path.dirname(f) if f.endswith('__init__.py') else f)" 2>/dev/null)
+    [ -n "$src" ] && ln -sf "$src" "$OUT/pylink/" && echo "linked $mod from $src" >>"$OUT/torch_install.log"
+  done
+  export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$OUT/pylink
+fi
+[ -n "$TPY" ] || { stamp "no Python here imports torch"; TPY=python3; }
+
+ladder() {  # ladder SIDE CAP_S PREFIX...: every rung once into $OUT/ladder_SIDE.json, a fresh process after a hang or crash
+  local side=$1 cap=$2 n=0 rc; shift 2
+  local until=$(( $(date +%s) + cap ))
+  while [ "$n" -lt 10 ] && [ $(( until - $(date +%s) )) -ge 20 ]; do
+    n=$((n + 1))
+    step "${side}_run$n" $(( until - $(date +%s) )) env TORCHINDUCTOR_CACHE_DIR="$CACHE/$side/inductor" \
+      TRITON_CACHE_DIR="$CACHE/$side/triton" "$@" "$TPY" "$LADDER" --rungs "$RUNGS" --device "$DEVICE" --resume \
+      --rung-timeout "$RUNG_S" --out "$OUT/ladder_$side.json"
+    rc=$(cat "$OUT/${side}_run$n.rc")
+    case $rc in 0|1|skipped) break ;; esac   # 0: every rung ran, 1: one failed; else a rung timed out (3) or the process died
+  done
+}
+
+ladder native 150 "${NATIVE[@]}"
+# rgpu gets what is left but the four timed runs and the summary
+ladder rgpu $(( BUDGET - ($(date +%s) - T0) - 4 * 40 - 10 )) "$TPY" -m rgpu intercept run --
+for i in 1 2; do   # interleaved: drift hits both sides alike
+  step "bench_native_$i" 40 "${NATIVE[@]}" "$TPY" "$LADDER" --bench "${BENCH[@]}" --device "$DEVICE" --out "$OUT/bench_native_$i.json"
+  step "bench_rgpu_$i" 40 "$TPY" -m rgpu intercept run -- "$TPY" "$LADDER" --bench "${BENCH[@]}" --device "$DEVICE" \
+    --out "$OUT/bench_rgpu_$i.json"
+done
+
+kill "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null
+stamp summary
+(cd /tmp && python3 "$LADDER" compare "$OUT/ladder_native.json" "$OUT/ladder_rgpu.json" --stderr "$OUT"/rgpu_run*.err \
+  --bench-native "$OUT"/bench_native_*.json --bench-rgpu "$OUT"/bench_rgpu_*.json --out "$OUT/cuda_libs.json") \
+  >"$OUT/compare.txt" 2>&1
+python3 - "$OUT" <<'EOF' | tee "$OUT/summary.txt"
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+try:
+    s = json.loads((out / "cuda_libs.json").read_text())
+except Exception as exc:
+    s = {"compare_failed": f"{type(exc).__name__}: {exc}"}
+s["rc"] = {p.stem: p.read_text().strip() for p in sorted(out.glob("*.rc"))}
+s["server_log_tail"] = (out / "server.log").read_text(errors="replace")[-3000:] if (out / "server.log").exists() else ""
+s["rgpu_stderr_head"] = {p.stem: p.read_text(errors="replace").splitlines()[:30] for p in sorted(out.glob("rgpu_run*.err"))}
+(out / "cuda_libs.json").write_text(json.dumps(s, indent=1))
+print((out / "compare.txt").read_text(errors="replace").rstrip())
+print("rc:", s["rc"])
+print("server log tail:", *s["server_log_tail"].splitlines()[-12:], sep="\n  ")
+EOF
+cp "$OUT/cuda_libs.json" "$FINAL/" 2>/dev/null
+rm -rf "$CACHE"
+pack cuda_libs.tar.gz
