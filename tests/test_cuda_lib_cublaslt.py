@@ -114,6 +114,12 @@ def test_a_second_identical_heuristic_query_is_answered_from_the_cache(through_r
     assert (first, second, third, same) == ("5", "5", "6", "1")
 
 
+def test_a_cached_heuristic_is_answered_in_c_and_a_matmul_is_queued_not_waited_for(through_rgpu):
+    heuristic, matmul = (float(v) for v in parse(through_rgpu.stdout)["per_call_us"])
+    # a round trip costs tens of microseconds or more; these stay well under one
+    assert heuristic < 5.0 and matmul < 20.0, through_rgpu.stdout
+
+
 def test_the_descriptors_answer_get_in_c_with_cublaslts_size_rules(through_rgpu):
     done = through_rgpu
     # TRANSA back as set (4 bytes); EPILOGUE's size asked (4), its default DEFAULT (1); wrong sizes: INVALID_VALUE

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef void *lt_t;
 int cuInit(unsigned flags);
@@ -174,6 +175,30 @@ static int heuristic_and_get(void) {
     return 0;
 }
 
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
+
+/* What a training step's small GEMMs cost the caller: a cached heuristic and a queued matmul, each. */
+static int timing(void) {
+    enum { CALLS = 2000 };
+    float ha[4] = {1, 2, 3, 4}, one = 1, zero = 0;
+    uint64_t da = dev(ha, sizeof ha), dd = dev(ha, sizeof ha);
+    lt_t desc, l = layout(R_32F, 2, 2, 2);
+    result_t r[1];
+    int got;
+    OK(cublasLtMatmulDescCreate(&desc, COMPUTE_32F, R_32F));
+    OK(cublasLtMatmulAlgoGetHeuristic(h, desc, l, l, l, l, pref, 1, r, &got));
+    double t0 = now();
+    for (int i = 0; i < CALLS; i++) OK(cublasLtMatmulAlgoGetHeuristic(h, desc, l, l, l, l, pref, 1, r, &got));
+    double t1 = now();
+    for (int i = 0; i < CALLS; i++) OK(cublasLtMatmul(h, desc, &one, da, l, da, l, &zero, dd, l, dd, l, r, ws, 0, NULL));
+    double t2 = now();
+    OK(cuCtxSynchronize());
+    printf("per_call_us %.3f %.3f\n", (t1 - t0) / CALLS * 1e6, (t2 - t1) / CALLS * 1e6);
+    cublasLtMatmulDescDestroy(desc);
+    cublasLtMatrixLayoutDestroy(l);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     void *ctx;
     int d;
@@ -190,7 +215,7 @@ int main(int argc, char **argv) {
     /* bf16 with 16-byte leading dimensions (what cuBLASLt's kernels for it want); fp32 odd ones */
     if (linear("linear_fp32", R_32F, 4, 6, 5, 7) || linear("linear_bf16", R_16BF, 4, 8, 5, 8)
         || linear("relu_bias_bf16", R_16BF, 6, 8, 3, 16) || linear("gelu_bias_fp32", R_32F, 36, 5, 4, 6)
-        || batched() || fp64_device_scalars() || heuristic_and_get())
+        || batched() || fp64_device_scalars() || heuristic_and_get() || timing())
         return 1;
     if (argc > 1 && !strcmp(argv[1], "bogus")) {
         /* a handle nobody made: the answered call says so now, the queued one at the next synchronisation */
