@@ -4,7 +4,9 @@ The C program (``lib_programs/cudnn_conv_bn.c``: its own prototypes, linked agai
 builds a convolution graph the way cudnn-frontend does and runs BN through the legacy calls; it runs
 through ``rgpu intercept run`` against ``rgpu serve --cuda-driver fake`` (torch on the CPU) and its
 printed values are compared with torch's here. The server side is also driven directly: descriptor
-bookkeeping, attribute checks, the counts back to zero, malformed payloads. On a GPU host
+bookkeeping, attribute checks, the counts back to zero, malformed payloads; its ctypes side over a
+recording stand-in for the real library (``cudnn_mock.c``); the client library alone with a program as
+its door (``cudnn_door.c``). On a GPU host
 (``-m gpu``) the same program runs through rgpu against the real cuDNN and natively, and must agree.
 """
 from __future__ import annotations
@@ -148,6 +150,21 @@ def test_on_a_gpu_the_program_through_rgpu_matches_its_native_run(libraries, sta
     assert theirs.keys() == ours.keys()
     for label, values in theirs.items():   # the same library and engine; a filter gradient may sum in any order
         np.testing.assert_allclose(ours[label], values, rtol=1e-5, atol=1e-5, err_msg=label)
+
+
+def test_the_client_answers_gets_from_a_finalize_reply_and_carries_a_by_value_tensors_bytes(tmp_path):
+    from rgpu.cuda_intercept import stubs
+    lib = stubs.build("libcudnn.so.9", tmp_path / "lib")
+    exe = tmp_path / "cudnn_door"
+    subprocess.run(["cc", "-std=gnu11", "-O1", "-rdynamic", str(PROGRAM.parent / "cudnn_door.c"), "-o", str(exe),
+                    f"-L{lib.parent}", "-l:libcudnn.so.9", f"-Wl,-rpath,{lib.parent}"], check=True, capture_output=True)
+    done = subprocess.run([exe], capture_output=True, text=True, timeout=60, env=clean_env())
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines() == [
+        "create_calls 1", "workspace 1 4096", "config_count 1", "answered_here 1", "desc_as_id 1",
+        "pack_finalize_queued 1 313",                   # a variant pack's Finalize is queued
+        "execute 308 40 9 4 0.125",                     # plan and pack ids, then uid 9's 4 bytes, padded
+        "calls 2 queued 8"]
 
 
 # ---- the server side, driven directly -----------------------------------------------------------

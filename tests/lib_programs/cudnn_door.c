@@ -1,0 +1,89 @@
+/* rgpu's libcudnn.so.9 alone, with this program as its door: rgpu_lib_queue / rgpu_lib_call are defined
+ * here (exported with -rdynamic; lib_door.c finds them by name), so what the library sends is recorded
+ * and what it asks is answered from canned replies.  Checks the client side: Gets answered from a
+ * Finalize's reply without a call, descriptors sent as their ids, a by-value tensor's host bytes
+ * carried in the Execute record.  Prints "label v v v" lines for the test. */
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+int cudnnCreate(void **);
+int cudnnBackendCreateDescriptor(int, void **);
+int cudnnBackendSetAttribute(void *, int, int, int64_t, const void *);
+int cudnnBackendGetAttribute(void *, int, int, int64_t, int64_t *, void *);
+int cudnnBackendFinalize(void *);
+int cudnnBackendExecute(void *, void *, void *);
+
+static int calls, queued;
+static uint32_t last_id;
+static uint64_t last_handle, last_stream;
+static uint8_t last[256];
+static size_t last_n;
+
+static void put(uint8_t **p, int32_t name, int32_t type, int64_t count, const void *data, int64_t n) {
+    int32_t head[2] = {name, type};
+    memcpy(*p, head, 8), memcpy(*p + 8, &count, 8), memcpy(*p + 16, &n, 8);
+    if (n) memcpy(*p + 24, data, n);
+    *p += 24 + n;
+}
+
+int rgpu_lib_queue(uint32_t id, uint64_t stream, uint64_t handle, const void *payload, size_t n) {
+    queued++;
+    last_id = id, last_stream = stream, last_handle = handle, last_n = n < sizeof last ? n : sizeof last;
+    memcpy(last, payload, last_n);
+    return 0;
+}
+
+int rgpu_lib_call(uint32_t id, uint64_t stream, uint64_t handle, const void *payload, size_t n, void *out, size_t cap,
+                  int64_t *status, size_t *got) {
+    uint8_t reply[256], *p = reply;
+    calls++;
+    if (id == 0x307) {                    /* a plan's Finalize: its workspace, its config (a count), a by-value scale */
+        int64_t ws = 4096, pairs[2] = {9, 4};
+        put(&p, 402, 3, 1, &ws, 8);
+        put(&p, 401, 15 | 1 << 16, 1, NULL, 0);
+        put(&p, -1, 3, 2, pairs, 16);
+    }
+    *status = 0;
+    *got = p - reply;
+    if (out) memcpy(out, reply, *got < cap ? *got : cap);
+    return 0;
+}
+
+int main(void) {
+    void *h, *plan, *plan2, *pack;
+    int64_t n = -1, ws = 0;
+    cudnnCreate(&h);
+    printf("create_calls %d\n", calls);
+    cudnnBackendCreateDescriptor(5, &plan);
+    uint64_t plan_id = last_handle;
+    cudnnBackendFinalize(plan);
+    int before = calls;
+    cudnnBackendGetAttribute(plan, 402, 3, 1, &n, &ws);
+    printf("workspace %lld %lld\n", (long long)n, (long long)ws);
+    cudnnBackendGetAttribute(plan, 401, 15, 0, &n, NULL);
+    printf("config_count %lld\n", (long long)n);
+    printf("answered_here %d\n", calls == before);
+    cudnnBackendCreateDescriptor(5, &plan2);
+    cudnnBackendSetAttribute(plan2, 401, 15, 1, &plan);        /* a descriptor element travels as its id */
+    uint64_t sent;
+    memcpy(&sent, last + 16, 8);
+    printf("desc_as_id %d\n", sent == plan_id);
+    cudnnBackendCreateDescriptor(16, &pack);
+    int64_t uids[2] = {3, 9};
+    float scale = 0.125f;
+    void *ptrs[2] = {(void *)0x7f0000001000, &scale};
+    cudnnBackendSetAttribute(pack, 1000, 3, 2, uids);
+    cudnnBackendSetAttribute(pack, 1001, 6, 2, ptrs);
+    before = calls;
+    cudnnBackendFinalize(pack);
+    printf("pack_finalize_queued %d %x\n", calls == before, last_id);
+    scale = 0.125f;
+    cudnnBackendExecute(h, plan, pack);
+    int64_t uid, bytes;
+    float value;
+    memcpy(&uid, last + 16, 8), memcpy(&bytes, last + 24, 8), memcpy(&value, last + 32, 4);
+    printf("execute %x %zu %lld %lld %g\n", last_id, last_n, (long long)uid, (long long)bytes, value);
+    printf("calls %d queued %d\n", calls, queued);
+    return 0;
+}
