@@ -89,6 +89,7 @@ def expected() -> dict[str, np.ndarray]:
     out["dgemm_strided"] = qC
     out["ddot_device"] = np.array([qA[::3][:4] @ qC[::2][:4]])
     out["dotex_host"] = np.array([pA[::2][:4] @ pB[:4]])
+    out["sgemm_graph"] = gemm(0, 0, 2, 2, 2, 1.0, x_of(4, 32), 2, x_of(4, 32), 2, 0.0, x_of(4, 33), 2)
     return out
 
 
@@ -99,7 +100,7 @@ def parse(stdout: str) -> dict[str, np.ndarray]:
 
 expected.labels = ("sgemm_nt", "sgemm_tn_device", "dgemm_tt_beta0", "gemmex_bf16", "sgemm_strided",
                    "gemm_strided_ex", "sgemv_n", "dgemv_t", "sdot_host", "sdot_device", "gemmex_complex",
-                   "gemm_batched_ex", "sgemmex_bf16", "dgemm_strided", "ddot_device", "dotex_host")
+                   "gemm_batched_ex", "sgemmex_bf16", "dgemm_strided", "ddot_device", "dotex_host", "sgemm_graph")
 
 
 @pytest.fixture(scope="module")

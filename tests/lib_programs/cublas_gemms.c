@@ -17,6 +17,10 @@ int cudaStreamCreate(cudaStream_t *s);
 int cudaStreamSynchronize(cudaStream_t s);
 int cudaDeviceSynchronize(void);
 const char *cudaGetErrorString(int e);
+int cudaStreamBeginCapture(cudaStream_t s, int mode);
+int cudaStreamEndCapture(cudaStream_t s, void **graph);
+int cudaGraphInstantiateWithFlags(void **exec, void *graph, unsigned long long flags);
+int cudaGraphLaunch(void *exec, cudaStream_t s);
 int cublasCreate_v2(cublasHandle_t *h);
 int cublasDestroy_v2(cublasHandle_t h);
 int cublasGetVersion_v2(cublasHandle_t h, int *v);
@@ -239,6 +243,22 @@ int main(int argc, char **argv) {
     float rx = 0.0f;
     CK(cublasDotEx(h, 4, dpA, 0, 2, dpB, 0, 1, &rx, 0, 0));
     printf("dotex_host %.17g\n", (double)rx);
+
+    /* A GEMM captured on the second stream (with a workspace of ours) replays over the inputs of the replay */
+    void *ws, *graph, *exec;
+    RT(cudaMalloc(&ws, 1 << 22));
+    CK(cublasSetStream_v2(h, s2));
+    CK(cublasSetWorkspace_v2(h, ws, 1 << 22));
+    float *cA = floats(4, 31), *cB = floats(4, 32), *cC = floats(4, 33);
+    float *dcA = device(cA, 16), *dcB = device(cB, 16), *dcC = device(cC, 16);
+    RT(cudaStreamBeginCapture(s2, 2));                   /* cudaStreamCaptureModeRelaxed */
+    CK(cublasSgemm_v2(h, 0, 0, 2, 2, 2, &one, dcA, 2, dcB, 2, &zero, dcC, 2));
+    RT(cudaStreamEndCapture(s2, &graph));
+    RT(cudaGraphInstantiateWithFlags(&exec, graph, 0));
+    RT(cudaMemcpy(dcA, cB, 16, 1));                      /* the replay's A is the old B */
+    RT(cudaGraphLaunch(exec, s2));
+    RT(cudaStreamSynchronize(s2));
+    print_back("sgemm_graph", dcC, 4, 4);
 
     RT(cudaDeviceSynchronize());
     CK(cublasDestroy_v2(h));

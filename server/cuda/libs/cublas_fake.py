@@ -108,16 +108,16 @@ class Library:
         v = flat.as_strided((count,), (abs(inc),))
         return v.flip(0) if inc < 0 else v      # BLAS: a negative increment walks from the far end
 
-    def _scalar(self, h: Handle, raw: bytes, dtype):
+    def _scalar(self, device: bool, raw: bytes, dtype):
         """A scalar's value: its bytes in host pointer mode, else read from device memory now."""
-        if h.pointer_mode == 1:
+        if device:
             raw = bytes(self.mem.view(int.from_bytes(raw[:8], "little"), dtype.itemsize))
         value = torch.frombuffer(bytearray(raw[:dtype.itemsize]), dtype=dtype)[0]
         return complex(value) if dtype.is_complex else float(value)
 
     # ---- GEMM ----------------------------------------------------------------------------------
     def _gemm(self, name, handle, stream, f, types, scale, batched="no"):
-        h = self._use(name, handle, stream, f)
+        device = self._use(name, handle, stream, f).pointer_mode == 1   # at call time: a graph replays it later
         ta, tb, m, n, k = f["transa"], f["transb"], f["m"], f["n"], f["k"]
         if ta not in (0, 1, 2) or tb not in (0, 1, 2) or min(m, n, k) < 0:
             raise LibError(INVALID_VALUE, f"{name}: transa {ta}, transb {tb}, m {m}, n {n}, k {k}")
@@ -137,7 +137,7 @@ class Library:
             return t.transpose(-1, -2).conj() if trans == 2 else t.transpose(-1, -2) if trans == 1 else t
 
         def one(a_ptr, b_ptr, c_ptr, count, sa, sb, sc):
-            alpha, beta = self._scalar(h, f["alpha"], scale), self._scalar(h, f["beta"], scale)
+            alpha, beta = self._scalar(device, f["alpha"], scale), self._scalar(device, f["beta"], scale)
             a = operand(self._matrices(a_ptr, at, ar, ac, f["lda"], count, sa), ta)
             b = operand(self._matrices(b_ptr, bt, br, bc, f["ldb"], count, sb), tb)
             c = self._matrices(c_ptr, ct, m, n, f["ldc"], count, sc)
@@ -196,14 +196,14 @@ class Library:
 
     # ---- GEMV and dot products -----------------------------------------------------------------
     def _gemv(self, name, handle, stream, f, dtype):
-        h = self._use(name, handle, stream, f)
+        device = self._use(name, handle, stream, f).pointer_mode == 1
         trans, m, n, lda, incx, incy = f["trans"], f["m"], f["n"], f["lda"], f["incx"], f["incy"]
         if trans not in (0, 1, 2) or m < 0 or n < 0 or lda < max(1, m) or not incx or not incy:
             raise LibError(INVALID_VALUE, f"{name}: trans {trans}, m {m}, n {n}, lda {lda}, incx {incx}, incy {incy}")
         xlen, ylen = (n, m) if trans == 0 else (m, n)
 
         def work():
-            alpha, beta = self._scalar(h, f["alpha"], dtype), self._scalar(h, f["beta"], dtype)
+            alpha, beta = self._scalar(device, f["alpha"], dtype), self._scalar(device, f["beta"], dtype)
             a = self._matrices(f["A"], dtype, m, n, lda)[0].to(F64)
             a = a if trans == 0 else a.T
             y = self._vector(f["y"], dtype, ylen, incy)
