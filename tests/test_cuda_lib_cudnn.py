@@ -318,6 +318,8 @@ def test_the_real_side_maps_ids_to_its_pointers_fills_the_callers_descriptors_an
     heur, cfgs, plan, pack = s.mint(), [s.mint(), s.mint()], s.mint(), s.mint()
     for d, t in ((heur, 4), (cfgs[0], 3), (cfgs[1], 3), (plan, 5), (pack, 16)):
         _ok(s("cudnnBackendCreateDescriptor", d, type=t))
+    early = s("cudnnBackendGetAttribute", heur, name=202, type=15, requested=0)    # the library's own refusal
+    assert early[0] == 2004 and early[1].startswith("MOCK_ERROR (2004)"), early
     dump = {e[0]: e for e in undump(_ok(s("cudnnBackendFinalize", heur)))}
     assert dump[202][2:] == (2, None)                       # the results' count, for a count query answered locally
     got = _ok(s("cudnnBackendGetAttribute", heur, struct.pack("<2Q", *cfgs), name=202, type=15, requested=2))
