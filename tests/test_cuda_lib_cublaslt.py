@@ -135,6 +135,18 @@ def test_an_unknown_handle_is_refused_now_when_answered_and_at_the_next_sync_whe
     assert "is not a cuBLAS or cuBLASLt handle of this session" in done.stderr, done.stderr
 
 
+def test_the_c_side_and_the_protocol_module_agree_on_the_state_format():
+    import re
+    from rgpu.protocol import cuda_libs  # noqa: F401  (first: importing a library's module first is circular)
+    from rgpu.protocol import lib_cublaslt as P
+    c = (Path(__file__).parents[1] / "cuda_intercept" / "lib_cublaslt.c").read_text()
+    assert "enum { KIND_NULL, KIND_DESC, KIND_LAYOUT, KIND_PREF };" in c
+    assert (P.KIND_NULL, P.KIND_DESC, P.KIND_LAYOUT, P.KIND_PREF) == (0, 1, 2, 3)
+    assert f"ALGO_BYTES = {P.ALGO}, RESULT_BYTES = {P.RESULT}" in c
+    pointers = {int(a) for a in re.findall(r"\{KIND_DESC, (\d+), 8, 1, 0\}", c)}
+    assert pointers == P.DESC_POINTERS            # keyed by alignment in C, zeroed in the server's key
+
+
 # ---- the server side, driven directly ---------------------------------------------------------
 def _objects(*objs) -> bytes:
     out = b""
