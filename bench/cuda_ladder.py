@@ -217,8 +217,9 @@ def compare_rung(native: dict | None, ours: dict | None) -> dict:
 
 def not_supported(paths) -> dict[str, list[str]]:
     """Per rung (by the stderr markers), the first distinct lines naming a call rgpu refuses."""
-    out, rung = {}, "(start)"
+    out = {}
     for path in paths:
+        rung = "(start)"
         text = Path(path).read_text(errors="replace") if Path(path).exists() else ""
         for line in text.splitlines():
             if line.startswith(MARK):
@@ -242,13 +243,19 @@ def compare_bench(natives, ours) -> dict:
             "errors": [x.get("unreadable") or _brief(x["error"]) for x in n + r if "unreadable" in x or "error" in x]}
 
 
-def compare(native_path, rgpu_path, stderr=(), bench_native=(), bench_rgpu=()) -> dict:
+def compare(native_path, rgpu_path, stderr=(), bench_native=(), bench_rgpu=(), native_again=None) -> dict:
+    """Both runs rung by rung; ``native_again``, a second native run, tells which results native itself
+    does not repeat bitwise (a difference there is no fault of rgpu's)."""
     n, r = _load(native_path), _load(rgpu_path)
+    n2 = _load(native_again) if native_again else {"rungs": {}}
     names = list(dict.fromkeys([*n.get("rungs", {}), *r.get("rungs", {})]))
     rows = {name: compare_rung(n["rungs"].get(name), r["rungs"].get(name)) for name in names}
     refused = not_supported(stderr)
     for name, row in rows.items():
         row["not_supported"] = refused.get(name, [])
+        again = compare_rung(n["rungs"].get(name), n2["rungs"][name]) if name in n2["rungs"] else None
+        row["native_repeats"] = again["bitwise_equal"] if again else None
+        row["native_unstable"] = again["mismatched"] if again else []
     return {"rungs": rows, "not_supported_at_start": refused.get("(start)", []), "native_meta": n.get("meta"),
             "rgpu_meta": r.get("meta"), "unreadable": [x["unreadable"] for x in (n, r) if "unreadable" in x],
             "all_equal": bool(rows) and all(x["bitwise_equal"] is not False for x in rows.values()),
@@ -257,16 +264,21 @@ def compare(native_path, rgpu_path, stderr=(), bench_native=(), bench_rgpu=()) -
 
 def format_summary(s: dict) -> str:
     word = {True: "ok", False: "FAIL", None: "skip"}
-    lines = [f"{'rung':5s} {'native':6s} {'rgpu':6s} {'bitwise':8s} {'max|diff|':>10s} {'equal/n':>8s}  rgpu error"]
+    lines = [f"{'rung':5s} {'native':6s} {'rgpu':6s} {'bitwise':8s} {'max|diff|':>10s} {'equal/n':>8s} {'repeats':7s} "
+             f"{'native s':>8s} {'rgpu s':>7s}  rgpu error"]
+    secs = lambda v: "-" if v is None else f"{v:.1f}"
     for name, x in s["rungs"].items():
         nd = "-" if x["max_abs_diff"] is None else f"{x['max_abs_diff']:.3g}"
+        rep = {True: "yes", False: "NO", None: "-"}[x.get("native_repeats")]
         failed = ", ".join(list(x["rgpu_failed"])[:3])
         err = x["rgpu_error"] or (f"{len(x['rgpu_failed'])} failed: {failed}: {next(iter(x['rgpu_failed'].values()))}"
                                   if x["rgpu_failed"] else "") or x["skipped"] or ""
         lines.append(f"{name:5s} {word.get(x['native_ok'], str(x['native_ok'])):6s} {word.get(x['rgpu_ok'], str(x['rgpu_ok'])):6s} "
                      f"{ {True: 'equal', False: 'differs'}.get(x['bitwise_equal'], '-'):8s} {nd:>10s} "
-                     f"{x['equal']:>3d}/{x['compared']:<4d}  {err[:160]}")
+                     f"{x['equal']:>3d}/{x['compared']:<4d} {rep:7s} {secs(x['native_wall_s']):>8s} {secs(x['rgpu_wall_s']):>7s}  {err[:160]}")
         lines += [f"      refused: {line}" for line in x["not_supported"][:4]]
+        if x.get("native_unstable"):
+            lines.append(f"      native differs from itself on: {', '.join(x['native_unstable'][:6])}")
     b = s.get("bench")
     if b and b["native"] and b["rgpu"]:
         lines.append(f"bench R7 eager step: native {b['native']['median_ms']:.2f} ms ({b['native']['spread_ms'][0]:.2f}-"
@@ -286,9 +298,10 @@ def main(argv=None) -> int:
         p.add_argument("native"), p.add_argument("rgpu")
         for flag in ("--stderr", "--bench-native", "--bench-rgpu"):
             p.add_argument(flag, nargs="*", default=[])
+        p.add_argument("--native-again", help="a second native run: which results native repeats bitwise")
         p.add_argument("--out")
         a = p.parse_args(argv[1:])
-        s = compare(a.native, a.rgpu, a.stderr, a.bench_native, a.bench_rgpu)
+        s = compare(a.native, a.rgpu, a.stderr, a.bench_native, a.bench_rgpu, a.native_again)
         if a.out:
             Path(a.out).write_text(json.dumps(s, indent=1))
         print(format_summary(s))

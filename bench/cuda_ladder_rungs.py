@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import time
 import traceback
 import zlib
@@ -18,14 +19,17 @@ TIMEOUTS = {"R10": 150, "R11": 150}       # the compile rungs' seconds (Inductor
 
 
 def load_torch():
-    """torch, imported once, deterministic: TF32 off, cuDNN deterministic and not benchmarking, seeded."""
+    """torch, imported once, deterministic: TF32 off, cuDNN deterministic and not benchmarking, torch's
+    deterministic algorithms (warnings only: an op without one still runs), seeded."""
     global torch, nn, F
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")   # what deterministic cuBLAS asks for
     import torch as t
     torch, nn, F = t, t.nn, t.nn.functional
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
+    torch.use_deterministic_algorithms(True, warn_only=True)   # atomics (flash backward, index_add) would differ run to run
     torch.manual_seed(0)
     return torch
 

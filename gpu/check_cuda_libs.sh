@@ -10,7 +10,8 @@
 #
 # Steps: install the cffi wheels (.whl/) and rgpu, build the library set; start `rgpu serve --cuda-driver real`; rgpu
 # into torch's Python; the ladder natively (no RGPU_* in its environment), then through rgpu, each side carried on
-# in a fresh process after a rung that ran past its timeout or crashed (--resume); the R7 eager step timed (--bench),
+# in a fresh process after a rung that ran past its timeout or crashed (--resume), the eager rungs natively twice (what
+# native itself does not repeat bitwise is no fault of rgpu's); the R7 eager step timed (--bench),
 # native and rgpu interleaved twice; then `cuda_ladder.py compare`: per rung native ok, rgpu ok, bitwise equal, the
 # largest difference of the float summaries, rgpu's error and the "not supported over rgpu" lines (they name the
 # calls still missing), the step's time rgpu/native.
@@ -61,22 +62,24 @@ if [ -n "$TPY" ] && [ "$TPY" != python3 ] && [ "${CHECK_INSTALL:-1}" = 1 ]; then
 fi
 [ -n "$TPY" ] || { stamp "no Python here imports torch"; TPY=python3; }
 
-ladder() {  # ladder SIDE CAP_S PREFIX...: every rung once into $OUT/ladder_SIDE.json, a fresh process after a hang or crash
-  local side=$1 cap=$2 n=0 rc; shift 2
+ladder() {  # ladder SIDE CAP_S RUNGS PREFIX...: each rung once into $OUT/ladder_SIDE.json, a fresh process after a hang or crash
+  local side=$1 cap=$2 rungs=$3 n=0 rc; shift 3
   local until=$(( $(date +%s) + cap ))
   while [ "$n" -lt 10 ] && [ $(( until - $(date +%s) )) -ge 20 ]; do
     n=$((n + 1))
     step "${side}_run$n" $(( until - $(date +%s) )) env TORCHINDUCTOR_CACHE_DIR="$CACHE/$side/inductor" \
-      TRITON_CACHE_DIR="$CACHE/$side/triton" "$@" "$TPY" "$LADDER" --rungs "$RUNGS" --device "$DEVICE" --resume \
+      TRITON_CACHE_DIR="$CACHE/$side/triton" "$@" "$TPY" "$LADDER" --rungs "$rungs" --device "$DEVICE" --resume \
       --rung-timeout "$RUNG_S" --out "$OUT/ladder_$side.json"
     rc=$(cat "$OUT/${side}_run$n.rc")
     case $rc in 0|1|skipped) break ;; esac   # 0: every rung ran, 1: one failed; else a rung timed out (3) or the process died
   done
 }
 
-ladder native 150 "${NATIVE[@]}"
+ladder native 150 "$RUNGS" "${NATIVE[@]}"
+# the eager rungs natively once more: which results native itself does not repeat bitwise
+ladder native_again 60 "$(echo "$RUNGS" | tr , '\n' | grep -vx 'R10\|R11' | paste -sd,)" "${NATIVE[@]}"
 # rgpu gets what is left but the four timed runs and the summary
-ladder rgpu $(( BUDGET - ($(date +%s) - T0) - 4 * 40 - 10 )) "$TPY" -m rgpu intercept run --
+ladder rgpu $(( BUDGET - ($(date +%s) - T0) - 4 * 40 - 10 )) "$RUNGS" "$TPY" -m rgpu intercept run --
 for i in 1 2; do   # interleaved: drift hits both sides alike
   step "bench_native_$i" 40 "${NATIVE[@]}" "$TPY" "$LADDER" --bench "${BENCH[@]}" --device "$DEVICE" --out "$OUT/bench_native_$i.json"
   step "bench_rgpu_$i" 40 "$TPY" -m rgpu intercept run -- "$TPY" "$LADDER" --bench "${BENCH[@]}" --device "$DEVICE" \
@@ -86,7 +89,7 @@ done
 kill "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null
 stamp summary
 (cd /tmp && python3 "$LADDER" compare "$OUT/ladder_native.json" "$OUT/ladder_rgpu.json" --stderr "$OUT"/rgpu_run*.err \
-  --bench-native "$OUT"/bench_native_*.json --bench-rgpu "$OUT"/bench_rgpu_*.json --out "$OUT/cuda_libs.json") \
+  --bench-native "$OUT"/bench_native_*.json --bench-rgpu "$OUT"/bench_rgpu_*.json --native-again "$OUT/ladder_native_again.json" --out "$OUT/cuda_libs.json") \
   >"$OUT/compare.txt" 2>&1
 python3 - "$OUT" <<'EOF' | tee "$OUT/summary.txt"
 import json, pathlib, sys

@@ -159,19 +159,26 @@ def test_the_command_compares_files_assigns_refused_calls_to_rungs_and_times_the
     for i, (n, r) in enumerate(((10.0, 20.0), (12.0, 30.0))):
         (tmp_path / f"bn{i}.json").write_text(json.dumps({"median_ms": n, "spread_ms": [n - 1, n + 1]}))
         (tmp_path / f"br{i}.json").write_text(json.dumps({"median_ms": r, "spread_ms": [r - 2, r + 2], "round_trips_per_step": 1}))
+    (tmp_path / "r2.err").write_text("rgpu: cublasLtMatmul (libcublasLt) is not supported over rgpu yet\n")   # a fresh process
+    (tmp_path / "n2.json").write_text(json.dumps(run_of({"R4": {"ok": True, "results": {"x": entry("d" * 64)}}})))
     t = str(tmp_path)
-    assert cuda_ladder.main(["compare", f"{t}/n.json", f"{t}/r.json", "--stderr", f"{t}/r1.err", f"{t}/gone.err",
+    assert cuda_ladder.main(["compare", f"{t}/n.json", f"{t}/r.json", "--stderr", f"{t}/r1.err", f"{t}/r2.err", f"{t}/gone.err",
+                             "--native-again", f"{t}/n2.json",
                              "--bench-native", f"{t}/bn0.json", f"{t}/bn1.json",
                              "--bench-rgpu", f"{t}/br0.json", f"{t}/br1.json", "--out", f"{t}/s.json"]) == 0
     s = json.loads((tmp_path / "s.json").read_text())
     assert s["rungs"]["R4"]["bitwise_equal"] is True and s["rungs"]["R5"]["rgpu_ok"] == "not run"
     assert s["rungs"]["R5"]["not_supported"] == ["rgpu: cudnnBackendExecute (libcudnn) is not supported over rgpu yet"]
     assert s["rungs"]["R4"]["not_supported"] == [] and s["all_equal"] is False
+    assert s["not_supported_at_start"] == ["rgpu: cublasLtMatmul (libcublasLt) is not supported over rgpu yet"]
+    assert s["rungs"]["R4"]["native_repeats"] is False and s["rungs"]["R4"]["native_unstable"] == ["x"]
+    assert s["rungs"]["R5"]["native_repeats"] is None
     b = s["bench"]
     assert b["ratio"] == pytest.approx(2.25) and b["ratio_spread"] == [2.0, 2.5]
     assert b["native"]["median_ms"] == 11.0 and b["rgpu"]["spread_ms"] == [18.0, 32.0]
     table = capsys.readouterr().out
     assert "R4" in table and "equal" in table and "cudnnBackendExecute" in table and "rgpu/native 2.25" in table
+    assert "native differs from itself on: x" in table
     assert cuda_ladder.compare(f"{t}/absent.json", f"{t}/r.json")["unreadable"]
 
 
