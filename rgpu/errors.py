@@ -6,7 +6,9 @@
     ├── VersionMismatch           the two ends speak different rgpu protocol versions
     ├── ProtocolError             a frame broke the wire format (names the field); that connection closes
     ├── ConnectionLost            an established connection dropped (peer died, socket reset)
-    │   └── SessionLost           the server ended the session (worker crash, fatal device error)
+    │   └── SessionLost           the server ended the session (worker crash, fatal device error), or a
+    │                             dropped tcp connection could not resume it (its grace passed, the replay
+    │                             bound was crossed, the server refused the resume): the message says which
     ├── Timeout                   no answer within the configured time
     ├── RemoteError               the server ran the call and it failed (names the op and the message)
     ├── ConfigError               a setting or flag has a value rgpu cannot use
@@ -51,7 +53,8 @@ class ConnectionLost(RgpuError):
 
 
 class SessionLost(ConnectionLost):
-    """The server ended this session (its worker died or hit a fatal device error)."""
+    """The session is gone: the server ended it (its worker died or hit a fatal device error), or a dropped
+    connection could not be resumed (``RGPU_SESSION_GRACE`` passed, ``RGPU_REPLAY_BYTES`` crossed)."""
 
 
 class Timeout(RgpuError):

@@ -12,6 +12,7 @@ import ipaddress
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -43,6 +44,8 @@ class Worker:
     control: socket.socket
     started: float
     ready: bool = False       # warm: it said so on its control socket (warmup.py)
+    resume_id: str | None = None   # its session's, while a dropped connection may resume it (control kept open)
+    session: str = ""
 
 
 def is_loopback(host: str) -> bool:
@@ -83,6 +86,7 @@ class Server:
         self.spares: list[Worker] = []
         self.room = warmup.WaitingRoom()   # authenticated connections waiting for a warm worker
         self.device: str | None = None     # what the ops run on, once a warm worker said
+        self.resumable: dict[str, Worker] = {}   # resume id -> the worker of that session (RGPU_SESSION_GRACE)
         self._stop = threading.Event()
 
     # ---- workers -------------------------------------------------------------------
@@ -137,6 +141,9 @@ class Server:
             code = w.proc.poll()
             if code is not None:
                 self.sessions.remove(w)
+                if w.resume_id is not None:
+                    self.resumable.pop(w.resume_id, None)
+                    w.control.close()
                 if code not in (0, None):
                     log.warning("a session's worker (pid %d) ended with status %d", w.proc.pid, code)
         for w in list(self.spares):
@@ -157,10 +164,17 @@ class Server:
                 h = admitted.hello
                 details["hello"] = {"route": h.route, "session": h.session, "versions": h.versions,
                                     "transports": h.transports, "options": h.options}
+        # a session outlives its connection for the grace (plain tcp: over TLS the worker's TLS state
+        # cannot take a new connection, and the gate cannot read the HELLO that names the session)
+        resume_id = secrets.token_urlsafe(24) if self.settings.session_grace > 0 and not self.tls else None
+        if resume_id is not None:
+            details["resume"] = {"id": resume_id, "grace_s": self.settings.session_grace,
+                                 "replay_bytes": self.settings.replay_bytes}
         try:
             for _ in range(3):  # a spare that died (a failed preload, say) gets the next one its connection
                 self._fill_spares(1)
                 worker = self._take_spare()
+                kept = False
                 try:
                     socket.send_fds(worker.control, [msgpack.packb(details)], [sock.fileno()])
                 except OSError as exc:
@@ -168,12 +182,37 @@ class Server:
                     worker.proc.kill()
                 else:
                     self.sessions.append(worker)
+                    if resume_id is not None:   # its control socket stays open: resumed connections go there
+                        worker.resume_id, kept = resume_id, True
+                        worker.session = admitted.hello.session if admitted and admitted.hello else ""
+                        self.resumable[resume_id] = worker
                     break
                 finally:
-                    worker.control.close()
+                    if not kept:
+                        worker.control.close()
         finally:
             sock.close()
         self._fill_spares()
+
+    def _resume(self, admitted: Admitted) -> None:
+        """An authenticated connection that asks to resume a session: to that session's worker, or refused."""
+        h = admitted.hello
+        rid, received = h.options.get("resume"), h.options.get("received")
+        worker = self.resumable.get(rid) if isinstance(rid, str) else None
+        why = "no session to resume under that id: it ended, its grace passed, or the id is wrong"
+        if worker is not None and (worker.proc.poll() is not None or worker.session != h.session):
+            worker = None
+        if worker is not None and isinstance(received, int):
+            details = {"resume": rid, "received": received, "peer": str(admitted.peer)}
+            try:
+                socket.send_fds(worker.control, [msgpack.packb(details)], [admitted.sock.fileno()])
+                admitted.sock.close()
+                return
+            except OSError as exc:   # the worker ended meanwhile, or no longer takes one (shm, ucx)
+                why = f"the session's worker no longer takes a connection ({exc})"
+        log.debug("refused to resume a session for %s: %s", admitted.peer, why)
+        handshake.refuse(TcpTransport(admitted.sock), "resume", why)
+        admitted.sock.close()
 
     # ---- the loop ------------------------------------------------------------------
 
@@ -229,7 +268,10 @@ class Server:
                 self._poll_spares()
                 for admitted in ready:
                     tcp.tune(admitted.sock)
-                    self.room.add(admitted)
+                    if admitted.hello is not None and admitted.hello.options.get("resume") is not None:
+                        self._resume(admitted)   # its worker waits for it: no room, no spare
+                    else:
+                        self.room.add(admitted)
                 if self.room:
                     self._fill_spares(1)
                 for admitted in self.room.leaving(sum(w.ready for w in self.spares)):
@@ -248,8 +290,8 @@ class Server:
 
     def shutdown(self) -> None:
         self.listener.close()
-        for w in self.spares:
-            w.control.close()  # a spare reads EOF and exits
+        for w in self.spares + [w for w in self.sessions if w.resume_id is not None]:
+            w.control.close()  # a spare reads EOF and exits; a session waiting to resume, likewise
         for w in self.sessions + self.spares:
             try:
                 w.proc.terminate()

@@ -13,6 +13,7 @@ import json
 import logging
 import socket
 import sys
+import threading
 import traceback
 
 import msgpack
@@ -21,6 +22,7 @@ from rgpu import config
 from rgpu.errors import ConnectionLost, ProtocolError, RgpuError, VersionMismatch
 from rgpu.transport import handshake, negotiate, tls
 from rgpu.transport.buffers import BufferPool, as_bytes_view
+from rgpu.transport.resume_server import ResumableEnd
 from rgpu.transport.shm_native import SERVE_RAISED, SERVE_REPLY
 from rgpu.transport.tcp import TcpTransport
 from rgpu.transport.wire import Limits, MsgKind
@@ -37,8 +39,11 @@ def error_meta(exc: BaseException, seq: int) -> dict:
     return {"seq": seq, "op": op, "type": type(exc).__name__, "message": str(exc) or type(exc).__name__}
 
 
-def serve_session(transport, session: Session, transports: list) -> None:
-    """Run one session to its end; never raises for what the client sent."""
+def serve_session(transport, session: Session, transports: list, resume: dict | None = None,
+                  control: socket.socket | None = None) -> None:
+    """Run one session to its end; never raises for what the client sent. ``resume`` (the acceptor's offer)
+    and ``control`` (its socket, where resumed connections arrive): the session outlives a dropped tcp
+    connection for the grace (``transport/resume_server.py``)."""
     limits = Limits.from_settings(session.settings)
     pool = BufferPool()
     try:
@@ -49,11 +54,16 @@ def serve_session(transport, session: Session, transports: list) -> None:
         return
     stop = StopSignal().install()   # SIGTERM (rgpu serve stops): the op running finishes, then a BYE says why
     try:
-        handshake.welcome(transport, session.id, transports, executor.welcome())
+        extra = {"resume": {"id": resume["id"], "grace_s": resume["grace_s"]}} if resume and control else {}
+        handshake.welcome(transport, session.id, transports, executor.welcome(), **extra)
         if negotiate.expects_upgrade(transports):  # the client switches to shm / ucx or stays on tcp
             transport = negotiate.server_upgrade(transport, transports, session.settings)
         if transport.name == "tcp":   # waiting for the next op: poll before sleeping (RGPU_TCP_SPIN_US)
             transport.spin_reads(session.settings.tcp_spin_us, session.settings.shm_c)
+            if extra:
+                transport = _resumable(transport, session, resume, control)
+        if control is not None and not isinstance(transport, ResumableEnd):
+            control.close()           # shm, ucx: a dropped peer ends the session, as it always has
         with _serving(executor):
             _loop(transport, executor, session, limits, pool, stop)
     except Stopping:
@@ -71,6 +81,27 @@ def serve_session(transport, session: Session, transports: list) -> None:
             executor.close()
         finally:
             transport.close()
+
+
+def _resumable(transport, session: Session, resume: dict, control: socket.socket) -> ResumableEnd:
+    """The session's tcp end, kept through a drop for the grace; a thread takes resumed connections."""
+    end = ResumableEnd(transport, session.id, resume["id"], float(resume["grace_s"]),
+                       int(resume["replay_bytes"]), session.settings)
+
+    def watch() -> None:
+        while True:
+            try:
+                got = receive_session(control)
+            except (OSError, ValueError):
+                got = None
+            if got is None:           # the acceptor closed it (it stops): no resume can come any more
+                end.resumed.put((None, None))
+                return
+            end.interrupt()           # the client left the connection we hold: a read blocked on it wakes
+            end.resumed.put(got)
+
+    threading.Thread(target=watch, name="rgpu-resume", daemon=True).start()
+    return end
 
 
 def _serving(executor):
@@ -166,8 +197,9 @@ def receive_session(control: socket.socket):
     return sock, details
 
 
-def run_session(sock: socket.socket, d: dict) -> None:
-    """Authenticate the connection handed over by the acceptor, then serve it."""
+def run_session(sock: socket.socket, d: dict, control: socket.socket | None = None) -> None:
+    """Authenticate the connection handed over by the acceptor, then serve it (``control``: where resumed
+    connections arrive, when the acceptor offered a resume)."""
     s = config.settings(**d.get("overrides", {}))
     logging.basicConfig(level=logging.DEBUG if s.debug else logging.WARNING, format="rgpu worker: %(message)s")
     if d.get("hello") is not None:  # the acceptor authenticated it (server/gate.py); WELCOME is ours to send
@@ -176,7 +208,7 @@ def run_session(sock: socket.socket, d: dict) -> None:
                                 transports=h["transports"], options=h["options"])
         serve_session(TcpTransport(sock), Session(id=hello.session, route=hello.route, settings=s,
                                                   options=hello.options, peer_versions=hello.versions),
-                      negotiate.server_offer(hello.transports, s))
+                      negotiate.server_offer(hello.transports, s), d.get("resume"), control)
         return
     sock.settimeout(d.get("deadline_s", s.connect_timeout))  # a client that stalls in the handshake is dropped
     try:
@@ -246,6 +278,9 @@ def main(argv=None) -> int:
     except OSError:
         return 0
     got = receive_session(control)
+    if got is not None and got[1].get("resume"):
+        run_session(*got, control)    # the control socket stays: resumed connections come through it
+        return 0
     control.close()
     if got is not None:
         run_session(*got)

@@ -49,6 +49,8 @@ SAMPLES = {
     "RGPU_MAX_UNAUTH": ("100", 100),
     "RGPU_MAX_UNAUTH_PER_SOURCE": ("8", 8),
     "RGPU_MAX_SESSION_BYTES": ("1G", 1 << 30),
+    "RGPU_SESSION_GRACE": ("120", 120.0),
+    "RGPU_REPLAY_BYTES": ("16M", 16 << 20),
     "RGPU_DEBUG": ("on", True),
 }
 

@@ -10,6 +10,7 @@ from rgpu.errors import ConnectionLost, Timeout
 
 from . import handshake, local_server, negotiate, tcp, tls, tokens
 from .connection import Connection
+from .resume import ResumingTransport
 from .tcp import TcpTransport
 from .wire import Limits
 
@@ -62,11 +63,35 @@ def connect(route: str, *, settings=None, server: str | None = None, token: str 
     if transport.name == "tcp":
         sock.settimeout(None)
         transport.spin_reads(s.tcp_spin_us, s.shm_c)
+        offer = welcome.get("resume")
+        if isinstance(offer, dict) and not use_tls:   # the server keeps the session through a drop (its grace)
+            transport = ResumingTransport(transport, offer, _dialer(host, port, secret, hello, limits, s), s, where)
     if s.sim_rtt_ms > 0:  # RGPU_SIM_RTT_MS: a delay line for tests and benchmarks, after the handshake
         from .delay import DelayTransport
 
         transport = DelayTransport(transport, s.sim_rtt_ms / 1000.0)
     return Connection(transport, s, welcome, limits)
+
+
+def _dialer(host: str, port: int, secret: bytes, hello: handshake.Hello, limits: Limits, s):
+    """How a resuming transport reconnects: ``dial(options, timeout)`` -> (tcp transport, WELCOME), the
+    session's HELLO again (a new nonce, the token proved again) with ``options`` saying what to resume."""
+
+    def dial(options: dict, timeout: float):
+        sock = tcp.connect(host, port, timeout)
+        t = TcpTransport(sock)
+        again = handshake.Hello(route=hello.route, session=hello.session, versions=hello.versions, transports=[],
+                                options={**hello.options, **options})
+        try:
+            welcome = handshake.client_handshake(t, secret, again, limits, _Waiting(f"{host}:{port}", sock))
+        except BaseException:
+            t.close()
+            raise
+        sock.settimeout(None)
+        t.spin_reads(s.tcp_spin_us, s.shm_c)
+        return t, welcome
+
+    return dial
 
 
 class _Waiting:

@@ -93,6 +93,8 @@ class Connection(LoneCalls, Receiving):
         lone_call = None if self._batch_s is not None else getattr(transport, "lone_call", None)
         self._lone = self._call_alone if lone_call is None else lone_call(self)
         transport.on_block = self._drain_while_blocked
+        if hasattr(transport, "on_acks"):         # a resuming transport (resume.py) reads acknowledgements
+            transport.on_acks = self._read_acks
 
     @property
     def transport_name(self) -> str:

@@ -121,6 +121,19 @@ class Receiving:
             self._end_read()
         return True
 
+    def _read_acks(self) -> None:
+        """A resuming transport's ``on_acks``: its replay log fills; read what has arrived (the server's
+        acknowledgements, replies due), never waiting, unless another thread reads already."""
+        with self._rcv_lock:
+            if self._reading:
+                return
+            self._reading = True
+        try:
+            while self.transport_readable(0):
+                self._dispatch(self.transport.recv_frame(self.limits, self.pool, self._into_for))
+        finally:
+            self._end_read()
+
     def _wait(self, fut: Future, timeout: float | None) -> None:
         if timeout is None and self._request_timeout > 0:
             timeout = self._request_timeout
@@ -177,6 +190,8 @@ class Receiving:
             fut = self._pending.pop(frame.seq, None)
             if fut is None:
                 frame.release()
+                if frame.seq == 0:                # an acknowledgement (transport/resume.py read its ack)
+                    return
                 if frame.kind == MsgKind.ERROR:   # a post failed: raise at the next wait
                     if self._async_error is None:
                         self._async_error = (frame.seq, _remote_error(frame.meta))

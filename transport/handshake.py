@@ -8,7 +8,10 @@
     PROOF {proof=H("client"|sn|cn|session)} ->
                                              checks it (constant time); nothing runs before this
                                           <- WAIT {message, waited_s, every_s}  every few s while no worker is warm
-                                          <- WELCOME {session, transports, info}  or REFUSED {code, message}
+                                          <- WELCOME {session, transports, info, resume?}  or REFUSED {code, message}
+
+A HELLO whose options carry ``resume`` (an id a WELCOME gave) and ``received`` resumes that session on
+this connection (``transport/resume.py``): WELCOME then says ``resumed: {applied}``, or REFUSED ``resume``.
 
 A client that finds the server's proof wrong says so (REFUSED auth) before it hangs up, so the
 server's log reads "wrong token" rather than a closed connection.
@@ -25,7 +28,8 @@ import socket
 from dataclasses import dataclass, field
 
 from rgpu.errors import (
-    AuthenticationError, ConfigError, ConnectError, ProtocolError, RemoteError, RgpuError, VersionMismatch,
+    AuthenticationError, ConfigError, ConnectError, ProtocolError, RemoteError, RgpuError, SessionLost,
+    VersionMismatch,
 )
 
 from .base import Transport
@@ -90,6 +94,8 @@ def _recv(t: Transport, limits: Limits, expected: MsgKind, on_wait=None):
             raise ConnectError(f"the server is busy: {message}")
         if code == "route":
             raise RemoteError(message, op="route", remote_type="refused")
+        if code == "resume":
+            raise SessionLost(f"the server would not resume the session: {message}")
         if code == "tls":
             raise ConfigError(f"the server refused the session: {message}")
         raise RgpuError(f"the server refused the session: {message}")
@@ -174,6 +180,8 @@ def server_proof(t: Transport, token: bytes, limits: Limits, routes: set[str], h
     return hello
 
 
-def welcome(t: Transport, session: str, transports: list, info: dict) -> None:
+def welcome(t: Transport, session: str, transports: list, info: dict, **extra) -> None:
+    """``extra``: ``resume`` (the id and grace a client may resume this session by) or ``resumed`` (the
+    seq the server applied last, on a resumed connection; ``transport/resume.py``)."""
     _send(t, MsgKind.WELCOME, {"session": session, "transports": transports, "info": info,
-                               "host": socket.gethostname()})
+                               "host": socket.gethostname(), **extra})

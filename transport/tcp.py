@@ -18,10 +18,11 @@ TLS_JOIN_BYTES = 64 << 10  # TLS: parts smaller than this are joined into one wr
 
 
 def tune(sock: socket.socket) -> None:
-    """Low latency (no Nagle) and a dead peer noticed by keepalive within about a minute."""
+    """Low latency (no Nagle) and a dead peer noticed within about a minute: by keepalive while the link is
+    quiet, by TCP_USER_TIMEOUT while sent bytes go unacknowledged (keepalive sends no probe then)."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for opt, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3)):
+    for opt, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3), ("TCP_USER_TIMEOUT", 60_000)):
         if hasattr(socket, opt):
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
 

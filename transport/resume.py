@@ -1,0 +1,312 @@
+"""Sessions that outlive a dropped tcp connection: the client's end (reconnect, re-authenticate, resume, replay).
+
+``ResumingTransport`` wraps the session's ``TcpTransport`` when the server's WELCOME offers a resume
+id (``RGPU_SESSION_GRACE`` > 0 on the server, plain tcp). The connection above it never sees a drop:
+
+- every frame sent is kept, copied, until the server acknowledges it (the ``ack`` field of its
+  replies, or a REPLY of seq 0 the server sends every so often during a stretch of posts), at most
+  ``RGPU_REPLAY_BYTES``; past it the oldest go, and a later drop the server had not acknowledged
+  them by ends the session;
+- a send or a read that fails reconnects with backoff, authenticates again (the handshake's HMAC),
+  resumes by the id with the seq of the last answer it read, and writes again every kept frame past
+  the seq the server says it applied; the server re-sends the answers past ours;
+- when that cannot be done (the grace passed, the id refused, the replay bound crossed) the
+  failure is ``SessionLost`` naming why, raised out of the send or read, so the next wait raises it.
+
+Frames are ``frame_parts``' shape: a prefix part (header, lengths, metadata), then one part per buffer.
+The server's end is ``resume_server.py``.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Callable, Sequence
+
+from rgpu.errors import AuthenticationError, ConnectionLost, ProtocolError, RgpuError, SessionLost
+
+from .base import Transport
+from .wire import HEADER, MsgKind
+
+_REPLY, _ERROR, _BYE = MsgKind.REPLY, MsgKind.ERROR, MsgKind.BYE
+_HEAD = HEADER
+BACKOFF_S = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0)   # between reconnection attempts; the last repeats
+
+
+class ReplayLog:
+    """Sent frames kept until acknowledged: (seq, parts, nbytes), oldest first; ``gap`` the newest seq let go
+    unacknowledged because the log was over its bound."""
+
+    def __init__(self, bound: int):
+        self.bound, self.frames, self.nbytes, self.gap = bound, deque(), 0, 0
+        self.lock = threading.Lock()
+
+    def add(self, parts: Sequence) -> bool:
+        """Keep the frames in ``parts`` (copied); True when one is a BYE."""
+        bye, i, n = False, 0, len(parts)
+        while i < n:
+            prefix = parts[i]
+            _, _, kind, _, seq, _, _, nbufs = _HEAD.unpack_from(prefix)
+            frame = [prefix if type(prefix) is bytes else bytes(prefix)]
+            size = len(prefix)
+            for p in parts[i + 1:i + 1 + nbufs]:
+                frame.append(p if type(p) is bytes else bytes(p))   # the caller may change its memory
+                size += len(frame[-1])
+            i += 1 + nbufs
+            bye = bye or kind == _BYE
+            with self.lock:
+                self.frames.append((seq, frame, size))
+                self.nbytes += size
+        return bye
+
+    def over(self) -> bool:
+        return self.nbytes > self.bound
+
+    def trim(self, ack: int) -> None:
+        """Forget the frames the server has acknowledged (seq up to ``ack``)."""
+        with self.lock:
+            frames = self.frames
+            while frames and frames[0][0] <= ack:
+                self.nbytes -= frames.popleft()[2]
+
+    def shed(self) -> None:
+        """Over the bound: the oldest frames go (a drop before the server acknowledges them ends the session)."""
+        with self.lock:
+            while self.frames and self.nbytes > self.bound:
+                seq, _, size = self.frames.popleft()
+                self.nbytes -= size
+                self.gap = max(self.gap, seq)
+
+    def after(self, applied: int) -> list:
+        """Every kept frame's parts past ``applied``, in order."""
+        self.trim(applied)
+        with self.lock:
+            return [p for _, parts, _ in self.frames for p in parts]
+
+
+class ResumingTransport(Transport):
+    """A tcp transport that reconnects and resumes its session when the connection drops (see the module)."""
+    name = "tcp"
+
+    def __init__(self, inner, offer: dict, dial: Callable[[dict, float], tuple], settings, where: str):
+        self._inner = inner
+        self._id = str(offer["id"])
+        self.grace_s = float(offer.get("grace_s") or settings.session_grace)
+        self.log = ReplayLog(settings.replay_bytes)
+        self._dial, self._where, self._settings = dial, where, settings
+        self.received = 0                     # the seq of the last answer (REPLY or ERROR) read
+        self._gen = 0                         # connections so far: a failure on an older one is handled
+        self._wlock = threading.RLock()       # held from a frame's keeping to its write
+        self._rlock = threading.Lock()        # held by the thread that resumes
+        self._writer: int | None = None       # the thread in send (its reads never resume: its send does)
+        self._stash: deque = deque()          # frames read while the replay was being written
+        self._lost: RgpuError | None = None   # why the session cannot go on (SessionLost, a server's BYE)
+        self._in_recv = 0                     # threads reading the connection
+        self._closed = False
+        self._into = None
+        self.on_acks: Callable[[], None] | None = None   # Connection's: read what is readable, not waiting
+        self.resumes = 0
+        self.post_batch_s = getattr(inner, "post_batch_s", None)
+
+    @property
+    def tls(self) -> bool:
+        return False
+
+    @property
+    def spin_s(self) -> float:
+        return self._inner.spin_s
+
+    @property
+    def sock(self):
+        return self._inner.sock
+
+    def spin_reads(self, spin_us, use_c: bool = True) -> None:
+        self._inner.spin_reads(spin_us, use_c)
+
+    # ---- the contract --------------------------------------------------------------
+
+    def send(self, parts: Sequence) -> None:
+        if self._lost is not None:
+            raise self._lost
+        with self._wlock:
+            gen, me = self._gen, threading.get_ident()
+            outer, self._writer = self._writer, me
+            try:
+                bye = self.log.add(parts)
+                if self.log.nbytes > self.log.bound // 2 and self.on_acks is not None and outer is None:
+                    self.on_acks()            # the server's acknowledgements, read before the log sheds
+                if self.log.over():
+                    self.log.shed()
+                self._inner.on_block = self.on_block
+                self._inner.send(parts)
+                return
+            except SessionLost:
+                raise
+            except ConnectionLost as exc:
+                if bye or self._closed or self._lost is not None:
+                    raise
+                lost = exc
+            finally:
+                self._writer = outer
+        if outer == me:
+            raise lost                        # a read inside our own send (on_block): the outer send resumes
+        self._resume(gen, lost)               # replays what we kept, these frames among them
+
+    def recv_frame(self, limits, pool, into=None):
+        self._into = into
+        while True:
+            if self._stash:
+                return self._stash.popleft()
+            if self._lost is not None:
+                raise self._lost
+            gen = self._gen
+            self._in_recv += 1
+            try:
+                frame = self._inner.recv_frame(limits, pool, into)
+            except SessionLost:
+                raise
+            except ConnectionLost as exc:
+                if self._closed or self._writer == threading.get_ident():
+                    raise
+                self._in_recv -= 1
+                try:
+                    self._resume(gen, exc)
+                finally:
+                    self._in_recv += 1
+                continue
+            finally:
+                self._in_recv -= 1
+            self._note(frame)
+            return frame
+
+    def _note(self, frame) -> None:
+        if frame.ack:
+            self.log.trim(frame.ack)
+        kind = frame.kind
+        if (kind is _REPLY or kind is _ERROR) and frame.seq > self.received:
+            self.received = frame.seq
+
+    def readable(self, timeout: float) -> bool:
+        return bool(self._stash) or self._lost is not None or self._inner.readable(timeout)
+
+    def close(self) -> None:
+        self._closed = True
+        self._inner.close()
+
+    def abort(self) -> None:
+        self._closed = True
+        self._inner.abort()
+
+    # ---- resuming ------------------------------------------------------------------
+
+    def _resume(self, gen: int, why: ConnectionLost) -> None:
+        """The connection of generation ``gen`` dropped: resume on a new one (or raise ``SessionLost``)."""
+        with self._rlock:
+            if self._gen != gen:
+                return                        # another thread resumed already
+            if self._lost is not None:
+                raise self._lost
+            if self._closed:
+                raise why
+            if not self._in_recv:             # no reader would see it: a BYE the server sent before it hung up
+                self._look_for_bye()
+            self._inner.abort()               # a writer blocked on the old socket lets go of the write lock
+            with self._wlock:
+                try:
+                    self._inner = self._reconnect(why)
+                except SessionLost as exc:
+                    self._lost = exc
+                    raise
+                self._gen += 1
+                self.resumes += 1
+
+    def _look_for_bye(self) -> None:
+        """What the old connection still holds: replies (kept for the readers), or a BYE, which ends the
+        session with its reason (a frame over the server's limit, the server stopping) instead of a resume."""
+        from .buffers import BufferPool
+
+        try:
+            for _ in range(64):
+                if not self._inner.readable(0):
+                    return
+                frame = self._inner.recv_frame(self._limits(), BufferPool(), self._into)
+                if frame.kind is _BYE:
+                    meta = frame.meta if isinstance(frame.meta, dict) else {}
+                    reason = meta.get("reason") or "no reason given"
+                    self._lost = (ProtocolError(f"the server closed the session: {reason}")
+                                  if meta.get("error") == "ProtocolError"
+                                  else SessionLost(f"the server ended the session: {reason}"))
+                    raise self._lost
+                self._note(frame)
+                self._stash.append(frame)
+        except RgpuError as exc:
+            if exc is self._lost:
+                raise
+
+    def _reconnect(self, why: ConnectionLost):
+        deadline = time.monotonic() + self.grace_s
+        attempt, last = 0, why
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise SessionLost(f"the connection to {self._where} dropped ({why}) and the session could not be "
+                                  f"resumed within its grace of {self.grace_s:g} s (RGPU_SESSION_GRACE): {last}")
+            try:
+                t, welcome = self._dial({"resume": self._id, "received": self.received},
+                                        min(left, self._settings.connect_timeout))
+            except SessionLost:
+                raise
+            except AuthenticationError as exc:
+                raise SessionLost(f"the session could not be resumed: {exc}") from None
+            except RgpuError as exc:
+                last = exc
+            else:
+                try:
+                    return self._replay(t, welcome)
+                except SessionLost:
+                    t.abort()
+                    raise
+                except ConnectionLost as exc:
+                    t.abort()
+                    last = exc
+            time.sleep(min(BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)], max(0.0, deadline - time.monotonic())))
+            attempt += 1
+
+    def _replay(self, t, welcome: dict):
+        """On the resumed connection ``t``: write again what the server had not applied."""
+        resumed = welcome.get("resumed") if isinstance(welcome.get("resumed"), dict) else {}
+        applied = resumed.get("applied")
+        if not isinstance(applied, int):
+            raise SessionLost(f"the server at {self._where} did not resume the session (it answered {welcome!r})")
+        if self.log.gap > applied:
+            self._bye(t, "the client could not replay what the server had not applied")
+            raise SessionLost(f"the session could not be resumed: frames up to seq {self.log.gap} that the server had "
+                              f"not acknowledged were past the replay bound of {self.log.bound} bytes "
+                              "(RGPU_REPLAY_BYTES) and are gone")
+        parts = self.log.after(applied)
+        t.on_block = lambda: self._stash_from(t)   # answers the server re-sends meanwhile are read, kept
+        if parts:
+            t.send(parts)
+        t.on_block = self.on_block
+        return t
+
+    def _stash_from(self, t) -> bool:
+        from .buffers import BufferPool
+
+        if t.readable(0):
+            frame = t.recv_frame(self._limits(), BufferPool(), self._into)
+            self._note(frame)
+            self._stash.append(frame)
+        return True
+
+    def _limits(self):
+        from .wire import Limits
+
+        return Limits.from_settings(self._settings)
+
+    @staticmethod
+    def _bye(t, reason: str) -> None:
+        try:
+            t.send(t.frame_parts(_BYE, 0, 0, {"reason": reason}, []))
+        except RgpuError:
+            pass

@@ -1,0 +1,171 @@
+"""Sessions that outlive a dropped tcp connection: the server's end (each seq applied once, answers re-sent).
+
+``ResumableEnd`` wraps a worker's ``TcpTransport`` when its session was offered a resume id. When the
+connection drops, the read or write that met it waits up to the grace for the acceptor to hand over a
+resumed connection (authenticated again, the id checked: ``server/serve.py``), instead of ending:
+
+- a frame whose seq it has had already (the client's replay overlaps) is skipped: each seq is applied
+  at most once; ``done`` is the last seq handed to the executor;
+- answers (REPLY, ERROR) are kept, copied, the most recent ones up to ``RGPU_REPLAY_BYTES``; a resumed
+  client says the seq of the last answer it read and gets the later ones again, in order;
+- the client's kept frames are acknowledged in every reply's ``ack`` and, during a stretch of posts, by
+  a REPLY of seq 0 every ``ACK_EVERY`` frames or an eighth of the replay bound's bytes.
+
+Past the grace the wait raises ``ConnectionLost`` and the session ends as before: everything freed.
+"""
+from __future__ import annotations
+
+import hmac
+import queue
+import socket
+import time
+from collections import deque
+from typing import Sequence
+
+from rgpu.errors import ConnectionLost, RgpuError
+
+from . import handshake
+from .base import Transport
+from .tcp import TcpTransport
+from .wire import HEADER, MsgKind
+
+_REPLY, _ERROR = MsgKind.REPLY, MsgKind.ERROR
+ACK_EVERY = 256          # posts between two acknowledgements when no request answers them
+ANSWERS_KEPT = 1024      # most answers kept for a resumed client, whatever their size
+
+
+class ResumableEnd(Transport):
+    """The worker's side of a resumable session; ``resumed`` is a queue of (socket, details) from the acceptor."""
+    name = "tcp"
+    serve = None
+
+    def __init__(self, inner: TcpTransport, session_id: str, resume_id: str, grace_s: float, bound: int, settings):
+        self._inner = inner
+        self.session_id, self._id, self.grace_s, self.bound = session_id, resume_id, grace_s, bound
+        self.settings = settings
+        self.resumed: queue.Queue = queue.Queue()
+        self.done = 0                 # the last seq handed on (applied, or failed with an ERROR)
+        self.answers: deque = deque() # (seq, parts, nbytes), oldest first
+        self.kept = 0
+        self.lost_upto = 0            # the newest answer no longer kept
+        self._since_ack, self._bytes_since_ack = 0, 0
+        self._ack_bytes = max(1, bound // 8)
+        self.resumes = 0
+
+    @property
+    def spin_s(self) -> float:
+        return self._inner.spin_s
+
+    def spin_reads(self, spin_us, use_c: bool = True) -> None:
+        self._inner.spin_reads(spin_us, use_c)
+
+    def readable(self, timeout: float) -> bool:
+        return self._inner.readable(timeout)
+
+    def recv_frame(self, limits, pool, into=None):
+        while True:
+            try:
+                frame = self._inner.recv_frame(limits, pool, into)
+            except ConnectionLost as exc:
+                self._await_resume(exc)
+                continue
+            seq = frame.seq
+            if seq and seq <= self.done:
+                frame.release()           # replayed, and had already: applied once
+                continue
+            self._since_ack += 1
+            if frame.buffers:
+                self._bytes_since_ack += sum([b.nbytes for b in frame.buffers])
+            if (self._since_ack >= ACK_EVERY or self._bytes_since_ack >= self._ack_bytes) and frame.kind != MsgKind.REQUEST:
+                self._ack(seq)
+            if seq:
+                self.done = seq
+            return frame
+
+    def _ack(self, seq: int) -> None:
+        self._since_ack = self._bytes_since_ack = 0
+        self.send(self._inner.frame_parts(_REPLY, 0, seq, None, []))
+
+    def send(self, parts: Sequence) -> None:
+        _, _, kind, _, seq, _, _, _ = HEADER.unpack_from(parts[0])
+        if (kind == _REPLY or kind == _ERROR) and seq:
+            self._keep(seq, parts)
+            self._since_ack = self._bytes_since_ack = 0
+        try:
+            self._inner.send(parts)
+        except ConnectionLost as exc:
+            self._await_resume(exc)           # re-sends the kept answers, this one among them
+
+    def _keep(self, seq: int, parts: Sequence) -> None:
+        copy = [p if type(p) is bytes else bytes(p) for p in parts]
+        size = sum([len(p) for p in copy])
+        if size > self.bound:
+            self.lost_upto = seq
+            return
+        self.answers.append((seq, copy, size))
+        self.kept += size
+        while self.kept > self.bound or len(self.answers) > ANSWERS_KEPT:
+            old, _, n = self.answers.popleft()
+            self.kept -= n
+            self.lost_upto = old
+
+    def interrupt(self) -> None:
+        """A resumed connection arrived: the current one is dead to the client (wake a read blocked on it)."""
+        try:
+            self._inner.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def _await_resume(self, why: ConnectionLost) -> None:
+        if self.grace_s <= 0:
+            raise why
+        self._inner.close()
+        deadline = time.monotonic() + self.grace_s
+        while True:
+            try:
+                sock, details = self.resumed.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise ConnectionLost(f"the connection dropped ({why}) and the client did not resume the session "
+                                     f"within its grace of {self.grace_s:g} s") from None
+            if sock is None:              # the acceptor is gone: nobody can resume us
+                raise why
+            t = TcpTransport(sock)
+            refusal = self._refusal(details)
+            if refusal is not None:
+                handshake.refuse(t, "resume", refusal)
+                t.close()
+                if details.get("resume") == self._id:
+                    raise ConnectionLost(refusal)   # our client, and it cannot go on: the session ends
+                continue
+            try:
+                self._welcome(t, details["received"])
+            except RgpuError:
+                t.close()                 # dropped again at once: wait for the next try
+                continue
+            self._inner = t
+            self.resumes += 1
+            return
+
+    def _refusal(self, details: dict) -> str | None:
+        """Why the resumed connection cannot go on (a wrong id, answers it missed no longer kept), or None."""
+        rid, received = details.get("resume"), details.get("received")
+        if not isinstance(rid, str) or not hmac.compare_digest(rid.encode(), self._id.encode()):
+            return "no session to resume under that id"
+        if not isinstance(received, int) or received < self.lost_upto:
+            return (f"the answers after seq {received} were past the replay bound of {self.bound} bytes "
+                    "(RGPU_REPLAY_BYTES) and are gone")
+        return None
+
+    def _welcome(self, t: TcpTransport, received: int) -> None:
+        t.sock.settimeout(None)
+        handshake.welcome(t, self.session_id, [], {}, resumed={"applied": self.done})
+        again = [p for seq, parts, _ in self.answers if seq > received for p in parts]
+        if again:
+            t.send(again)
+        t.spin_reads(self.settings.tcp_spin_us, self.settings.shm_c)
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def abort(self) -> None:
+        self._inner.abort()
