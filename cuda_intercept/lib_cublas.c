@@ -83,6 +83,10 @@ static size_t rgpu_scale_width(int compute_type, int ctype) {
     case 68: case 69: case 74: case 75: case 77: case 78: w = 4; break;   /* COMPUTE_32F* */
     case 70: case 71: case 79: w = 8; break;                         /* COMPUTE_64F* */
     case 72: case 73: w = 4; break;                                  /* COMPUTE_32I(_PEDANTIC) */
+    /* CUDA 10's form, a cudaDataType_t, which the library still takes: R_32F/C_32F, R_64F/C_64F, R_16F, R_32I */
+    case 0: case 4: case 10: w = 4; break;
+    case 1: case 5: w = 8; break;
+    case 2: w = 2; break;
     default: return 0;
     }
     return rgpu_complex(ctype) ? 2 * w : w;

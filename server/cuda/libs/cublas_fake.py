@@ -31,7 +31,9 @@ DTYPES = {0: torch.float32, 1: torch.float64, 2: torch.float16, 14: torch.bfloat
 # cublasComputeType_t -> the real scale type (complex when C is)
 SCALES = {64: torch.float16, 65: torch.float16, 68: torch.float32, 69: torch.float32, 74: torch.float32,
           75: torch.float32, 77: torch.float32, 78: torch.float32, 70: torch.float64, 71: torch.float64,
-          79: torch.float64, 72: torch.int32, 73: torch.int32}
+          79: torch.float64, 72: torch.int32, 73: torch.int32,
+          # CUDA 10's form, a cudaDataType_t (the complex ones name their real part's width)
+          0: torch.float32, 4: torch.float32, 1: torch.float64, 5: torch.float64, 2: torch.float16, 10: torch.int32}
 _COMPLEX = {torch.float32: torch.complex64, torch.float64: torch.complex128}
 F32, F64 = torch.float32, torch.float64
 
