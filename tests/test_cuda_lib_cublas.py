@@ -197,6 +197,11 @@ def test_a_short_payload_an_unknown_handle_and_a_wrong_major_version_are_clear_e
     status, message = libs.run(BY_NAME["cublasCreate_v2"].id, 7, 0, memoryview(struct.pack("<i", 120900)),
                                answered=True)
     assert status == 1 and "major versions differ" in message
+    libs.run(BY_NAME["cublasCreate_v2"].id, 8, 0, memoryview(struct.pack("<i", 130100)), answered=True)
+    with pytest.raises(CudaDriverError, match="not inside one allocation"):   # a stray matrix pointer
+        libs.run(sgemm.id, 8, 0, memoryview(_sgemm_payload(sgemm, A=0x1234)), answered=False)
+    status, message = libs.run(sgemm.id, 8, 0, memoryview(_sgemm_payload(sgemm, transa=9)), answered=True)
+    assert status == 7 and "transa 9" in message
     libs.close()
 
 
