@@ -5,8 +5,8 @@
  * here too: a handle's stream (it travels with every call that runs work), a tensor descriptor's shape
  * (the scalars' width, cudnnGetTensorNdDescriptor), a finalized backend descriptor's readable attributes
  * (the Finalize reply carries them, so a new conv shape's hundreds of Gets cost no round trip).
- * Creation, attribute setting, execution and destruction are queued; Finalize, GetAttribute misses and
- * the size queries are answered.
+ * Creation, attribute setting, execution (a by-value tensor's bytes with it) and destruction are queued;
+ * Finalize, GetAttribute misses and a BN size query's first asking (kept by contents) are answered.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -30,10 +30,9 @@ enum { TYPE_HANDLE = 0, TYPE_INT64 = 3, TYPE_BACKEND_DESCRIPTOR = 15, DATA_DOUBL
 
 enum { MAGIC_HANDLE = 0x444e4e48, MAGIC_BACKEND = 0x444e4e42, MAGIC_TENSOR = 0x444e4e54 };
 
-typedef struct dnn_handle {
+typedef struct {
     uint32_t magic;
     uint64_t id, stream;
-    struct dnn_handle *next;
 } dnn_handle;
 
 typedef struct {
@@ -42,6 +41,8 @@ typedef struct {
     uint64_t id;
     uint8_t *dump;                          /* readable attributes once finalized or filled, else NULL */
     size_t dump_n;
+    void *handle;                           /* the handle set on it, and as which attribute: that Get's answer */
+    int handle_attr;
     int64_t nuids, nptrs, *uids;            /* a variant pack's: where its by-value tensors' bytes are */
     uint64_t *ptrs;
 } dnn_backend;
@@ -53,8 +54,11 @@ typedef struct {
     int dims[DIM_MAX], strides[DIM_MAX];
 } dnn_tensor;
 
-static dnn_handle *handles;                 /* for a HANDLE attribute's answer (the server sends ids) */
-static pthread_mutex_t handles_lock = PTHREAD_MUTEX_INITIALIZER;
+/* the BN size queries' answers by what they depend on: torch asks them for every BN, with new descriptors */
+#define SIZES 64
+static struct { uint64_t key, size; } sizes[SIZES];
+static unsigned sizes_next;
+static pthread_mutex_t sizes_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static int width(int type) {
     switch (type) {
@@ -80,28 +84,19 @@ RGPU_API int cudnnCreate(void **handle) {
     if (!handle) return DNN_NULL_POINTER;
     dnn_handle *h = calloc(1, sizeof *h);
     if (!h) return DNN_ALLOC_FAILED;
-    h->magic = MAGIC_HANDLE;
-    h->id = rgpu_door_mint();
+    h->magic = MAGIC_HANDLE, h->id = rgpu_door_mint();
     rgpu_lib_cudnnCreate_t p = {.client_version = RGPU_VERSION_MAJOR * 10000 + RGPU_VERSION_MINOR * 100};
     int st = rgpu_door_call(RGPU_LIB_cudnnCreate, 0, h->id, &p, sizeof p, NULL, 0, NULL, DNN_NOT_INITIALIZED);
-    if (st) { free(h); return st; }
-    pthread_mutex_lock(&handles_lock);
-    h->next = handles, handles = h;
-    pthread_mutex_unlock(&handles_lock);
-    *handle = h;
-    return DNN_OK;
+    if (st) free(h);
+    else *handle = h;
+    return st;
 }
 
 RGPU_API int cudnnDestroy(void *handle) {
     dnn_handle *h = as_handle(handle);
     if (!h) return DNN_BAD_PARAM;
     int st = queue(RGPU_LIB_cudnnDestroy, 0, h->id, NULL, 0);
-    pthread_mutex_lock(&handles_lock);
-    for (dnn_handle **p = &handles; *p; p = &(*p)->next)
-        if (*p == h) { *p = h->next; break; }
-    pthread_mutex_unlock(&handles_lock);
-    h->magic = 0;
-    free(h);
+    h->magic = 0, free(h);
     return st;
 }
 
@@ -115,37 +110,23 @@ RGPU_API int cudnnGetStream(void *handle, void **stream) {
     return h && stream ? (*stream = (void *)(uintptr_t)h->stream, DNN_OK) : DNN_BAD_PARAM;
 }
 
-static void *handle_of(uint64_t id) {
-    pthread_mutex_lock(&handles_lock);
-    dnn_handle *h = handles;
-    while (h && h->id != id) h = h->next;
-    pthread_mutex_unlock(&handles_lock);
-    return h;
-}
-
 /* ---- the backend graph API ------------------------------------------------------------------------ */
 RGPU_API int cudnnBackendCreateDescriptor(int type, void **descriptor) {
     if (!descriptor) return DNN_NULL_POINTER;
     dnn_backend *d = calloc(1, sizeof *d);
     if (!d) return DNN_ALLOC_FAILED;
-    d->magic = MAGIC_BACKEND;
-    d->type = type;
-    d->id = rgpu_door_mint();
+    d->magic = MAGIC_BACKEND, d->type = type, d->id = rgpu_door_mint();
     rgpu_lib_cudnnBackendCreateDescriptor_t p = {.type = type};
     int st = queue(RGPU_LIB_cudnnBackendCreateDescriptor, 0, d->id, &p, sizeof p);
-    if (st) { free(d); return st; }
-    *descriptor = d;
-    return DNN_OK;
+    if (st) free(d);
+    else *descriptor = d;
+    return st;
 }
 
 static void forget(dnn_backend *d) { free(d->dump); d->dump = NULL; d->dump_n = 0; }
-
 static void keep(dnn_backend *d, const uint8_t *dump, size_t n) {
     forget(d);
-    if (n && (d->dump = malloc(n))) {
-        memcpy(d->dump, dump, n);
-        d->dump_n = n;
-    }
+    if (n && (d->dump = malloc(n))) memcpy(d->dump, dump, d->dump_n = n);
 }
 
 RGPU_API int cudnnBackendDestroyDescriptor(void *descriptor) {
@@ -155,8 +136,7 @@ RGPU_API int cudnnBackendDestroyDescriptor(void *descriptor) {
     forget(d);
     free(d->uids);
     free(d->ptrs);
-    d->magic = 0;
-    free(d);
+    d->magic = 0, free(d);
     return st;
 }
 
@@ -176,7 +156,7 @@ RGPU_API int cudnnBackendSetAttribute(void *descriptor, int name, int type, int6
         for (int64_t i = 0; i < count && !st; i++) {
             void *e = ((void *const *)elements)[i];
             uint64_t id = 0;
-            if (type == TYPE_HANDLE && as_handle(e)) id = ((dnn_handle *)e)->id;
+            if (type == TYPE_HANDLE && as_handle(e)) id = ((dnn_handle *)e)->id, d->handle = e, d->handle_attr = name;
             else if (type == TYPE_BACKEND_DESCRIPTOR && as_backend(e)) id = ((dnn_backend *)e)->id;
             else if (e) st = DNN_BAD_PARAM;
             memcpy(tail + i * 8, &id, 8);
@@ -242,6 +222,11 @@ RGPU_API int cudnnBackendGetAttribute(void *descriptor, int name, int type, int6
     if (requested && !elements) return DNN_NULL_POINTER;
     int64_t have;
     const uint8_t *data;
+    if (type == TYPE_HANDLE && name == d->handle_attr && as_handle(d->handle) && requested) {   /* set here */
+        if (count) *count = 1;
+        *(void **)elements = d->handle;
+        return DNN_OK;
+    }
     if (lookup(d, name, type, &have, &data) && (data || requested == 0)) {     /* answered here */
         if (count) *count = have;
         if (data && requested) memcpy(elements, data, (size_t)(requested < have ? requested : have) * w);
@@ -272,12 +257,8 @@ RGPU_API int cudnnBackendGetAttribute(void *descriptor, int name, int type, int6
         if (count) *count = total;
         if (descs) {
             keep_filled(elements, k, out + 8, body);
-        } else if (type == TYPE_HANDLE) {                             /* ids -> our handles */
-            for (int64_t i = 0; i < k && 8 + (size_t)(i + 1) * 8 <= cap; i++) {
-                uint64_t id;
-                memcpy(&id, out + 8 + i * 8, 8);
-                ((void **)elements)[i] = handle_of(id);
-            }
+        } else if (type == TYPE_HANDLE) {       /* one the client never set here (answered above when it did) */
+            memset(elements, 0, (size_t)k * 8);
         } else if (k) {
             memcpy(elements, out + 8, (size_t)k * w < body ? (size_t)k * w : body);
         }
@@ -348,12 +329,11 @@ RGPU_API int cudnnCreateTensorDescriptor(void **desc) {
     if (!desc) return DNN_NULL_POINTER;
     dnn_tensor *t = calloc(1, sizeof *t);
     if (!t) return DNN_ALLOC_FAILED;
-    t->magic = MAGIC_TENSOR;
-    t->id = rgpu_door_mint();
+    t->magic = MAGIC_TENSOR, t->id = rgpu_door_mint();
     int st = queue(RGPU_LIB_cudnnCreateTensorDescriptor, 0, t->id, NULL, 0);
-    if (st) { free(t); return st; }
-    *desc = t;
-    return DNN_OK;
+    if (st) free(t);
+    else *desc = t;
+    return st;
 }
 
 RGPU_API int cudnnSetTensorNdDescriptor(void *desc, int dtype, int nbdims, const int *dims, const int *strides) {
@@ -388,8 +368,7 @@ RGPU_API int cudnnDestroyTensorDescriptor(void *desc) {
     dnn_tensor *t = as_tensor(desc);
     if (!t) return desc ? DNN_BAD_PARAM : DNN_OK;
     int st = queue(RGPU_LIB_cudnnDestroyTensorDescriptor, 0, t->id, NULL, 0);
-    t->magic = 0;
-    free(t);
+    t->magic = 0, free(t);
     return st;
 }
 
@@ -407,22 +386,39 @@ RGPU_API int cudnnDeriveBNTensorDescriptor(void *derived, const void *x_desc, in
 }
 
 /* ---- legacy batch normalization (torch's fp32 BN) ------------------------------------------------- */
-/* A host scalar at the width the data type gives it (double data: double, else float). */
-static double scalar(const void *p, const dnn_tensor *x) {
+static double scalar(const void *p, const dnn_tensor *x) {      /* a host scalar: double for double data, else float */
     return x->dtype == DATA_DOUBLE ? *(const double *)p : (double)*(const float *)p;
 }
-
 #define P(x) ((uint64_t)(uintptr_t)(x))
-/* the sizes are answered by the server (one round trip each) */
-static int bn_size(uint32_t call, dnn_handle *h, const void *act, const void *p, size_t n, size_t *size) {
-    if (!h) return DNN_BAD_PARAM;
-    if (act) return DNN_NOT_SUPPORTED;
-    if (!size) return DNN_NULL_POINTER;
+static uint64_t mix(uint64_t h, uint64_t v) { return (h ^ v) * 0x100000001b3ull; }   /* FNV-1a, a word at a time */
+
+/* A size is the server's answer for the call, its handle (its GPU) and the descriptors' contents: asked once */
+static int bn_size(uint32_t call, dnn_handle *h, const void *act, const void *p, size_t n, const void *const *t,
+                   int nt, size_t *size) {
+    if (!h || act || !size) return !h ? DNN_BAD_PARAM : act ? DNN_NOT_SUPPORTED : DNN_NULL_POINTER;
+    uint64_t key, mode_ops;
+    memcpy(&mode_ops, p, 8);                /* every size query's payload starts with mode and ops */
+    key = mix(mix(mix(0xcbf29ce484222325ull, call), h->id), mode_ops);
+    for (int i = 0; i < nt; i++) {
+        const dnn_tensor *x = as_tensor((void *)t[i]);
+        key = mix(key, x ? (uint64_t)x->dtype << 32 | (uint32_t)x->nbdims : t[i] != NULL);
+        for (int j = 0; x && j < x->nbdims; j++)
+            key = mix(key, (uint64_t)(uint32_t)x->dims[j] << 32 | (uint32_t)x->strides[j]);
+    }
+    pthread_mutex_lock(&sizes_lock);
+    for (int i = 0; i < SIZES; i++)
+        if (sizes[i].key == key) { *size = sizes[i].size; pthread_mutex_unlock(&sizes_lock); return DNN_OK; }
+    pthread_mutex_unlock(&sizes_lock);
     uint64_t v = 0;
     size_t got = 0;
     int st = rgpu_door_call(call, h->stream, h->id, p, n, &v, sizeof v, &got, DNN_INTERNAL);
-    if (!st) *size = got == sizeof v ? (size_t)v : 0;
-    return st;
+    if (st || got != sizeof v) return st ? st : DNN_INTERNAL;
+    pthread_mutex_lock(&sizes_lock);
+    unsigned i = sizes_next++ % SIZES;
+    sizes[i].key = key, sizes[i].size = v;
+    pthread_mutex_unlock(&sizes_lock);
+    *size = (size_t)v;
+    return DNN_OK;
 }
 
 /* an activation descriptor is never ours (cudnnCreateActivationDescriptor is refused), so none travels */
@@ -430,7 +426,9 @@ RGPU_API int cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(void *hand
         const void *z, const void *y, const void *bn, const void *act, size_t *size) {
     rgpu_lib_cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize_t p = {
         mode, ops, tensor_id((void *)x), tensor_id((void *)z), tensor_id((void *)y), tensor_id((void *)bn), 0};
-    return bn_size(RGPU_LIB_cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize, as_handle(handle), act, &p, sizeof p, size);
+    const void *t[] = {x, z, y, bn};
+    return bn_size(RGPU_LIB_cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize, as_handle(handle), act, &p, sizeof p,
+                   t, 4, size);
 }
 
 RGPU_API int cudnnGetBatchNormalizationBackwardExWorkspaceSize(void *handle, int mode, int ops, const void *x,
@@ -438,13 +436,17 @@ RGPU_API int cudnnGetBatchNormalizationBackwardExWorkspaceSize(void *handle, int
     rgpu_lib_cudnnGetBatchNormalizationBackwardExWorkspaceSize_t p = {
         mode, ops, tensor_id((void *)x), tensor_id((void *)y), tensor_id((void *)dy), tensor_id((void *)dz),
         tensor_id((void *)dx), tensor_id((void *)dbn), 0};
-    return bn_size(RGPU_LIB_cudnnGetBatchNormalizationBackwardExWorkspaceSize, as_handle(handle), act, &p, sizeof p, size);
+    const void *t[] = {x, y, dy, dz, dx, dbn};
+    return bn_size(RGPU_LIB_cudnnGetBatchNormalizationBackwardExWorkspaceSize, as_handle(handle), act, &p, sizeof p, t, 6,
+                   size);
 }
 
 RGPU_API int cudnnGetBatchNormalizationTrainingExReserveSpaceSize(void *handle, int mode, int ops, const void *act,
         const void *x, size_t *size) {
     rgpu_lib_cudnnGetBatchNormalizationTrainingExReserveSpaceSize_t p = {mode, ops, 0, tensor_id((void *)x)};
-    return bn_size(RGPU_LIB_cudnnGetBatchNormalizationTrainingExReserveSpaceSize, as_handle(handle), act, &p, sizeof p, size);
+    const void *t[] = {x};
+    return bn_size(RGPU_LIB_cudnnGetBatchNormalizationTrainingExReserveSpaceSize, as_handle(handle), act, &p, sizeof p, t, 1,
+                   size);
 }
 
 RGPU_API int cudnnBatchNormalizationForwardTrainingEx(void *handle, int mode, int ops, const void *alpha,
@@ -455,8 +457,7 @@ RGPU_API int cudnnBatchNormalizationForwardTrainingEx(void *handle, int mode, in
     dnn_handle *h = as_handle(handle);
     dnn_tensor *xt = as_tensor((void *)x_desc);
     if (!h || !xt || !as_tensor((void *)y_desc) || !as_tensor((void *)bn_desc)) return DNN_BAD_PARAM;
-    if (!alpha || !beta) return DNN_NULL_POINTER;
-    if (act) return DNN_NOT_SUPPORTED;
+    if (!alpha || !beta || act) return act ? DNN_NOT_SUPPORTED : DNN_NULL_POINTER;
     rgpu_lib_cudnnBatchNormalizationForwardTrainingEx_t p = {
         mode, ops, scalar(alpha, xt), scalar(beta, xt), xt->id, P(x), tensor_id((void *)z_desc), P(z),
         tensor_id((void *)y_desc), P(y), tensor_id((void *)bn_desc), P(scale), P(bias), factor, P(running_mean),
@@ -475,8 +476,8 @@ RGPU_API int cudnnBatchNormalizationBackwardEx(void *handle, int mode, int ops, 
     dnn_tensor *xt = as_tensor((void *)x_desc);
     if (!h || !xt || !as_tensor((void *)dy_desc) || !as_tensor((void *)dx_desc) || !as_tensor((void *)dbn_desc))
         return DNN_BAD_PARAM;
-    if (!alpha_data || !beta_data || !alpha_param || !beta_param) return DNN_NULL_POINTER;
     if (act) return DNN_NOT_SUPPORTED;
+    if (!alpha_data || !beta_data || !alpha_param || !beta_param) return DNN_NULL_POINTER;
     rgpu_lib_cudnnBatchNormalizationBackwardEx_t p = {
         mode, ops, scalar(alpha_data, xt), scalar(beta_data, xt), scalar(alpha_param, xt), scalar(beta_param, xt),
         xt->id, P(x), tensor_id((void *)y_desc), P(y), tensor_id((void *)dy_desc), P(dy), tensor_id((void *)dz_desc),

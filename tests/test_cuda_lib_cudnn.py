@@ -164,7 +164,9 @@ def test_the_client_answers_gets_from_a_finalize_reply_and_carries_a_by_value_te
         "create_calls 1", "workspace 1 4096", "config_count 1", "answered_here 1", "desc_as_id 1",
         "pack_finalize_queued 1 313",                   # a variant pack's Finalize is queued
         "execute 308 40 9 4 0.125",                     # plan and pack ids, then uid 9's 4 bytes, padded
-        "calls 2 queued 8"]
+        "calls 2 queued 8",
+        "handle_here 1 1",                              # a HANDLE attribute set here is answered here
+        "sizes 101 101 101 102 asked 3"]                # new descriptors, the same contents: asked once
 
 
 # ---- the server side, driven directly -----------------------------------------------------------
