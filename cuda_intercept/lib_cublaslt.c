@@ -45,8 +45,9 @@ static const lt_known KNOWN[] = {
     {KIND_LAYOUT, 12, 4, 0, 0}, {KIND_LAYOUT, 13, 4, 0, 0},
     {KIND_PREF, 0, 4, 0, 0}, {KIND_PREF, 1, 8, 0, 0}, {KIND_PREF, 3, 4, 0, 7}, {KIND_PREF, 5, 4, 0, 256},
     {KIND_PREF, 6, 4, 0, 256}, {KIND_PREF, 7, 4, 0, 256}, {KIND_PREF, 8, 4, 0, 256}, {KIND_PREF, 9, 4, 0, 0},
-    {KIND_PREF, 12, 8, 0, ~(uint64_t)0}, {KIND_PREF, 13, 4, 0, 0}, {KIND_PREF, 14, 4, 0, 0},
-    {KIND_PREF, 15, 4, 0, 0},
+    {KIND_PREF, 12, 8, 0, ~(uint64_t)0},
+    /* the grouped averages: uint32_t by the header, 8 bytes by the library (13.10's Get says so) */
+    {KIND_PREF, 13, 8, 0, 0}, {KIND_PREF, 14, 8, 0, 0}, {KIND_PREF, 15, 8, 0, 0},
 };
 #define DESC_EMULATION_DESCRIPTOR 38              /* a client-side object: nothing the server could use */
 

@@ -306,6 +306,73 @@ def test_the_real_side_hands_cublaslt_the_state_scalars_pointers_and_stream_in_i
     assert mock.mock_live() == 0                            # handle, descriptors, layouts, preference: all freed
 
 
+def _nvidia_cublaslt() -> str:
+    """NVIDIA's libcublasLt.so.13 where one is installed (its descriptors need no GPU), else skip."""
+    from rgpu.server.cuda.libs import loading
+    found = next((p for p in loading.candidates("libcublasLt.so.13") if os.sep in p and "rgpu" not in p), None)
+    if found is None:
+        pytest.skip("NVIDIA's libcublasLt.so.13 is not installed here (pip install nvidia-cublas, or RGPU_CUDA_LIB_DIR)")
+    return found
+
+
+def test_the_c_sides_attribute_sizes_and_defaults_are_nvidias():
+    import re
+    lib = ctypes.CDLL(_nvidia_cublaslt())
+    c = (Path(__file__).parents[1] / "cuda_intercept" / "lib_cublaslt.c").read_text()
+    table = re.findall(r"\{KIND_(DESC|LAYOUT|PREF), (\d+), (\d+), \d, ([^}]+)\}", c)
+    made = {"DESC": ctypes.c_void_p(), "LAYOUT": ctypes.c_void_p(), "PREF": ctypes.c_void_p()}
+    assert lib.cublasLtMatmulDescCreate(ctypes.byref(made["DESC"]), 68, 0) == 0
+    assert lib.cublasLtMatrixLayoutCreate(ctypes.byref(made["LAYOUT"]), 0, ctypes.c_uint64(4), ctypes.c_uint64(5),
+                                          ctypes.c_int64(4)) == 0
+    assert lib.cublasLtMatmulPreferenceCreate(ctypes.byref(made["PREF"])) == 0
+    get = {"DESC": lib.cublasLtMatmulDescGetAttribute, "LAYOUT": lib.cublasLtMatrixLayoutGetAttribute,
+           "PREF": lib.cublasLtMatmulPreferenceGetAttribute}
+    created = {("DESC", 0), ("DESC", 1), ("LAYOUT", 0), ("LAYOUT", 2), ("LAYOUT", 3), ("LAYOUT", 4)}
+    defaults = {"(uint32_t)-1": 0xFFFFFFFF, "~(uint64_t)0": (1 << 64) - 1}
+    for kind, attr, size, default in table:
+        need, buf = ctypes.c_size_t(0), ctypes.create_string_buffer(16)
+        assert get[kind](made[kind], int(attr), None, ctypes.c_size_t(0), ctypes.byref(need)) == 0, (kind, attr)
+        assert need.value == int(size), (kind, attr)
+        assert get[kind](made[kind], int(attr), buf, need, None) == 0
+        if (kind, int(attr)) not in created:
+            want = defaults.get(default.strip()) or int(default.strip(), 0)
+            assert int.from_bytes(buf.raw[:need.value], "little") == want, (kind, attr)
+    lib.cublasLtMatmulDescDestroy(made["DESC"])
+    lib.cublasLtMatrixLayoutDestroy(made["LAYOUT"])
+    lib.cublasLtMatmulPreferenceDestroy(made["PREF"])
+
+
+def test_nvidias_library_takes_the_descriptors_as_torch_sets_them_and_all_are_freed(monkeypatch):
+    found = _nvidia_cublaslt()
+    monkeypatch.setenv("RGPU_CUDA_LIB_DIR", os.path.dirname(found))
+    from rgpu.protocol import lib_cublaslt as P
+    from rgpu.server.cuda.libs import Libraries
+
+    class RealDriver:
+        name = "real"
+    libs = Libraries(RealDriver())
+    lt = libs.library("cublaslt")
+    i32, u64, i64 = (lambda v: struct.pack("<i", v)), (lambda v: struct.pack("<Q", v)), (lambda v: struct.pack("<q", v))
+    # torch's addmm in bf16: TRANSA=T, EPILOGUE=BIAS and its pointer and type, SM_COUNT_TARGET, FAST_ACCUM (1 byte);
+    # a batched layout; the preference's workspace, reduction mask and alignments
+    state = [(1, {0: i32(68), 1: i32(0), 3: i32(1), 4: i32(0), 7: i32(4), 8: u64(0x7F0000001000), 26: i32(14),
+                  15: i32(0), 25: b"\1"}),
+             (2, {0: i32(14), 2: u64(8), 3: u64(5), 4: u64(8), 5: i32(3), 6: i64(40)}),
+             (3, {1: u64(1 << 22), 3: i32(3), 5: i32(16), 6: i32(16), 7: i32(16), 8: i32(16)})]
+    getters = {1: "cublasLtMatmulDescGetAttribute", 2: "cublasLtMatrixLayoutGetAttribute",
+               3: "cublasLtMatmulPreferenceGetAttribute"}
+    for obj, (kind, attrs) in zip(P.parse(_objects(*state), 3), state):
+        real = lt._real(obj)
+        for attr, value in attrs.items():
+            buf = ctypes.create_string_buffer(len(value))
+            get = getattr(lt._lib, getters[kind])
+            assert get(ctypes.c_void_p(real), attr, buf, ctypes.c_size_t(len(value)), None) == 0, (kind, attr)
+            assert buf.raw == value, (kind, attr)
+    assert lt.live() == 3
+    libs.close()
+    assert lt.live() == 0
+
+
 @pytest.mark.gpu
 def test_the_program_prints_through_rgpu_what_it_prints_natively(program, start_server):
     from rgpu.server.cuda import real_api
