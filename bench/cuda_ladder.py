@@ -184,14 +184,27 @@ def _max_diff(a: dict, b: dict) -> float | None:
     return max(0.0 if (x != x and y != y) else abs(x - y) if x == x and y == y else float("inf") for x, y in pairs)
 
 
+def _as_one(res: dict, other: dict) -> dict:
+    """``res`` with the parts (``name.y``, ``name.dx``) of a result that failed on the other side as one entry."""
+    out = dict(res)
+    for name, v in other.items():
+        parts = [k for k in out if k.startswith(name + ".")] if "error" in v else []
+        for k in parts:
+            del out[k]
+        if parts:
+            out[name] = {"parts": len(parts)}
+    return out
+
+
 def compare_rung(native: dict | None, ours: dict | None) -> dict:
     """One rung's row: each side ok, whether every result is bitwise equal, the largest summary difference."""
     n, r = native or {}, ours or {}
     nres, rres = n.get("results", {}), r.get("results", {})
+    nres, rres = _as_one(nres, rres), _as_one(rres, nres)
     row = {"native_ok": n.get("ok") if native else "not run", "rgpu_ok": r.get("ok") if ours else "not run",
            "native_wall_s": n.get("wall_s"), "rgpu_wall_s": r.get("wall_s"), "native_error": _brief(n.get("error")),
            "rgpu_error": _brief(r.get("error")), "skipped": n.get("skipped") or r.get("skipped"),
-           "compared": 0, "equal": 0, "mismatched": [], "rgpu_failed": {}, "native_failed": {}, "both_failed": [], "max_abs_diff": None}
+           "compared": 0, "equal": 0, "mismatched": [], "rgpu_failed": {}, "native_failed": {}, "both_failed": {}, "max_abs_diff": None}
     for key in sorted(set(nres) | set(rres)):
         a, b = nres.get(key), rres.get(key)
         if (a and "info" in a) or (b and "info" in b):
@@ -199,7 +212,7 @@ def compare_rung(native: dict | None, ours: dict | None) -> dict:
         if a is None or b is None:
             row["mismatched"].append(f"{key} (only {'rgpu' if a is None else 'native'} has it)")
         elif "error" in a and "error" in b:
-            row["both_failed"].append(key)
+            row["both_failed"][key] = _brief(b["error"])
         elif "error" in b or "error" in a:
             row["rgpu_failed" if "error" in b else "native_failed"][key] = _brief((b if "error" in b else a)["error"])
         else:
@@ -271,8 +284,10 @@ def format_summary(s: dict) -> str:
         nd = "-" if x["max_abs_diff"] is None else f"{x['max_abs_diff']:.3g}"
         rep = {True: "yes", False: "NO", None: "-"}[x.get("native_repeats")]
         failed = ", ".join(list(x["rgpu_failed"])[:3])
+        both = x["both_failed"]
         err = x["rgpu_error"] or (f"{len(x['rgpu_failed'])} failed: {failed}: {next(iter(x['rgpu_failed'].values()))}"
-                                  if x["rgpu_failed"] else "") or x["skipped"] or ""
+                                  if x["rgpu_failed"] else "") or x["skipped"] or (
+            f"native too: {', '.join(list(both)[:3])}: {next(iter(both.values()))}" if both else "")
         lines.append(f"{name:5s} {word.get(x['native_ok'], str(x['native_ok'])):6s} {word.get(x['rgpu_ok'], str(x['rgpu_ok'])):6s} "
                      f"{ {True: 'equal', False: 'differs'}.get(x['bitwise_equal'], '-'):8s} {nd:>10s} "
                      f"{x['equal']:>3d}/{x['compared']:<4d} {rep:7s} {secs(x['native_wall_s']):>8s} {secs(x['rgpu_wall_s']):>7s}  {err[:160]}")

@@ -137,8 +137,10 @@ def test_failures_on_either_side_are_named_and_never_read_as_equal():
     err = {"error": {"type": "RuntimeError", "message": "CUBLAS_STATUS_NOT_SUPPORTED", "traceback": ""}}
     row = compare_rung({"ok": True, "results": {"x": entry(), "y": entry(), "z": err}},
                        {"ok": False, "results": {"x": entry(), "y": err, "z": err}})
-    assert row["bitwise_equal"] is False and list(row["rgpu_failed"]) == ["y"] and row["both_failed"] == ["z"]
+    assert row["bitwise_equal"] is False and list(row["rgpu_failed"]) == ["y"] and list(row["both_failed"]) == ["z"]
     assert "CUBLAS_STATUS_NOT_SUPPORTED" in row["rgpu_failed"]["y"]
+    parts = compare_rung({"ok": True, "results": {"lin.y": entry(), "lin.dx": entry()}}, {"ok": False, "results": {"lin": err}})
+    assert parts["rgpu_failed"] == {"lin": "RuntimeError: CUBLAS_STATUS_NOT_SUPPORTED"} and parts["mismatched"] == []
     crashed = compare_rung({"ok": True, "results": {"x": entry()}},
                            {"ok": False, "results": {}, "error": {"type": "ProcessDied", "message": "ended", "traceback": ""}})
     assert crashed["bitwise_equal"] is False and crashed["rgpu_error"] == "ProcessDied: ended"
