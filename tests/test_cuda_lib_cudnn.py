@@ -285,12 +285,14 @@ def test_a_plans_by_value_tensors_are_found_and_their_bytes_replace_the_host_poi
     assert b.entry(7) == [(BY_VALUE, 3, 2, q(7, 4))]
     b.set(9, 1000, 3, 2, q(8, 7))
     b.set(9, 1001, 6, 2, ids(0x7F0000001000, 0x1234))    # the scale's pointer: a host address of the client
-    attrs, keep = b.patched(9, PATCH.pack(7, 4) + struct.pack("<f", 0.125) + b"\0" * 4)
+    attrs, keep = b.patched(7, 9, PATCH.pack(7, 4) + struct.pack("<f", 0.125) + b"\0" * 4)
     ptrs = struct.unpack("<2Q", attrs[1001][2])
     assert ptrs[0] == 0x7F0000001000 and ptrs[1] == ctypes.addressof(keep[0])
     assert ctypes.string_at(ptrs[1], 4) == struct.pack("<f", 0.125)
     with pytest.raises(LibError, match="by-value tensor 99"):
-        b.patched(9, PATCH.pack(99, 4) + b"\0" * 8)
+        b.patched(7, 9, PATCH.pack(99, 4) + b"\0" * 8)
+    with pytest.raises(LibError, match=r"by-value tensor\(s\) \[7\] came without their bytes"):
+        b.patched(7, 9, b"")                        # the client's host address is never handed to the library
 
 
 # ---- the real library's side, over a recording stand-in for libcudnn.so.9 ------------------------

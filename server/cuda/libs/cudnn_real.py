@@ -88,15 +88,16 @@ class ByValue:
         pairs = [v for uid, n in sorted(self.of.get(plan, {}).items()) for v in (uid, n)]
         return [(BY_VALUE, 3, len(pairs), struct.pack(f"<{len(pairs)}q", *pairs))] if pairs else []
 
-    def patched(self, pack: int, tail) -> tuple[dict, list]:
+    def patched(self, plan: int, pack: int, tail) -> tuple[dict, list]:
         """The pack's attributes with the by-value tensors' pointers turned to host copies of the client's
-        bytes (the Execute's tail), and those copies (alive until the execution is made)."""
+        bytes (the Execute's tail), and those copies (alive until the execution is made). Every by-value
+        tensor of the plan must come with its bytes: its pointer is the client's, never to be dereferenced here."""
         attrs = dict(self.sets.get(pack, {}))
         if 1000 not in attrs or 1001 not in attrs:
             raise LibError(BAD_PARAM, "cudnnBackendExecute: the variant pack has no unique ids or data pointers")
         uids = list(struct.unpack(f"<{attrs[1000][1]}q", attrs[1000][2]))
         ptrs = list(struct.unpack(f"<{attrs[1001][1]}Q", attrs[1001][2]))
-        keep, pos = [], 0
+        keep, done, pos = [], set(), 0
         while pos + PATCH.size <= len(tail):
             uid, n = PATCH.unpack_from(tail, pos)
             pos += PATCH.size
@@ -105,7 +106,11 @@ class ByValue:
             buf = ctypes.create_string_buffer(bytes(tail[pos:pos + n]), max(n, 1))
             keep.append(buf)
             ptrs[uids.index(uid)] = ctypes.addressof(buf)
+            done.add(uid)
             pos += (n + 7) // 8 * 8
+        missing = sorted(set(self.of.get(plan, {})) & set(uids) - done)
+        if missing:
+            raise LibError(BAD_PARAM, f"cudnnBackendExecute: by-value tensor(s) {missing} came without their bytes")
         attrs[1001] = (attrs[1001][0], len(ptrs), struct.pack(f"<{len(ptrs)}Q", *ptrs))
         return attrs, keep
 
@@ -350,10 +355,10 @@ class Library:
         h = self._handle(n, handle, stream)
         p, _ = self._desc(n, plan)
         v, _ = self._desc(n, pack)
-        if not len(tail):
+        if not len(tail) and not self.by_value.of.get(plan):
             return self._check(n, self.lib.cudnnBackendExecute(h, p, v))
         # by-value tensors: the same pack, rebuilt with the client's bytes where its host pointers were
-        attrs, keep = self.by_value.patched(pack, tail)
+        attrs, keep = self.by_value.patched(plan, pack, tail)
         tmp = _P()
         self._check(n, self.lib.cudnnBackendCreateDescriptor(VARIANT_PACK, byref(tmp)))
         try:
