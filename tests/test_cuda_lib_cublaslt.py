@@ -114,6 +114,11 @@ def test_a_second_identical_heuristic_query_is_answered_from_the_cache(through_r
     assert (first, second, third, same) == ("5", "5", "6", "1")
 
 
+def test_a_captured_matmul_replays_with_the_captures_scalars_over_the_replays_inputs(through_rgpu):
+    # 3 * [[1, 3], [2, 4]] @ [[0, 1], [1, 0]] (column-major), not alpha's later 100 nor B's captured identity
+    assert parse(through_rgpu.stdout)["captured"] == ["9", "12", "3", "6"], through_rgpu.stdout + through_rgpu.stderr
+
+
 def test_a_cached_heuristic_is_answered_in_c_and_a_matmul_is_queued_not_waited_for(through_rgpu):
     heuristic, matmul = (float(v) for v in parse(through_rgpu.stdout)["per_call_us"])
     # a round trip costs tens of microseconds or more; these stay well under one
@@ -392,5 +397,5 @@ def test_the_program_prints_through_rgpu_what_it_prints_natively(program, start_
     for label in expected():                                  # and rgpu runs what NVIDIA runs
         np.testing.assert_allclose(np.array(ours[label], float), np.array(theirs[label], float), rtol=1e-6,
                                    err_msg=label)
-    assert ours["get"] == theirs["get"]
+    assert ours["get"] == theirs["get"] and ours["captured"] == theirs["captured"]
     assert ours["algo"][:3] == theirs["algo"][:3] and ours["algo"][6] == "1"

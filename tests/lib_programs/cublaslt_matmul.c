@@ -21,6 +21,10 @@ int cuMemcpyHtoD_v2(uint64_t dst, const void *src, size_t n);
 int cuMemcpyDtoH_v2(void *dst, uint64_t src, size_t n);
 int cuStreamCreate(void **s, unsigned flags);
 int cuStreamSynchronize(void *s);
+int cuStreamBeginCapture_v2(void *s, int mode);
+int cuStreamEndCapture(void *s, void **graph);
+int cuGraphInstantiateWithFlags(void **exec, void *graph, unsigned long long flags);
+int cuGraphLaunch(void *exec, void *s);
 int cublasCreate_v2(lt_t *h);
 int cublasDestroy_v2(lt_t h);
 int cublasLtCreate(lt_t *h);
@@ -175,6 +179,31 @@ static int heuristic_and_get(void) {
     return 0;
 }
 
+/* A matmul captured into a graph (torch's reduce-overhead mode): the scalars are the capture's, the inputs the
+ * replay's. */
+static int captured(void) {
+    float ha[4] = {1, 2, 3, 4}, hb[4] = {1, 0, 0, 1}, hb2[4] = {0, 1, 1, 0}, hd[4] = {0};
+    uint64_t da = dev(ha, sizeof ha), db = dev(hb, sizeof hb), dd = dev(hd, sizeof hd);
+    lt_t desc, l = layout(R_32F, 2, 2, 2);
+    void *s, *graph, *exec;
+    float alpha = 3, beta = 0;
+    OK(cublasLtMatmulDescCreate(&desc, COMPUTE_32F, R_32F));
+    OK(cuStreamCreate(&s, 0));
+    OK(cuStreamBeginCapture_v2(s, 2));                       /* CU_STREAM_CAPTURE_MODE_RELAXED */
+    OK(cublasLtMatmul(h, desc, &alpha, da, l, db, l, &beta, dd, l, dd, l, NULL, ws, 1 << 22, s));
+    OK(cuStreamEndCapture(s, &graph));
+    alpha = 100;
+    OK(cuMemcpyHtoD_v2(db, hb2, sizeof hb2));
+    OK(cuGraphInstantiateWithFlags(&exec, graph, 0));
+    OK(cuGraphLaunch(exec, s));
+    OK(cuStreamSynchronize(s));
+    OK(cuMemcpyDtoH_v2(hd, dd, sizeof hd));
+    printf("captured %g %g %g %g\n", hd[0], hd[1], hd[2], hd[3]);
+    cublasLtMatmulDescDestroy(desc);
+    cublasLtMatrixLayoutDestroy(l);
+    return 0;
+}
+
 static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
 
 /* What a training step's small GEMMs cost the caller: a cached heuristic and a queued matmul, each. */
@@ -215,7 +244,7 @@ int main(int argc, char **argv) {
     /* bf16 with 16-byte leading dimensions (what cuBLASLt's kernels for it want); fp32 odd ones */
     if (linear("linear_fp32", R_32F, 4, 6, 5, 7) || linear("linear_bf16", R_16BF, 4, 8, 5, 8)
         || linear("relu_bias_bf16", R_16BF, 6, 8, 3, 16) || linear("gelu_bias_fp32", R_32F, 36, 5, 4, 6)
-        || batched() || fp64_device_scalars() || heuristic_and_get() || timing())
+        || batched() || fp64_device_scalars() || heuristic_and_get() || captured() || timing())
         return 1;
     if (argc > 1 && !strcmp(argv[1], "bogus")) {
         /* a handle nobody made: the answered call says so now, the queued one at the next synchronisation */
