@@ -69,7 +69,7 @@ ladder() {  # ladder SIDE CAP_S RUNGS PREFIX...: each rung once into $OUT/ladder
     n=$((n + 1))
     step "${side}_run$n" $(( until - $(date +%s) )) env TORCHINDUCTOR_CACHE_DIR="$CACHE/$side/inductor" \
       TRITON_CACHE_DIR="$CACHE/$side/triton" "$@" "$TPY" "$LADDER" --rungs "$rungs" --device "$DEVICE" --resume \
-      --rung-timeout "$RUNG_S" --out "$OUT/ladder_$side.json"
+      --rung-timeout "$RUNG_S" --quick-exit --out "$OUT/ladder_$side.json"
     rc=$(cat "$OUT/${side}_run$n.rc")
     case $rc in 0|1|skipped) break ;; esac   # 0: every rung ran, 1: one failed; else a rung timed out (3) or the process died
   done
@@ -81,9 +81,10 @@ ladder native_again 60 "$(echo "$RUNGS" | tr , '\n' | grep -vx 'R10\|R11' | past
 # rgpu gets what is left but the four timed runs and the summary
 ladder rgpu $(( BUDGET - ($(date +%s) - T0) - 4 * 40 - 10 )) "$RUNGS" "$TPY" -m rgpu intercept run --
 for i in 1 2; do   # interleaved: drift hits both sides alike
-  step "bench_native_$i" 40 "${NATIVE[@]}" "$TPY" "$LADDER" --bench "${BENCH[@]}" --device "$DEVICE" --out "$OUT/bench_native_$i.json"
+  step "bench_native_$i" 40 "${NATIVE[@]}" "$TPY" "$LADDER" --bench "${BENCH[@]}" --device "$DEVICE" --quick-exit \
+    --out "$OUT/bench_native_$i.json"
   step "bench_rgpu_$i" 40 "$TPY" -m rgpu intercept run -- "$TPY" "$LADDER" --bench "${BENCH[@]}" --device "$DEVICE" \
-    --out "$OUT/bench_rgpu_$i.json"
+    --quick-exit --out "$OUT/bench_rgpu_$i.json"
 done
 
 kill "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null
