@@ -213,14 +213,7 @@ class Library:
 
     # ---- handles -------------------------------------------------------------------------------
     def cudnnCreate(self, handle, stream, tail, client_version):
-        if self.lib is None:
-            from .loading import LibraryMissing, load
-            try:
-                lib = load("libcudnn.so.9")
-                _bind(lib)
-            except (LibraryMissing, AttributeError) as exc:
-                raise LibError(NOT_INITIALIZED, str(exc)) from None
-            self.lib = lib
+        self._need_lib()
         version = self.lib.cudnnGetVersion()
         if version // 10000 != client_version // 10000:
             raise LibError(VERSION_MISMATCH, f"the client's cuDNN is {client_version}, the server's {version}")
@@ -237,12 +230,19 @@ class Library:
         return self._check("cudnnDestroy", self.lib.cudnnDestroy(real))
 
     # ---- the backend graph API -----------------------------------------------------------------
-    def _need_lib(self, name):
+    def _need_lib(self):
+        """The real library, loaded at the first call that needs it (descriptors need no handle)."""
         if self.lib is None:
-            raise LibError(NOT_INITIALIZED, f"{name} before cudnnCreate")
+            from .loading import LibraryMissing, load
+            try:
+                lib = load("libcudnn.so.9")
+                _bind(lib)
+            except (LibraryMissing, AttributeError) as exc:
+                raise LibError(NOT_INITIALIZED, str(exc)) from None
+            self.lib = lib
 
     def cudnnBackendCreateDescriptor(self, handle, stream, tail, type):
-        self._need_lib("cudnnBackendCreateDescriptor")
+        self._need_lib()
         if handle in self.descs:
             raise LibError(BAD_PARAM, f"backend descriptor {handle:#x} exists already")
         real = _P()
@@ -373,7 +373,7 @@ class Library:
 
     # ---- legacy tensor descriptors and batch normalization -------------------------------------
     def cudnnCreateTensorDescriptor(self, handle, stream, tail):
-        self._need_lib("cudnnCreateTensorDescriptor")
+        self._need_lib()
         if handle in self.tensors:
             raise LibError(BAD_PARAM, f"tensor descriptor {handle:#x} exists already")
         real = _P()
