@@ -26,7 +26,6 @@ BENCH=(--steps "${BENCH_STEPS:-30}" --warmup "${BENCH_WARMUP:-5}")
 RUNG_S=60          # an eager rung's timeout (bench/cuda_ladder_rungs.py TIMEOUTS gives the compile rungs theirs)
 LADDER=$REPO/bench/cuda_ladder.py
 CACHE=$(mktemp -d)  # each side's Inductor and Triton caches: the rgpu side compiles for itself, not from native's
-NATIVE=(env -u LD_LIBRARY_PATH -u LD_AUDIT -u LD_PRELOAD -u RGPU_SERVER -u RGPU_TOKEN)
 
 if [ "${CHECK_INSTALL:-1}" = 1 ]; then
   stamp wheels
@@ -43,6 +42,9 @@ SERVER_PID=$!
 for _ in $(seq 150); do grep -q "listening on" "$OUT/server.log" && break; sleep 0.2; done
 export RGPU_SERVER=$(grep -o "listening on [^;]*" "$OUT/server.log" | head -1 | awk '{print $3}')
 stamp "server $RGPU_SERVER (pid $SERVER_PID), libraries in $LIBDIR"
+# the native runs: no rgpu library in the loader's paths, no RGPU_* variable (a server address among them)
+NATIVE=(env -u LD_LIBRARY_PATH -u LD_AUDIT -u LD_PRELOAD)
+for v in $(compgen -e | grep '^RGPU_'); do NATIVE+=(-u "$v"); done
 
 TPY=""
 for p in "${TORCH_PYTHON:-}" /opt/torch/.venv/bin/python python3; do
