@@ -1,7 +1,7 @@
 /* What rgpu's math libraries (lib_cublas.c, lib_cublaslt.c, lib_cudnn.c) share: the door into rgpu's libcuda.so.1.
  *
  * A forwarded call is a numbered payload (rgpu.protocol.cuda_libs; ids and packed structs in
- * rgpu_protocol.h).  rgpu_door_queue() puts it in the driver's ordered queue (never waited for; a
+ * rgpu_protocol_libs.h).  rgpu_door_queue() puts it in the driver's ordered queue (never waited for; a
  * failing status is raised at the next synchronising CUDA call); rgpu_door_call() sends it and waits for
  * the library's status and the call's output.  Both return the library's status; when the route itself
  * failed (no rgpu driver loaded, the server gone) they return `failed`, having said why once.
@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "rgpu_protocol.h"
+#include "rgpu_protocol_libs.h"
 
 /* Queue call `id` on `stream` (0: the legacy default) for `handle`; `failed` if it cannot reach the driver. */
 __attribute__((visibility("hidden")))

@@ -106,7 +106,8 @@ def build(soname: str, folder: str | os.PathLike | None = None, *, force: bool =
         extra_cflags=["-std=gnu11", "-fvisibility=hidden", "-Wall", *defines],
         extra_ldflags=["-Wl,--no-undefined"],
         generated={f"{soname.split('.so')[0]}_stubs.c": source(soname)},
-        key_extra=ABI.read_text() + protocol.HEADER.read_text() + (HERE / "lib_door.h").read_text(), force=force)
+        key_extra="".join(f.read_text() for f in (ABI, protocol.HEADER, protocol.HEADER_LIBS, HERE / "lib_door.h")),
+        force=force)
 
 
 def build_all(folder: str | os.PathLike | None = None, *, force: bool = False) -> list[Path]:

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rgpu.protocol import HEADER, cuda, header, ops, wire
+from rgpu.protocol import HEADER, HEADER_LIBS, cuda, header, ops, wire
 
 ROOT = Path(__file__).resolve().parent.parent
 INCLUDERS = ("device_backend/rgpu_device.h", "server/ops/fast_op.cpp", "server/ops/fast_table.h",
@@ -19,6 +19,15 @@ def _defines() -> dict[str, str]:
 
 def test_the_committed_header_is_what_the_generator_writes():
     assert HEADER.read_text() == header.render(), "stale: run python -m rgpu.protocol.header --write"
+    assert HEADER_LIBS.read_text() == header.render_libs(), "stale: run python -m rgpu.protocol.header --write"
+
+
+def test_every_math_library_call_has_its_id_and_a_payload_struct_of_its_size():
+    from rgpu.protocol import cuda_libs
+    text = HEADER_LIBS.read_text()
+    for call in cuda_libs.CALLS.values():
+        assert f"#define RGPU_LIB_{call.name} " + f"{call.id:#X}u".replace("0X", "0x") in text
+        assert f"sizeof(rgpu_lib_{call.name}_t) == {max(call.format.size, 1)}" in text
 
 
 def test_the_generator_checks_from_the_command_line():

@@ -13,7 +13,7 @@ device pointer mode.
 """
 from __future__ import annotations
 
-from .cuda_libs import LibCall
+from .lib_call import LibCall
 
 IDS = (0x100, 0x200)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
-from .cuda_libs import LibCall
+from .lib_call import LibCall
 
 IDS = (0x200, 0x300)
 

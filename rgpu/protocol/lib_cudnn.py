@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import struct
 
-from .cuda_libs import LibCall
+from .lib_call import LibCall
 
 IDS = (0x300, 0x400)
 

@@ -26,6 +26,8 @@ GENERATED: tuple[Generated, ...] = (
     Generated("docs/cuda_coverage.md", (PY, "-m", "rgpu", "intercept", "coverage")),
     Generated("rgpu/protocol/rgpu_protocol.h",
               (PY, "-c", "from rgpu.protocol import header; print(header.render(), end='')")),
+    Generated("rgpu/protocol/rgpu_protocol_libs.h",
+              (PY, "-c", "from rgpu.protocol import header; print(header.render_libs(), end='')")),
     Generated("docs/config.md", (PY, "-m", "rgpu.config", "--docs")),
     Generated("README.md", (PY, "-m", "rgpu.config", "--readme"), section="settings"),
     Generated("docs/perf/transport.md", (PY, "tools/perf_tables.py", "transport"), section="current figures"),
