@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_serve)
 
     p = sub.add_parser("bench", help="measure rgpu beside its baseline; prints a table or JSON rows")
-    p.add_argument("suite", help="transport, ops, train, cuda, upload, resilience")
+    p.add_argument("suite", help="transport, ops, train, generate, cuda, upload, resilience")
     p.add_argument("--json", action="store_true", help="print one JSON array of rows")
     p.add_argument("--transport", default=None, help="tcp, shm, ucx (default: every one available)")
     p.add_argument("--sizes", default=None, help="comma list of sizes for bandwidth, e.g. 64,1M,64M")
@@ -107,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sim-rtt", default=None, help="train: comma list of simulated round trips in ms, e.g. 1,10,30")
     p.add_argument("--tls", action="store_true",
                    help="transport: add TLS rows beside plain tcp (what TLS costs); resilience: a TLS server's row too")
+    p.add_argument("--tokens", type=int, default=None, help="generate: new tokens per sequence (128; --quick: 16)")
     p.add_argument("--flood", type=int, default=None, help="resilience: connections in the strangers' flood (256)")
     p.add_argument("--netns", action="store_true",
                    help="transport: across two network namespaces joined by a veth pair (root), beside a raw socket")
