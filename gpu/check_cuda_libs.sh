@@ -14,7 +14,7 @@
 # native itself does not repeat bitwise is no fault of rgpu's); the R7 eager step timed (--bench),
 # native and rgpu interleaved twice; then `cuda_ladder.py compare`: per rung native ok, rgpu ok, bitwise equal, the
 # largest difference of the float summaries, rgpu's error and the "not supported over rgpu" lines (they name the
-# calls still missing), the step's time rgpu/native.
+# calls still missing), the step's time rgpu/native; R4 again with DISABLE_ADDMM_CUDA_LT=1 where time is left.
 # Results: $OUT/summary.txt, $OUT/cuda_libs.json, $OUT/cuda_libs.tar.gz (both ladders' and benches' JSON, every step's
 # stderr, the server log). Needs the ignored .whl/ folder carried with the tree.
 BUDGET=465
@@ -89,8 +89,17 @@ for i in 1 2; do   # interleaved: drift hits both sides alike
     --quick-exit --out "$OUT/bench_rgpu_$i.json"
 done
 
+# R4 once more with torch's cuBLASLt path off (Linear and addmm on plain cuBLAS), where time is left: it tells a
+# cuBLASLt fault from a cuBLAS one
+ladder native_nolt 30 R4 env DISABLE_ADDMM_CUDA_LT=1 "${NATIVE[@]}"
+ladder rgpu_nolt 30 R4 env DISABLE_ADDMM_CUDA_LT=1 "$TPY" -m rgpu intercept run --
+
 kill "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null
 stamp summary
+if [ -f "$OUT/ladder_rgpu_nolt.json" ]; then
+  (cd /tmp && python3 "$LADDER" compare "$OUT/ladder_native_nolt.json" "$OUT/ladder_rgpu_nolt.json" \
+    --stderr "$OUT"/rgpu_nolt_run*.err --out "$OUT/cuda_libs_nolt.json") >"$OUT/compare_nolt.txt" 2>&1
+fi
 (cd /tmp && python3 "$LADDER" compare "$OUT/ladder_native.json" "$OUT/ladder_rgpu.json" --stderr "$OUT"/rgpu_run*.err \
   --bench-native "$OUT"/bench_native_*.json --bench-rgpu "$OUT"/bench_rgpu_*.json --native-again "$OUT/ladder_native_again.json" --out "$OUT/cuda_libs.json") \
   >"$OUT/compare.txt" 2>&1
@@ -103,9 +112,13 @@ except Exception as exc:
     s = {"compare_failed": f"{type(exc).__name__}: {exc}"}
 s["rc"] = {p.stem: p.read_text().strip() for p in sorted(out.glob("*.rc"))}
 s["server_log_tail"] = (out / "server.log").read_text(errors="replace")[-3000:] if (out / "server.log").exists() else ""
-s["rgpu_stderr_head"] = {p.stem: p.read_text(errors="replace").splitlines()[:30] for p in sorted(out.glob("rgpu_run*.err"))}
+s["rgpu_stderr_head"] = {p.stem: p.read_text(errors="replace").splitlines()[:30] for p in sorted(out.glob("rgpu_*run*.err"))}
+if (out / "cuda_libs_nolt.json").exists():
+    s["r4_without_cublaslt"] = json.loads((out / "cuda_libs_nolt.json").read_text())["rungs"]
 (out / "cuda_libs.json").write_text(json.dumps(s, indent=1))
 print((out / "compare.txt").read_text(errors="replace").rstrip())
+if (out / "compare_nolt.txt").exists():
+    print("R4 with DISABLE_ADDMM_CUDA_LT=1:", *(out / "compare_nolt.txt").read_text(errors="replace").splitlines()[:-1], sep="\n")
 print("rc:", s["rc"])
 print("server log tail:", *s["server_log_tail"].splitlines()[-12:], sep="\n  ")
 EOF
