@@ -14,6 +14,7 @@ from .registry import say_once
 
 def lib_call(c, ffi, call: int, stream: int, handle: int, payload, n: int, out, cap: int, status, got) -> int:
     name = CALLS[call].name if call in CALLS else f"math library call {call:#x}"
+    c.waits[name] += 1
     value, bufs = c.call("lib_call", call, handle, stream, buffers=[ffi.buffer(payload, n)] if n else [])
     st, message = value[0], value[1] if len(value) > 1 else None
     status[0] = st

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+from collections import Counter
 
 from .registry import CUDA_SUCCESS, CudaCallError, say_once
 
@@ -40,6 +41,7 @@ class Client:
         self.init_info: dict | None = None
         self.server_version = API_VERSION
         self.keep: dict[str, dict] = {}      # cffi memory handed to the program, by kind and address
+        self.waits: Counter = Counter()       # answered calls (round trips) by name: RGPU_CUDA_WAIT_REPORT
 
     # ---- connection ------------------------------------------------------------------
     def connection(self):
@@ -118,6 +120,8 @@ class Client:
         ``ctx``: the context to run it in (default: the calling thread's current one).
         """
         conn = self.connection()
+        if op != "lib_call":                  # calls_libs counts those by the library call's name
+            self.waits[op] += 1
         with self.lock:
             self.drain()
             fut = conn.request([op, self.ctx() if ctx is None else ctx, *args], buffers, reply_into=into)

@@ -43,6 +43,11 @@ def handler_for_flush(flush):
 
 def _at_exit(c) -> None:
     c.lib.rgpu_set_finalized()
+    from rgpu import config
+    if config.settings().cuda_wait_report and c.waits:
+        import sys
+        top = ", ".join(f"{name} {n}" for name, n in c.waits.most_common(12))
+        print(f"rgpu: {sum(c.waits.values())} answered calls (round trips) in all; the most: {top}", file=sys.stderr)
     try:
         c.close()
     except Exception:        # the process is ending; the server cleans up a dropped session
