@@ -280,9 +280,9 @@ TORCH_PROBE = textwrap.dedent("""
                    and l.split()[-1].rsplit("/", 1)[-1].startswith(names)})
     out = {"torch": torch.__version__, "maps": maps, "cudnn": torch.backends.cudnn.version(),
            "available": torch.cuda.is_available()}
-    a = torch.empty(4, 4, device="cuda")
-    try:
-        a @ a
+    a = torch.arange(16, dtype=torch.float32).reshape(4, 4) / 8
+    try:                                   # through rgpu's cuBLAS to the server's: the CPU's answer
+        out["matmul"] = torch.equal((a.cuda() @ a.cuda()).cpu(), a @ a)
     except RuntimeError as exc:
         out["matmul"] = str(exc).splitlines()[0]
     print(json.dumps(out))
@@ -305,5 +305,4 @@ def test_stock_torch_binds_to_rgpus_five_libraries_and_loads_none_of_nvidias(tmp
     folder = default_folder()
     assert out["maps"] == sorted(str(folder / n) for n in REPLACED), out["maps"]
     assert out["cudnn"] == 91900 and out["available"] is True
-    assert "CUBLAS_STATUS_NOT_SUPPORTED" in out["matmul"]
-    assert "rgpu: cublasCreate_v2 (libcublas.so.13) is not supported over rgpu yet" in done.stderr
+    assert out["matmul"] is True, out["matmul"]     # small integers over 8: exact in fp32 on any GEMM kernel
