@@ -261,6 +261,9 @@ def compare(native_path, rgpu_path, stderr=(), bench_native=(), bench_rgpu=(), n
     does not repeat bitwise (a difference there is no fault of rgpu's)."""
     n, r = _load(native_path), _load(rgpu_path)
     n2 = _load(native_again) if native_again else {"rungs": {}}
+    for run in (n, r, n2):                   # a rung the last process died in, with no time left to resume
+        if run.get("running") and run["running"] not in run["rungs"]:
+            run["rungs"][run["running"]] = _died("during this rung, and no time was left to carry on")
     names = list(dict.fromkeys([*n.get("rungs", {}), *r.get("rungs", {})]))
     rows = {name: compare_rung(n["rungs"].get(name), r["rungs"].get(name)) for name in names}
     refused = not_supported(stderr)

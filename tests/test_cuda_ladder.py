@@ -147,6 +147,7 @@ def test_the_command_compares_files_assigns_refused_calls_to_rungs_and_times_the
     (tmp_path / "n.json").write_text(json.dumps(run_of({"R4": {"ok": True, "results": {"x": entry()}, "wall_s": 1},
                                                          "R5": {"ok": True, "results": {"c": entry()}, "wall_s": 1}})))
     (tmp_path / "r.json").write_text(json.dumps(run_of({"R4": {"ok": True, "results": {"x": entry()}, "wall_s": 2}}, rgpu=True)))
+    (tmp_path / "killed.json").write_text(json.dumps({"rungs": {}, "running": "R4"}))
     (tmp_path / "r1.err").write_text(f"rgpu: started\n{cuda_ladder.MARK}R4 ==\n{cuda_ladder.MARK}R5 ==\n"
                                      "rgpu: cudnnBackendExecute (libcudnn) is not supported over rgpu yet\n"
                                      "rgpu: cudnnBackendExecute (libcudnn) is not supported over rgpu yet\n")
@@ -174,6 +175,8 @@ def test_the_command_compares_files_assigns_refused_calls_to_rungs_and_times_the
     assert "R4" in table and "equal" in table and "cudnnBackendExecute" in table and "rgpu/native 2.25" in table
     assert "native differs from itself on: x" in table
     assert cuda_ladder.compare(f"{t}/absent.json", f"{t}/r.json")["unreadable"]
+    killed = cuda_ladder.compare(f"{t}/n.json", f"{t}/killed.json")["rungs"]["R4"]
+    assert killed["rgpu_ok"] is False and "no time was left" in killed["rgpu_error"]
 
 
 def test_the_gpu_script_parses():
