@@ -1,6 +1,7 @@
-"""``rgpu bench resilience``: an authenticated handshake while strangers flood the server's port.
+"""``rgpu bench resilience``: an authenticated handshake while strangers flood the server's port; a session
+resumed after a dropped connection.
 
-    rgpu bench resilience --json [--repeats 7] [--flood 256] [--tls]
+    rgpu bench resilience --json [--repeats 7] [--flood 256] [--tls] [--resume-only]
     python -m rgpu.bench.resilience --json --flood 256 [--tls]
 
 The flood is another process (``python -m rgpu.bench.resilience --flood-at HOST:PORT``) holding
@@ -11,6 +12,11 @@ connect, the handshake to WELCOME) with the flood on; baseline: the same with no
 interleaved, each against a server that has had time to start its next spare worker. Rows: the
 default bounds (the flood churns among itself), bounds above the flood (all of it held at once),
 and with ``--tls`` a TLS server (its flood dribbles a TLS record).
+
+Resuming (a server with ``RGPU_SESSION_GRACE``): value, an echo call right after the client's
+connection was cut (the drop noticed, a new connection, the handshake, the resume and the call);
+baseline, the plain reconnect: a new session's connect and the same call. And the cost of keeping
+frames for replay: 256 posts of 4 KiB and a call, on a resumable session against a plain one.
 """
 from __future__ import annotations
 
@@ -158,15 +164,74 @@ def _one(count: int, repeats: int, tls: bool = False, env: dict | None = None, w
                        "the handshake with no flood", unit="ms", delay_ms=result["value"] - result["baseline"])
 
 
+def _resuming(repeats: int) -> list[dict]:
+    """A resume after a drop beside a plain reconnect; posts on a resumable session beside a plain one."""
+    from rgpu import config
+    from rgpu.transport.client import connect
+    from rgpu.transport.local_server import LocalServer
+
+    token = secrets.token_urlsafe(32)
+    with tempfile.TemporaryDirectory() as folder:
+        servers = [LocalServer(token, ["--preload", "", "--spare-workers", "2"],
+                               env={**_clean_env(), "RGPU_TOKEN_FILE": str(Path(folder) / "token"),
+                                    "RGPU_SESSION_GRACE": grace}) for grace in ("30", "0")]
+        try:
+            kept, plain = (config.settings(environ={}, server=srv.address, token=token, transport="tcp",
+                                           connect_timeout=120.0) for srv in servers)
+            time.sleep(SETTLE_S)
+            session = connect("echo", settings=kept)
+            session.call({"op": "echo"}, [b"x"])
+
+            def resumed() -> float:
+                session.transport.drop()
+                t0 = time.perf_counter()
+                session.call({"op": "echo"}, [b"x"])
+                return (time.perf_counter() - t0) * 1e3
+
+            def reconnected() -> float:
+                t0 = time.perf_counter()
+                conn = connect("echo", settings=kept)
+                conn.call({"op": "echo"}, [b"x"])
+                elapsed = (time.perf_counter() - t0) * 1e3
+                conn.close()
+                time.sleep(SETTLE_S)    # its spare replaced
+                return elapsed
+
+            resume = harness.compare(resumed, reconnected, repeats)
+            session.close()
+            conns = [connect("echo", settings=s) for s in (kept, plain)]
+            chunk = bytes(4096)
+
+            def posts(conn) -> float:
+                t0 = time.perf_counter()
+                for _ in range(256):
+                    conn.post({"op": "sizes"}, [chunk])
+                conn.call({"op": "sizes"})
+                return (time.perf_counter() - t0) * 1e3
+
+            cost = harness.compare(lambda: posts(conns[0]), lambda: posts(conns[1]), max(repeats, 7))
+            for conn in conns:
+                conn.close()
+        finally:
+            for srv in servers:
+                srv.stop()
+    return [harness.row("resilience", "tcp", "time to resume a session after a drop (to its next answer)", None,
+                        resume, "a plain reconnect (a new session) and the same call", unit="ms"),
+            harness.row("resilience", "tcp", "256 posts of 4 KiB and a call, frames kept for replay", None,
+                        cost, "the same on a session that cannot resume", unit="ms")]
+
+
 def rows(args=None) -> list[dict]:
     repeats = 3 if getattr(args, "quick", False) else harness.repeats_of(args, 5)
     count = int(getattr(args, "flood", None) or DEFAULT_FLOOD)
+    if getattr(args, "resume_only", False):
+        return _resuming(max(repeats, 7))
     out = [_one(count, repeats),
            _one(count, repeats, env={"RGPU_MAX_UNAUTH_PER_SOURCE": str(4 * count)},
                 what=" (bounds above it: every one held)")]
     if getattr(args, "tls", False):
         out.append(_one(count, repeats, tls=True))
-    return out
+    return out + _resuming(max(repeats, 7))
 
 
 def _clean_env() -> dict:
@@ -186,7 +251,8 @@ def main(argv=None) -> int:
         return 0
     return harness.main(rows, rest + ["--flood", str(known.flood)], __doc__, repeats=5,
                         flags={"--flood": {"type": int, "default": DEFAULT_FLOOD, "help": "connections in the flood"},
-                               "--tls": {"action": "store_true", "help": "also against a TLS server"}})
+                               "--tls": {"action": "store_true", "help": "also against a TLS server"},
+                               "--resume-only": {"action": "store_true", "help": "only the resume rows"}})
 
 
 if __name__ == "__main__":

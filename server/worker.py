@@ -85,8 +85,9 @@ def serve_session(transport, session: Session, transports: list, resume: dict | 
 
 def _resumable(transport, session: Session, resume: dict, control: socket.socket) -> ResumableEnd:
     """The session's tcp end, kept through a drop for the grace; a thread takes resumed connections."""
-    end = ResumableEnd(transport, session.id, resume["id"], float(resume["grace_s"]),
-                       int(resume["replay_bytes"]), session.settings)
+    theirs = session.options.get("replay_bytes")
+    end = ResumableEnd(transport, session.id, resume["id"], float(resume["grace_s"]), int(resume["replay_bytes"]),
+                       session.settings, theirs if isinstance(theirs, int) and theirs > 0 else None)
 
     def watch() -> None:
         while True:

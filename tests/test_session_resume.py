@@ -141,6 +141,25 @@ def test_past_the_replay_bound_a_drop_ends_the_session_with_the_reason(start_ser
         proxy.close()
 
 
+def test_a_long_stretch_of_posts_is_acknowledged_so_the_replay_log_stays_within_its_bound(server):
+    proxy = CuttingProxy((server.host, server.port), {0: Cut("up", offset=3_000_000)})
+    try:
+        conn = _through(proxy, server, replay_bytes=1 << 20)
+        trainer = Trainer(conn)
+        chunk = np.ones(16 << 10, dtype=np.float32)              # 64 KiB a post: 8 MiB in all, no request
+        for sid in range(5000, 5128):
+            conn.post([Msg.UPLOAD, [], [sid, chunk.nbytes, F32, [chunk.size], [1], 0, 0]], [chunk])
+        log = conn.transport.log
+        assert log.nbytes <= log.bound and log.gap == 0          # the server's acknowledgements were read
+        trainer.step()
+        assert torch.equal(trainer.weights(), trainer.reference())
+        assert conn.transport.resumes == 1 and proxy.cuts_done
+        held = conn.call([Msg.MEMORY, 0]).meta[0]
+        assert held >= 128 * chunk.nbytes                       # every upload applied once, none twice
+    finally:
+        proxy.close()
+
+
 def _resume_hello(server, token: bytes, options: dict) -> dict:
     t = TcpTransport(tcp.connect(server.host, server.port, 5.0))
     try:
@@ -169,3 +188,35 @@ def test_over_shm_nothing_changes(server):
     if conn.transport_name != "shm":
         pytest.skip(f"shm not negotiated here ({conn.transport_name})")
     assert not isinstance(conn.transport, ResumingTransport)
+
+
+def test_a_cuda_route_program_copies_through_cut_connections_unchanged(start_server):
+    server = start_server("--cuda-driver", "fake", "--spare-workers", "1", env={"RGPU_SESSION_GRACE": "30"})
+    cuts = {0: Cut("up", offset=40_000),                                  # mid-copy
+            1: Cut("down", kind=MsgKind.REPLY, nth=5),                    # a call applied, its answer not read
+            2: Cut("down", kind=MsgKind.REPLY, min_bytes=1 << 16, fraction=0.5)}   # mid-download
+    proxy = CuttingProxy((server.host, server.port), cuts)
+    try:
+        conn = connect("cuda", settings=server.settings().with_(server=proxy.address))
+
+        def call(op, ctx, *args, buffers=()):
+            reply = conn.call([op, ctx, *args], list(buffers))
+            code, value, _ = reply.meta
+            assert code == 0, (op, value)
+            return value, reply
+
+        call("init", 0, 0)
+        ctx, _ = call("primary_ctx_retain", 0, 0)
+        ptr, _ = call("mem_alloc", ctx, 1 << 16)
+        rng = np.random.default_rng(6)
+        for _ in range(24):
+            data = rng.integers(0, 255, 1 << 16, dtype=np.uint8).tobytes()
+            call("memcpy_htod", ctx, ptr, None, buffers=[data])
+            _, reply = call("memcpy_dtoh", ctx, ptr, 1 << 16, None)
+            assert bytes(reply.buffers[0]) == data
+            reply.release()
+        call("mem_free", ctx, ptr)
+        assert conn.transport.resumes == len(proxy.cuts_done) == 3, proxy.cuts_done
+        conn.close()
+    finally:
+        proxy.close()

@@ -39,8 +39,9 @@ def connect(route: str, *, settings=None, server: str | None = None, token: str 
         sock = tls.wrap_client(sock, s, host, port)
     transport = TcpTransport(sock)
     limits = Limits.from_settings(s)
+    # replay_bytes: how often the server acknowledges a stretch of posts, should it offer a resume (resume.py)
     hello = handshake.Hello(route=route, session=session or uuid.uuid4().hex, versions=handshake.software_versions(),
-                            transports=offer, options=options or {})
+                            transports=offer, options={**(options or {}), "replay_bytes": s.replay_bytes})
     where, phase = f"{host}:{port}", "handshake"
     waiting = _Waiting(where, sock)
     try:

@@ -5,8 +5,9 @@ id (``RGPU_SESSION_GRACE`` > 0 on the server, plain tcp). The connection above i
 
 - every frame sent is kept, copied, until the server acknowledges it (the ``ack`` field of its
   replies, or a REPLY of seq 0 the server sends every so often during a stretch of posts), at most
-  ``RGPU_REPLAY_BYTES``; past it the oldest go, and a later drop the server had not acknowledged
-  them by ends the session;
+  ``RGPU_REPLAY_BYTES``: past it a send waits a moment for acknowledgements, as a full socket would,
+  then the oldest go (a frame over the bound by itself is never kept), and a drop before the server
+  acknowledges them ends the session;
 - a send or a read that fails reconnects with backoff, authenticates again (the handshake's HMAC),
   resumes by the id with the seq of the last answer it read, and writes again every kept frame past
   the seq the server says it applied; the server re-sends the answers past ours;
@@ -31,6 +32,7 @@ from .wire import HEADER, MsgKind
 _REPLY, _ERROR, _BYE = MsgKind.REPLY, MsgKind.ERROR, MsgKind.BYE
 _HEAD = HEADER
 BACKOFF_S = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0)   # between reconnection attempts; the last repeats
+ACK_WAIT_S = 5.0   # a send over the bound waits this long for acknowledgements (a server busy longer: shed)
 
 
 class ReplayLog:
@@ -42,21 +44,34 @@ class ReplayLog:
         self.lock = threading.Lock()
 
     def add(self, parts: Sequence) -> bool:
-        """Keep the frames in ``parts`` (copied); True when one is a BYE."""
-        bye, i, n = False, 0, len(parts)
+        """Keep the frames in ``parts`` (copied: the caller may change its memory once the send returns);
+        True when one is a BYE. A frame over the bound by itself is never kept: a drop before the server
+        acknowledges it ends the session."""
+        bye, i, n, bound, unpack = False, 0, len(parts), self.bound, _HEAD.unpack_from
+        kept, nbytes = [], 0
         while i < n:
             prefix = parts[i]
-            _, _, kind, _, seq, _, _, nbufs = _HEAD.unpack_from(prefix)
-            frame = [prefix if type(prefix) is bytes else bytes(prefix)]
+            _, _, kind, _, seq, _, _, nbufs = unpack(prefix)
+            i += 1
+            if kind == _BYE:
+                bye = True
             size = len(prefix)
-            for p in parts[i + 1:i + 1 + nbufs]:
-                frame.append(p if type(p) is bytes else bytes(p))   # the caller may change its memory
-                size += len(frame[-1])
-            i += 1 + nbufs
-            bye = bye or kind == _BYE
-            with self.lock:
-                self.frames.append((seq, frame, size))
-                self.nbytes += size
+            if not nbufs:
+                kept.append((seq, (prefix,), size))
+                nbytes += size
+                continue
+            bufs = parts[i:i + nbufs]
+            i += nbufs
+            for b in bufs:
+                size += b.nbytes if type(b) is memoryview else len(b)
+            if size > bound:
+                self.gap = max(self.gap, seq)
+                continue
+            kept.append((seq, (prefix, *[b if type(b) is bytes else bytes(b) for b in bufs]), size))
+            nbytes += size
+        with self.lock:
+            self.frames.extend(kept)
+            self.nbytes += nbytes
         return bye
 
     def over(self) -> bool:
@@ -133,12 +148,10 @@ class ResumingTransport(Transport):
             outer, self._writer = self._writer, me
             try:
                 bye = self.log.add(parts)
-                if self.log.nbytes > self.log.bound // 2 and self.on_acks is not None and outer is None:
-                    self.on_acks()            # the server's acknowledgements, read before the log sheds
-                if self.log.over():
-                    self.log.shed()
                 self._inner.on_block = self.on_block
                 self._inner.send(parts)
+                if self.log.nbytes > self.log.bound // 2 and outer is None:
+                    self._make_room()
                 return
             except SessionLost:
                 raise
@@ -179,6 +192,20 @@ class ResumingTransport(Transport):
             self._note(frame)
             return frame
 
+    def _make_room(self) -> None:
+        """The log is half full: read the server's acknowledgements (it sends one every so much it reads);
+        over the bound, wait for them as a full socket would, at most ACK_WAIT_S (a server busy longer:
+        the oldest go, and a drop before the server acknowledges them ends the session)."""
+        log = self.log
+        if self.on_acks is not None:
+            self.on_acks()
+            until = time.monotonic() + ACK_WAIT_S
+            while log.over() and len(log.frames) > 1 and time.monotonic() < until:
+                time.sleep(0.0005)
+                self.on_acks()
+        if log.over():
+            log.shed()
+
     def _note(self, frame) -> None:
         if frame.ack:
             self.log.trim(frame.ack)
@@ -188,6 +215,16 @@ class ResumingTransport(Transport):
 
     def readable(self, timeout: float) -> bool:
         return bool(self._stash) or self._lost is not None or self._inner.readable(timeout)
+
+    def drop(self) -> None:
+        """Cut the current connection as a network would (tests, ``rgpu bench resilience``): the next send
+        or read resumes the session."""
+        import socket
+
+        try:
+            self._inner.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
     def close(self) -> None:
         self._closed = True

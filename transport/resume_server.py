@@ -9,7 +9,7 @@ resumed connection (authenticated again, the id checked: ``server/serve.py``), i
 - answers (REPLY, ERROR) are kept, copied, the most recent ones up to ``RGPU_REPLAY_BYTES``; a resumed
   client says the seq of the last answer it read and gets the later ones again, in order;
 - the client's kept frames are acknowledged in every reply's ``ack`` and, during a stretch of posts, by
-  a REPLY of seq 0 every ``ACK_EVERY`` frames or an eighth of the replay bound's bytes.
+  a REPLY of seq 0 every ``ACK_EVERY`` frames or ``ACK_BYTES``.
 
 Past the grace the wait raises ``ConnectionLost`` and the session ends as before: everything freed.
 """
@@ -30,7 +30,8 @@ from .tcp import TcpTransport
 from .wire import HEADER, MsgKind
 
 _REPLY, _ERROR = MsgKind.REPLY, MsgKind.ERROR
-ACK_EVERY = 256          # posts between two acknowledgements when no request answers them
+ACK_EVERY = 256          # posts between two acknowledgements when no request answers them ...
+ACK_BYTES = 1 << 20      # ... or bytes of theirs (at most an eighth of the client's replay bound): the first
 ANSWERS_KEPT = 1024      # most answers kept for a resumed client, whatever their size
 
 
@@ -39,7 +40,8 @@ class ResumableEnd(Transport):
     name = "tcp"
     serve = None
 
-    def __init__(self, inner: TcpTransport, session_id: str, resume_id: str, grace_s: float, bound: int, settings):
+    def __init__(self, inner: TcpTransport, session_id: str, resume_id: str, grace_s: float, bound: int, settings,
+                 client_bound: int | None = None):
         self._inner = inner
         self.session_id, self._id, self.grace_s, self.bound = session_id, resume_id, grace_s, bound
         self.settings = settings
@@ -49,7 +51,8 @@ class ResumableEnd(Transport):
         self.kept = 0
         self.lost_upto = 0            # the newest answer no longer kept
         self._since_ack, self._bytes_since_ack = 0, 0
-        self._ack_bytes = max(1, bound // 8)
+        # acknowledged well before the client's log is full (its bound, said in its HELLO)
+        self._ack_bytes = max(1, min(ACK_BYTES, (client_bound or bound) // 8))
         self.resumes = 0
 
     @property
