@@ -42,7 +42,7 @@ LIBRARIES = {
     "libcublas.so.13": Library("libcublas.so.13", ("stub.c", "stub_cublas.c", "lib_door.c", "lib_cublas.c"), 15, (13, 1, 0)),
     "libcublasLt.so.13": Library("libcublasLt.so.13", ("stub.c", "stub_cublaslt.c", "lib_door.c", "lib_cublaslt.c"), 15,
                                  (13, 1, 0)),
-    "libcudnn.so.9": Library("libcudnn.so.9", ("stub.c", "stub_cudnn.c", "lib_door.c", "lib_cudnn.c"), 3000, None),
+    "libcudnn.so.9": Library("libcudnn.so.9", ("stub.c", "stub_cudnn.c", "lib_door.c", "lib_cudnn.c", "lib_cudnn_bn.c"), 3000, None),
 }
 
 _DEFINED = re.compile(r"^RGPU_API\b[^(;]*?\b(\w+)\s*\(|^RGPU_STUB_AS\(\s*[^,]+,\s*(\w+)\s*,", re.M)

@@ -101,6 +101,7 @@ TABLE: tuple[Setting, ...] = (
     Setting("replay_bytes", "RGPU_REPLAY_BYTES", 64 * MiB, _size, "", "most bytes of sent frames the client keeps until the server acknowledges them (the server keeps as much of its recent answers), to replay after a resumed drop; past it a drop ends the session (SessionLost)", group="limits", why="raise it when large uploads stream past the server's acknowledgements over a slow link; lower it to bound the client's and server's memory"),
     Setting("max_session_bytes", "RGPU_MAX_SESSION_BYTES", None, _optional(_size), "", "server: device memory one session may hold (the ops route's storages, the cuda route's allocations); unset: no bound", group="limits", why="set it on a shared GPU so one session cannot take every other session's memory"),
     Setting("debug", "RGPU_DEBUG", False, _bool, "", "debug logging (the hot path is quiet otherwise)", group="user"),
+    Setting("cuda_lib_trace", "RGPU_CUDA_LIB_TRACE", False, _bool, "", "server: one line on stderr for every forwarded cuBLAS, cuBLASLt and cuDNN call it runs, with its fields and status", group="user", why="names the math-library call that fails when a program works natively but not through rgpu"),
     Setting("cuda_wait_report", "RGPU_CUDA_WAIT_REPORT", False, _bool, "", "cuda route: at exit, say which calls waited for the server (round trips) and how often", group="user", why="finds the call behind a step's extra round trips"),
 )
 

@@ -161,10 +161,13 @@ def test_the_client_answers_gets_from_a_finalize_reply_and_carries_a_by_value_te
     done = subprocess.run([exe], capture_output=True, text=True, timeout=60, env=clean_env())
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.splitlines() == [
-        "create_calls 1", "workspace 1 4096", "config_count 1", "answered_here 1", "desc_as_id 1",
+        "create_calls 1", "workspace 1 4096", "config_count 1", "answered_here 1",
+        "counts 0 3 0 2 11 12 -5 0 0 0 1",              # NULL array: the total; else what was written (0 for 0)
+        "asked 0 5 0 0 3 3 7 0",                        # a count query asks for none; then as many as asked
+        "desc_as_id 1",
         "pack_finalize_queued 1 313",                   # a variant pack's Finalize is queued
         "execute 308 40 9 4 0.125",                     # plan and pack ids, then uid 9's 4 bytes, padded
-        "calls 2 queued 8",
+        "calls 4 queued 8",                             # the two Gets above asked the server
         "handle_here 1 1",                              # a HANDLE attribute set here is answered here
         "sizes 101 101 101 102 asked 3"]                # new descriptors, the same contents: asked once
 
@@ -259,6 +262,20 @@ def test_a_short_payload_or_an_unknown_descriptor_is_a_clear_error():
     assert reply[0] == 2000 and "0x1234 is not a backend descriptor" in reply[1]
     bad = s("cudnnSetTensorNdDescriptor", 0x99, b"\0" * 4, dtype=0, nbdims=1)
     assert bad[0] == 2000
+
+
+def test_the_servers_trace_names_each_call_with_its_status(monkeypatch, capsys):
+    monkeypatch.setenv("RGPU_CUDA_LIB_TRACE", "1")
+    s = Session()
+    d = s.mint()
+    _ok(s("cudnnBackendCreateDescriptor", d, type=15, queued=False))
+    s("cudnnBackendFinalize", 0xDEAD)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith(f"rgpu lib: cudnnBackendCreateDescriptor answered h={d:#x} type=15 +0B -> 0"), lines
+    assert lines[1].startswith("rgpu lib: cudnnBackendFinalize answered h=0xdead  +0B -> 2000: "), lines
+    monkeypatch.delenv("RGPU_CUDA_LIB_TRACE")
+    Session()("cudnnBackendFinalize", 0xDEAD)
+    assert not capsys.readouterr().err               # off by default
 
 
 def test_a_plans_by_value_tensors_are_found_and_their_bytes_replace_the_host_pointers():

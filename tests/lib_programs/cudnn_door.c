@@ -22,6 +22,7 @@ static uint32_t last_id;
 static uint64_t last_handle, last_stream;
 static uint8_t last[256];
 static size_t last_n;
+static int64_t last_requested = -1;
 
 static void put(uint8_t **p, int32_t name, int32_t type, int64_t count, const void *data, int64_t n) {
     int32_t head[2] = {name, type};
@@ -46,6 +47,15 @@ int rgpu_lib_call(uint32_t id, uint64_t stream, uint64_t handle, const void *pay
         put(&p, 402, 3, 1, &ws, 8);
         put(&p, 401, 15 | 1 << 16, 1, NULL, 0);
         put(&p, -1, 3, 2, pairs, 16);
+        int64_t three[3] = {11, 12, 13};
+        put(&p, 403, 3, 3, three, 24);
+    }
+    if (id == 0x305) {                    /* a Get the client could not answer: 5 int32 sevens, as many as asked */
+        int64_t requested, total = 5;
+        memcpy(&requested, (const uint8_t *)payload + 8, 8);
+        last_requested = requested;
+        memcpy(p, &total, 8), p += 8;
+        for (int64_t i = 0; i < requested && i < total; i++) { int32_t seven = 7; memcpy(p, &seven, 4), p += 4; }
     }
     if (id == 0x30f) {                    /* a BN reserve size: 100 + the payload's mode */
         uint64_t size = 100 + *(const int32_t *)payload;
@@ -71,6 +81,21 @@ int main(void) {
     cudnnBackendGetAttribute(plan, 401, 15, 0, &n, NULL);
     printf("config_count %lld\n", (long long)n);
     printf("answered_here %d\n", calls == before);
+    /* cuDNN's counts: no array is a count query whatever is requested; with one, what was written */
+    int64_t got[4] = {0, 0, -5, 0}, c1 = -1, c2 = -1, c3 = -1;
+    int s1 = cudnnBackendGetAttribute(plan, 403, 3, 44, &c1, NULL);
+    int s2 = cudnnBackendGetAttribute(plan, 403, 3, 2, &c2, got);
+    int s3 = cudnnBackendGetAttribute(plan, 403, 3, 0, &c3, got);
+    int s4 = cudnnBackendGetAttribute(plan, 402, 3, 1, NULL, &ws);
+    printf("counts %d %lld %d %lld %lld %lld %lld %d %lld %d %d\n", s1, (long long)c1, s2, (long long)c2,
+           (long long)got[0], (long long)got[1], (long long)got[2], s3, (long long)c3, s4, calls == before);
+    int32_t notes[10] = {0};
+    c1 = c2 = -1;
+    s1 = cudnnBackendGetAttribute(plan, 1303, 11, 10, &c1, NULL);
+    long long sent1 = last_requested;
+    s2 = cudnnBackendGetAttribute(plan, 1303, 11, 3, &c2, notes);
+    printf("asked %d %lld %lld %d %lld %lld %d %d\n", s1, (long long)c1, sent1, s2, (long long)c2,
+           (long long)last_requested, notes[2], notes[3]);
     cudnnBackendCreateDescriptor(5, &plan2);
     cudnnBackendSetAttribute(plan2, 401, 15, 1, &plan);        /* a descriptor element travels as its id */
     uint64_t sent;

@@ -31,7 +31,7 @@ EXTRA = {  # path -> flags its build passes (cuda_intercept/stubs.py's defines, 
     "cuda_intercept/stub.c": _STUB, "cuda_intercept/stub_cublas.c": _STUB,
     "cuda_intercept/stub_cublaslt.c": _STUB, "cuda_intercept/stub_cudnn.c": _STUB,
     "cuda_intercept/lib_door.c": _STUB, "cuda_intercept/lib_cublas.c": _STUB,
-    "cuda_intercept/lib_cublaslt.c": _STUB, "cuda_intercept/lib_cudnn.c": _STUB,
+    "cuda_intercept/lib_cublaslt.c": _STUB, "cuda_intercept/lib_cudnn.c": _STUB, "cuda_intercept/lib_cudnn_bn.c": _STUB,
 }
 
 

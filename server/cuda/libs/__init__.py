@@ -12,11 +12,15 @@ An implementation is a class ``Library(driver, owner)`` with one method per call
 (``cublasGemmEx(self, handle, stream, tail, **fields)``), returning the library's status, or
 ``(status, output bytes)``; ``LibError(status, message)`` fails a call with a message the client shows;
 ``status_name(status)`` names a status; ``close()`` frees everything.
+
+``RGPU_CUDA_LIB_TRACE=1`` in the server's environment writes one line per call run here to stderr: the
+call, queued or answered, its fields, its status and message (what a GPU run needs to name the failing call).
 """
 from __future__ import annotations
 
 import importlib
 import logging
+import sys
 
 from rgpu.protocol.cuda import NO_STREAM
 from rgpu.protocol.cuda_libs import CALLS
@@ -37,11 +41,23 @@ class LibError(Exception):
         self.status = status
 
 
+def _trace(name, answered, handle, fields, tail, status, message) -> None:
+    """One traced call: ``rgpu lib: cudnnBackendFinalize answered h=0x.. {fields} +tail -> status message``."""
+    shown = " ".join(f"{k}={v:#x}" if isinstance(v, int) and v > 0xFFFF else f"{k}={v}"
+                     for k, v in list(fields.items())[:6])
+    result = "raised" if status is None else str(status)
+    sys.stderr.write(f"rgpu lib: {name} {'answered' if answered else 'queued'} h={handle:#x} {shown} +{tail}B"
+                     f" -> {result}{': ' + message if message else ''}\n")
+    sys.stderr.flush()
+
+
 class Libraries:
     def __init__(self, driver):
         self.driver = driver
         self.flavour = "fake" if getattr(driver, "name", "") == "fake" else "real"
         self.open: dict[str, object] = {}        # prefix -> its implementation, once loaded
+        from rgpu import config
+        self.trace = config.settings().cuda_lib_trace
 
     def library(self, prefix: str):
         """The implementation of ``prefix`` (cublas, cublaslt, cudnn), loaded at its first use."""
@@ -74,10 +90,16 @@ class Libraries:
                             tail=payload[fixed.size:], **fields)
         except LibError as exc:
             result, message = exc.status, str(exc)
+        except Exception as exc:
+            if self.trace:
+                _trace(spec.name, answered, handle, fields, payload.nbytes - fixed.size, None, repr(exc))
+            raise
         status, out = (result if isinstance(result, tuple) else (result, None))
         status = int(status or 0)
         if status and message is None:
             message = f"{lib.status_name(status)} ({status})"
+        if self.trace:
+            _trace(spec.name, answered, handle, fields, payload.nbytes - fixed.size, status, message)
         if not answered:
             if status:
                 raise CudaDriverError(CUDA_ERROR_LAUNCH_FAILED, f"{spec.name}: {message}", op=spec.name)

@@ -279,16 +279,19 @@ class Library:
         self.by_value.set(handle, name, type, count, tail)
         return 0
 
-    def _get(self, real, name: int, type: int, cap: int = 64):
-        """(count, element bytes) of one attribute, or None when the library refuses it."""
+    def _get(self, real, name: int, type: int):
+        """(count, element bytes) of one attribute, or None when the library refuses it. With an array
+        cuDNN counts what it wrote (at most the request), without one the attribute's total: asked first."""
         width = WIDTH[type]
         count = c_int64(0)
-        buf = ctypes.create_string_buffer(cap * width)
-        if self.lib.cudnnBackendGetAttribute(real, name, type, cap, byref(count), buf):
+        if self.lib.cudnnBackendGetAttribute(real, name, type, 0, byref(count), None):
             return None
-        if count.value > cap:
-            return self._get(real, name, type, count.value)
-        return count.value, buf.raw[:count.value * width]
+        total = max(count.value, 0)
+        buf = ctypes.create_string_buffer(max(total * width, 1))
+        if total and self.lib.cudnnBackendGetAttribute(real, name, type, total, byref(count), buf):
+            return None
+        n = min(max(count.value, 0), total)
+        return n, buf.raw[:n * width]
 
     def readable(self, desc: int) -> bytes:
         """The dump of a finalized descriptor: every attribute in ``READABLE`` the library answers."""
