@@ -1,4 +1,4 @@
-"""docs/cuda_coverage.md, generated: every export of rgpu's libcuda.so.1 and libcudart.so.13 and what each does.
+"""docs/cuda_coverage.md, generated: every export of rgpu's libcuda.so.1, libcudart.so.13 and math libraries and what each does.
 
     rgpu intercept coverage --out docs/cuda_coverage.md
 """
@@ -77,6 +77,40 @@ def runtime_markdown() -> list[str]:
     return out
 
 
+def libraries_markdown() -> list[str]:
+    """The math libraries: which exports rgpu writes (forwarded to the server's library or answered on the
+    client) and which are refusing stubs; the forwarded calls, queued or answered."""
+    from rgpu.protocol.cuda_libs import CALLS
+
+    import re
+
+    from . import stubs
+
+    def written_of(soname: str) -> set[str]:      # by hand, less the hand-written refusals (RGPU_STUB_AS)
+        refusing = {m for src in stubs.LIBRARIES[soname].sources
+                    for m in re.findall(r"^RGPU_STUB_AS\(\s*[^,]+,\s*(\w+)", (stubs.HERE / src).read_text(), re.M)}
+        return (stubs.implemented(soname) - refusing) & set(stubs.exports(soname))
+
+    out = ["", "# cuBLAS, cuBLASLt and cuDNN coverage of rgpu's libcublas.so.13, libcublasLt.so.13, libcudnn.so.9", "",
+           "Every export of the stock library is there under its version node (`cuda_intercept/abi/`). The ones "
+           "written by hand (`cuda_intercept/lib_*.c`, `stub_*.c`) forward whole calls to the real library in the "
+           "server's session worker (`server/cuda/libs/`: queued in order with the launches, or answered) or answer "
+           "on the client (setters, descriptors' attributes, versions, error strings); every other export is a "
+           "generated stub that returns the library's \"not supported\" status with its name logged once.", "",
+           "| library | exports | written (forwarded or answered on the client) | refusing stubs |", "|---|---|---|---|"]
+    for soname in stubs.LIBRARIES:
+        exports, written = stubs.exports(soname), written_of(soname)
+        out.append(f"| `{soname}` | {len(exports)} | {len(written)} | {len(exports) - len(written)} |")
+    out += ["", "The calls that cross to the server (`rgpu.protocol.cuda_libs`):", "",
+            "| id | call | crosses as |", "|---|---|---|"]
+    out += [f"| `{c.id:#x}` | `{c.name}` | {'answered (a round trip)' if c.sync else 'queued (no round trip)'} |"
+            for c in sorted(CALLS.values(), key=lambda c: c.id)]
+    for soname in stubs.LIBRARIES:
+        written = sorted(written_of(soname), key=str.lower)
+        out += ["", f"Written in `{soname}`: " + ", ".join(f"`{n}`" for n in written) + "."]
+    return out
+
+
 def markdown() -> str:
     api = model.parse(header.load())
     rows = [(name, *status(name)) for name in sorted(api.functions, key=str.lower)]
@@ -90,4 +124,5 @@ def markdown() -> str:
     out += ["", "| function | status | note |", "|---|---|---|"]
     out += [f"| `{name}` | {kind} | {note} |" for name, kind, note in rows]
     out += runtime_markdown()
+    out += libraries_markdown()
     return "\n".join(out) + "\n"
