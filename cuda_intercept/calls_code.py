@@ -156,6 +156,7 @@ def forget_module(h: int) -> None:
         del LAYOUTS[f]
     for key in [k for k in ATTRS if k[0] in gone]:
         del ATTRS[key]
+    SET.clear()        # kernels of a library are not in LAYOUTS until launched: forget every set value
 
 
 @implements("cuModuleUnload")
@@ -262,19 +263,31 @@ def _forget_attrs(h: int, attr: int) -> None:
         del ATTRS[key]
 
 
+# What the program last set, by (function or kernel, attribute, device): setting it again to the same value
+# is a no-op in the driver, and kernels with large shared memory set it before every launch (torch's
+# memory-efficient attention does, twice a layer per step): each would be a round trip.
+SET: dict[tuple[int, int, int], int] = {}
+
+
 @implements("cuFuncSetAttribute")
 def cu_func_set_attribute(f, attr, value):
     h = handle(client.get().ffi, f)
+    if SET.get((h, int(attr), -1)) == int(value):
+        return CUDA_SUCCESS
     client.get().call("func_set_attribute", h, int(attr), int(value))
     _forget_attrs(h, int(attr))
+    SET[(h, int(attr), -1)] = int(value)
     return CUDA_SUCCESS
 
 
 @implements("cuKernelSetAttribute")
 def cu_kernel_set_attribute(attr, value, kernel, dev):
     h = handle(client.get().ffi, kernel)
+    if SET.get((h, int(attr), int(dev))) == int(value):
+        return CUDA_SUCCESS
     client.get().call("kernel_set_attribute", int(attr), int(value), h, int(dev))
     _forget_attrs(h, int(attr))
+    SET[(h, int(attr), int(dev))] = int(value)
     return CUDA_SUCCESS
 
 

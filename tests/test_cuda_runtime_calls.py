@@ -172,6 +172,20 @@ def test_the_real_drivers_pools_and_kernel_attributes_over_the_interceptor(over_
     assert over_shim.kernel_get_attribute(8, k, 0) == 64 << 10
 
 
+def test_setting_a_kernel_attribute_to_its_value_again_crosses_no_more(over_shim):
+    """Kernels with large shared memory set it before every launch (torch's attention): one round trip, not one each."""
+    from rgpu.cuda_intercept import client
+    lib = over_shim.library_load({}, memoryview(kernels_fatbin(build("reduce"))))
+    k = over_shim.library_get_kernel(lib, "block_sum")
+    waits = client.get().waits
+    before = waits["kernel_set_attribute"]
+    for _ in range(3):
+        over_shim.kernel_set_attribute(8, 32 << 10, k, 0)
+    assert waits["kernel_set_attribute"] == before + 1
+    over_shim.kernel_set_attribute(8, 48 << 10, k, 0)            # a new value crosses, and is what the driver has
+    assert waits["kernel_set_attribute"] == before + 2 and over_shim.kernel_get_attribute(8, k, 0) == 48 << 10
+
+
 def test_the_real_drivers_cuLaunchKernelEx_records_over_the_interceptor(over_shim):
     ex = Executor(Session("t", "cuda", config.settings(environ={}, cuda_driver="fake")))
     ex.driver = over_shim
