@@ -8,6 +8,7 @@ against the same ops on the CPU here), and an upload big enough to be written be
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 
@@ -126,6 +127,19 @@ def test_past_the_grace_the_client_gets_session_lost_and_the_server_frees_the_se
         proxy.close()
     # past its grace the worker ends: the session's handle table and memory go with its process
     wait_until(lambda: len(_workers(server)) <= len(baseline), 15, "the session's worker to end")
+
+
+def test_a_server_killed_outright_is_a_session_lost_within_the_grace(start_server):
+    server = start_server(*SERVE, env={"RGPU_SESSION_GRACE": "2"})
+    conn = server.connect("ops")
+    trainer = Trainer(conn)
+    trainer.step()
+    os.killpg(server.proc.pid, signal.SIGKILL)       # the acceptor and its workers, at once
+    server.proc.wait()
+    started = time.monotonic()
+    with pytest.raises(SessionLost, match="grace of 2 s.*cannot connect"):
+        trainer.weights()
+    assert time.monotonic() - started < 8
 
 
 def test_past_the_replay_bound_a_drop_ends_the_session_with_the_reason(start_server):

@@ -29,7 +29,7 @@ from rgpu.errors import AuthenticationError, ConnectionLost, ProtocolError, Rgpu
 from .base import Transport
 from .wire import HEADER, MsgKind
 
-_REPLY, _ERROR, _BYE = MsgKind.REPLY, MsgKind.ERROR, MsgKind.BYE
+_REPLY, _ERROR, _BYE, _POST = MsgKind.REPLY, MsgKind.ERROR, MsgKind.BYE, MsgKind.POST
 _HEAD = HEADER
 BACKOFF_S = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0)   # between reconnection attempts; the last repeats
 ACK_WAIT_S = 5.0   # a send over the bound waits this long for acknowledgements (a server busy longer: shed)
@@ -39,15 +39,16 @@ class ReplayLog:
     """Sent frames kept until acknowledged: (seq, parts, nbytes), oldest first; ``gap`` the newest seq let go
     unacknowledged because the log was over its bound."""
 
-    def __init__(self, bound: int):
+    def __init__(self, bound: int, owned: int = -1):
         self.bound, self.frames, self.nbytes, self.gap = bound, deque(), 0, 0
+        self.owned = owned    # a post's buffers up to this many bytes are the connection's own copies
         self.lock = threading.Lock()
 
     def add(self, parts: Sequence) -> bool:
         """Keep the frames in ``parts`` (copied: the caller may change its memory once the send returns);
         True when one is a BYE. A frame over the bound by itself is never kept: a drop before the server
         acknowledges it ends the session."""
-        bye, i, n, bound, unpack = False, 0, len(parts), self.bound, _HEAD.unpack_from
+        bye, i, n, bound, owned, unpack = False, 0, len(parts), self.bound, self.owned, _HEAD.unpack_from
         kept, nbytes = [], 0
         while i < n:
             prefix = parts[i]
@@ -67,7 +68,10 @@ class ReplayLog:
             if size > bound:
                 self.gap = max(self.gap, seq)
                 continue
-            kept.append((seq, (prefix, *[b if type(b) is bytes else bytes(b) for b in bufs]), size))
+            if kind == _POST and size - len(prefix) <= owned:   # the connection copied these at the post
+                kept.append((seq, (prefix, *bufs), size))
+            else:
+                kept.append((seq, (prefix, *[b if type(b) is bytes else bytes(b) for b in bufs]), size))
             nbytes += size
         with self.lock:
             self.frames.extend(kept)
@@ -107,7 +111,7 @@ class ResumingTransport(Transport):
         self._inner = inner
         self._id = str(offer["id"])
         self.grace_s = float(offer.get("grace_s") or settings.session_grace)
-        self.log = ReplayLog(settings.replay_bytes)
+        self.log = ReplayLog(settings.replay_bytes, settings.post_copy_bytes)
         self._dial, self._where, self._settings = dial, where, settings
         self.received = 0                     # the seq of the last answer (REPLY or ERROR) read
         self._gen = 0                         # connections so far: a failure on an older one is handled

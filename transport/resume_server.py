@@ -130,6 +130,9 @@ class ResumableEnd(Transport):
             except queue.Empty:
                 raise ConnectionLost(f"the connection dropped ({why}) and the client did not resume the session "
                                      f"within its grace of {self.grace_s:g} s") from None
+            while sock is not None and not self.resumed.empty():   # a later try: the client gave up on this one
+                sock.close()
+                sock, details = self.resumed.get_nowait()
             if sock is None:              # the acceptor is gone: nobody can resume us
                 raise why
             t = TcpTransport(sock)
