@@ -7,7 +7,8 @@ CONVOLUTION_FORWARD, _BACKWARD_DATA or _BACKWARD_FILTER (any spatial rank, pads,
 alpha/beta) with torch, in double precision rounded once, as the fake driver's stream work (``_run``:
 in order with the copies and kernels, recorded while the stream is captured). Batch normalization
 (training forward, backward, inference) likewise. Tensors are read in place through strided views of
-the fake device memory.
+the fake device memory. A graph of other ops (attention's) is kept, finalized and planned unchecked,
+its by-value tensors found as the real side finds them; only its execution is refused.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import torch.nn.functional as F
 from rgpu.protocol.lib_cudnn import TYPE_BACKEND_DESCRIPTOR, TYPE_HANDLE, WIDTH, dump
 
 from . import LibError
-from .cudnn_real import STATUS
+from .cudnn_real import STATUS, ByValue
 
 log = logging.getLogger("rgpu.server.cuda")
 VERSION = 91900
@@ -92,6 +93,7 @@ class Library:
         self.descs: dict[int, Desc] = {}
         self.tensors: dict[int, dict] = {}        # legacy: {"dtype", "dims", "strides"}
         self.asked = {"cudnnBackendFinalize": 0, "cudnnBackendGetAttribute": 0}   # what reached the server
+        self.by_value = ByValue()
 
     # ---- the contract --------------------------------------------------------------------------
     def status_name(self, status: int) -> str:
@@ -145,6 +147,7 @@ class Library:
     def cudnnBackendDestroyDescriptor(self, handle, stream, tail):
         self._desc("cudnnBackendDestroyDescriptor", handle)
         del self.descs[handle]                 # descriptors set into others live on there (cuDNN copies)
+        self.by_value.forget(handle)
         return 0
 
     def cudnnBackendSetAttribute(self, handle, stream, tail, name, type, count):
@@ -152,12 +155,10 @@ class Library:
         d = self._desc(n, handle)
         if d.finalized:
             _fail(BAD_PARAM, f"{n}: the descriptor is finalized")
-        allowed = SETTABLE.get(d.type, {}).get(name)
-        if allowed is None:
-            _fail(NOT_SUPPORTED, f"{n}: attribute {name} of descriptor type {d.type} is not modelled by the fake cuDNN")
+        allowed = SETTABLE.get(d.type, {}).get(name, {type})      # one it does not model: kept, unchecked
         if type not in allowed:
             _fail(ATTRIBUTE_TYPE, f"{n}: attribute {name} takes element type {sorted(allowed)}, not {type}")
-        if count < 0 or len(tail) != count * WIDTH[type]:
+        if type not in WIDTH or count < 0 or len(tail) != count * WIDTH[type]:
             _fail(BAD_PARAM, f"{n}: {len(tail)} bytes for {count} elements of type {type}")
         if type in SCALE and count != 1:
             _fail(BAD_PARAM, f"{n}: a scale is one element")
@@ -171,6 +172,7 @@ class Library:
             for i in struct.unpack(f"<{count}Q", tail):
                 self._handle(n, i)
         d.attrs[name] = (type, count, value)
+        self.by_value.set(handle, name, type, count, tail)
         return 0
 
     def readable(self, d: Desc) -> bytes:
@@ -198,6 +200,7 @@ class Library:
             if target.type != source.type:
                 _fail(DESCRIPTOR_TYPE, f"{n}: attribute {name} holds descriptor type {source.type}, given {target.type}")
             target.copy_from(source)
+            self.by_value.filled(target_id, handle)
             d_ = self.readable(target)
             out += struct.pack("<I", len(d_)) + d_
         return 0, bytes(out)
@@ -216,14 +219,10 @@ class Library:
         if d.finalized:
             _fail(BAD_PARAM, "cudnnBackendFinalize: the descriptor is finalized already")
         t = d.type
-        if t not in SETTABLE:
-            _fail(NOT_SUPPORTED, f"cudnnBackendFinalize: descriptor type {t} is not modelled by the fake cuDNN")
         if t == 17:
             self._need(d, 900, 901, 902, 903, 906)
             if len(d.ints(902)) != len(d.ints(903)) or not 1 <= len(d.ints(902)) <= 8:
                 _fail(BAD_PARAM, "cudnnBackendFinalize: a tensor's dimensions and strides differ in count")
-            if d.enum(901) not in DTYPES:
-                _fail(NOT_SUPPORTED, "cudnnBackendFinalize: the fake cuDNN's tensors are float, double, half or bfloat16")
         elif t == 1:
             self._need(d, 100, 101, 102, 103, 104, 105, 106)
             k = d.one(106)
@@ -233,32 +232,29 @@ class Library:
             self._need(d, *OPS[t][2:])
             if d.desc(OPS[t][2]).type != 1 or any(d.desc(a).type != 17 for a in OPS[t][3:]):
                 _fail(BAD_PARAM, "cudnnBackendFinalize: a convolution op wants a convolution and three tensors")
-        elif t == 15:
-            self._need(d, 800, 801)
-            ops = d.attrs[801][2]
-            if len(ops) != 1 or ops[0].type not in OPS:
-                _fail(NOT_SUPPORTED, "cudnnBackendFinalize: the fake cuDNN runs a graph of one convolution")
+        elif t == 15:                     # the graph's and the plan's handles are deprecated in cuDNN 9: optional
+            self._need(d, 801)
             d.attrs[802] = (_I64, 1, struct.pack("<q", 1))          # one engine
         elif t == 4:
             self._need(d, 200, 201)
             engine = Desc(2)
             engine.attrs = {1300: (_D, 1, [d.desc(201)]), 1301: (_I64, 1, struct.pack("<q", 0)),
-                            1303: (11, 0, b""), 1305: (19, 0, b"")}
+                            1302: (_D, 0, []), 1303: (11, 0, b""), 1305: (19, 0, b""), 1306: (_I32, 1, bytes(4))}
             engine.finalized = True
             cfg = Desc(3)
-            cfg.attrs = {300: (_D, 1, [engine]), 302: (_D, 0, []), 303: (_I64, 1, struct.pack("<q", 0))}
+            cfg.attrs = {300: (_D, 1, [engine]), 302: (_D, 0, []), 303: (_I64, 1, bytes(8)), 304: (_I32, 1, bytes(4))}
             cfg.finalized = True
             d.attrs[202] = (_D, 1, [cfg])
         elif t == 2:
             self._need(d, 1300, 1301)
             if d.one(1301) != 0:
                 _fail(NOT_SUPPORTED, f"cudnnBackendFinalize: the fake cuDNN has engine 0 only, not {d.one(1301)}")
-            d.attrs.update({1303: (11, 0, b""), 1305: (19, 0, b"")})
+            d.attrs.update({1302: (_D, 0, []), 1303: (11, 0, b""), 1305: (19, 0, b""), 1306: (_I32, 1, bytes(4))})
         elif t == 3:
             self._need(d, 300)
             d.attrs.setdefault(303, (_I64, 1, struct.pack("<q", 0)))
         elif t == 5:
-            self._need(d, 400, 401)
+            self._need(d, 401)
             d.attrs[402] = (_I64, 1, struct.pack("<q", 0))          # no workspace
         elif t == 16:
             self._need(d, 1000, 1001)
@@ -270,7 +266,8 @@ class Library:
         self.asked["cudnnBackendFinalize"] += 1
         d = self._desc("cudnnBackendFinalize", handle)
         self._finalize(d)
-        return 0, self.readable(d)
+        self.by_value.finalized(handle)
+        return 0, self.readable(d) + dump(self.by_value.entry(handle) if d.type == 5 else [])
 
     def cudnnBackendFinalizeQueued(self, handle, stream, tail):
         self._finalize(self._desc("cudnnBackendFinalize", handle))
@@ -282,7 +279,11 @@ class Library:
         p, v = self._desc(n, plan), self._desc(n, pack)
         if p.type != 5 or v.type != 16 or not (p.finalized and v.finalized):
             _fail(BAD_PARAM, f"{n}: wants a finalized execution plan and variant pack")
-        op = p.desc(401).desc(300).desc(1300).attrs[801][2][0]
+        self.by_value.patched(plan, pack, tail)         # every by-value tensor came with its bytes
+        ops = p.desc(401).desc(300).desc(1300).attrs[801][2]
+        if len(ops) != 1 or ops[0].type not in OPS:
+            _fail(NOT_SUPPORTED, f"{n}: the fake cuDNN runs a graph of one convolution, not {[o.type for o in ops]}")
+        op = ops[0]
         uids = v.ints(1000)
         ptrs = dict(zip(uids, struct.unpack(f"<{len(uids)}Q", v.attrs[1001][2])))
         alpha_at, beta_at, conv_at, a_at, b_at, out_at = OPS[op.type]
