@@ -422,3 +422,47 @@ def test_the_real_side_hands_a_by_value_tensors_bytes_to_the_library(mock_cudnn)
     live = mock.mock_live()
     s.libs.close()
     assert live == 5 and mock.mock_live() == 0         # the rebuilt pack went at once
+
+
+def _nvidia_cudnn() -> str:
+    """NVIDIA's libcudnn.so.9 where one is installed (a tensor descriptor needs no GPU), else skip."""
+    from rgpu.server.cuda.libs import loading
+    found = next((p for p in loading.candidates("libcudnn.so.9") if "/" in p and "rgpu" not in p), None)
+    if found is None:
+        pytest.skip("NVIDIA's libcudnn.so.9 is not installed here (pip install nvidia-cudnn-cu13, or RGPU_CUDA_LIB_DIR)")
+    return found
+
+
+def test_nvidias_counts_are_the_clients_and_the_real_side_keeps_every_element(monkeypatch):
+    import ctypes
+    found = _nvidia_cudnn()
+    lib = ctypes.CDLL(found)
+    lib.cudnnBackendSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_void_p]
+    lib.cudnnBackendGetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int64,
+                                             ctypes.POINTER(ctypes.c_int64), ctypes.c_void_p]
+    t = ctypes.c_void_p()
+    assert lib.cudnnBackendCreateDescriptor(17, ctypes.byref(t)) == 0
+    dims = (2, 3, 4, 5)
+    for name, type_, data in ((901, 1, struct.pack("<i", 0)), (902, 3, struct.pack("<4q", *dims)),
+                              (903, 3, struct.pack("<4q", 60, 20, 5, 1)), (906, 3, struct.pack("<q", 7)),
+                              (900, 3, struct.pack("<q", 16))):
+        buf = ctypes.create_string_buffer(data, len(data))
+        assert lib.cudnnBackendSetAttribute(t, name, type_, len(data) // WIDTH[type_], buf) == 0
+    assert lib.cudnnBackendFinalize(t) == 0
+    n, out = ctypes.c_int64(-1), (ctypes.c_int64 * 8)()
+    answers = []
+    for requested, array in ((8, None), (2, out), (0, out), (0, None)):
+        assert lib.cudnnBackendGetAttribute(t, 902, 3, requested, ctypes.byref(n), array) == 0
+        answers.append(n.value)
+    assert answers == [4, 2, 0, 4]        # what lib_cudnn.c's answer_count gives (the door test checks it there)
+    assert lib.cudnnBackendGetAttribute(t, 902, 3, 4, None, out) == 0 and list(out[:4]) == list(dims)
+    # the real side's dump of a finalized tensor: every dimension, its count the attribute's total
+    monkeypatch.setenv("RGPU_CUDA_LIB_DIR", str(Path(found).parent))
+    from rgpu.server.cuda.libs import cudnn_real
+    real = cudnn_real.Library(None, None)
+    real._need_lib()
+    real.descs[1] = [t, 17]
+    entries = {name: (count, data) for name, _, count, data in undump(real.readable(1))}
+    assert entries[902] == (4, struct.pack("<4q", *dims)) and entries[906] == (1, struct.pack("<q", 7))
+    del real.descs[1]
+    assert lib.cudnnBackendDestroyDescriptor(t) == 0
