@@ -9,7 +9,8 @@ A cut is made on connection ``i`` (counted from 0, in accept order) in one direc
 server) or ``down``; at byte ``offset`` of that direction's stream past the handshake (the end of its PROOF
 up, of its WELCOME down), or inside the ``nth``
 frame of message ``kind`` (at least ``min_bytes`` long) at ``fraction`` of its length (0: before its first
-byte). Both sockets of the pair are then shut, so each end sees its connection drop.
+byte). Both sockets of the pair are then shut, so each end sees its connection drop (``silent``: only the
+client's, so the server's end hears nothing, as over a link that died).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ class Cut:
     nth: int = 1
     min_bytes: int = 0
     fraction: float = 0.0
+    silent: bool = False      # only the client's side is shut: the server's stays open, as a dead link leaves it
 
 
 class _Walker:
@@ -122,6 +124,11 @@ class CuttingProxy:
                 dst.sendall(data)
         except OSError:
             pass
+        cut = self.cuts.get(index)
+        if cut is not None and cut.silent and walker.cut_at is not None:
+            pair = pair[:1]                  # the client's side only; the server's is left hanging
+        elif cut is not None and cut.silent and self.cuts_done and self.cuts_done[-1][0] == index:
+            return                           # the other direction's pump of a silent cut: leave it
         for s in pair:
             try:
                 s.shutdown(socket.SHUT_RDWR)

@@ -106,6 +106,19 @@ def test_random_cuts_of_either_direction_leave_the_weights_bit_identical(server)
         proxy.close()
 
 
+def test_a_connection_that_died_silently_on_the_servers_side_is_taken_over_by_the_resume(server):
+    uncut = _run(server.connect("ops"), steps=8)
+    proxy = CuttingProxy((server.host, server.port), {0: Cut("up", offset=3000, silent=True)})
+    try:
+        conn = _through(proxy, server)
+        cut = _run(conn, steps=8)                 # the worker, reading a connection that says nothing, lets
+        assert all(torch.equal(a, b) for a, b in zip(cut, uncut))   # it go for the resumed one
+        assert conn.transport.resumes == 1 and proxy.cuts_done
+        conn.close()
+    finally:
+        proxy.close()
+
+
 def test_past_the_grace_the_client_gets_session_lost_and_the_server_frees_the_session(start_server):
     server = start_server(*SERVE, env={"RGPU_SESSION_GRACE": "1.5"})
     baseline = _workers(server)
