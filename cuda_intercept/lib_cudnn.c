@@ -8,9 +8,15 @@
  * Creation, attribute setting, execution (a by-value tensor's bytes with it) and destruction are queued;
  * Finalize, GetAttribute misses and a BN size query's first asking (kept by contents) are answered.
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE                        /* process_vm_readv */
+#endif
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 #include "lib_cudnn.h"
 #include "stub.h"
@@ -265,6 +271,16 @@ RGPU_API int cudnnBackendFinalize(void *descriptor) {
     return st;
 }
 
+/* A by-value tensor's host bytes, read without trusting the address: an unmapped one (a device address
+ * mistaken for a host one) is refused, not a fault.  Where the kernel refuses the read itself, a plain copy. */
+static int read_host(void *dst, const void *src, size_t n) {
+    struct iovec mine = {dst, n}, theirs = {(void *)src, n};
+    if (!n || process_vm_readv(getpid(), &mine, 1, &theirs, 1, 0) == (ssize_t)n) return 1;
+    if (errno == EFAULT) return 0;
+    memcpy(dst, src, n);
+    return 1;
+}
+
 /* A plan's by-value tensors (an attention scale) have host addresses in the variant pack: their bytes
  * travel in the record, each as (uid, bytes) then the bytes padded to 8, and the server points at them. */
 RGPU_API int cudnnBackendExecute(void *handle, void *plan, void *pack) {
@@ -299,7 +315,11 @@ RGPU_API int cudnnBackendExecute(void *handle, void *plan, void *pack) {
                        DNN_BAD_PARAM);
         }
         memcpy(at, pv, 16);
-        memcpy(at + 16, (const void *)(uintptr_t)v->ptrs[i], pv[1]);     /* the host value, read now */
+        if (!read_host(at + 16, (const void *)(uintptr_t)v->ptrs[i], pv[1])) {      /* the host value, read now */
+            free(buf);
+            return say(&said_uid, "cudnnBackendExecute", "a by-value tensor's pointer is not readable host memory",
+                       DNN_BAD_PARAM);
+        }
         at += 16 + (pv[1] + 7) / 8 * 8;
     }
     int st = queue(RGPU_LIB_cudnnBackendExecute, h->stream, h->id, buf, size);

@@ -167,9 +167,11 @@ def test_the_client_answers_gets_from_a_finalize_reply_and_carries_a_by_value_te
         "desc_as_id 1",
         "pack_finalize_queued 1 313",                   # a variant pack's Finalize is queued
         "execute 308 40 9 4 0.125",                     # plan and pack ids, then uid 9's 4 bytes, padded
+        "unreadable 2000 0",                            # a by-value pointer that is not host memory: refused
         "calls 4 queued 8",                             # the two Gets above asked the server
         "handle_here 1 1",                              # a HANDLE attribute set here is answered here
         "sizes 101 101 101 102 asked 3"]                # new descriptors, the same contents: asked once
+    assert "cudnnBackendExecute: a by-value tensor's pointer is not readable host memory" in done.stderr, done.stderr
 
 
 # ---- the server side, driven directly -----------------------------------------------------------

@@ -116,7 +116,11 @@ int main(void) {
     float value;
     memcpy(&uid, last + 16, 8), memcpy(&bytes, last + 24, 8), memcpy(&value, last + 32, 4);
     printf("execute %x %zu %lld %lld %g\n", last_id, last_n, (long long)uid, (long long)bytes, value);
-    printf("calls %d queued %d\n", calls, queued);
+    void *bad[2] = {(void *)0x7f0000001000, (void *)0x10};      /* uid 9's "host" value unmapped: refused */
+    cudnnBackendSetAttribute(pack, 1001, 6, 2, bad);
+    int before_q = queued;
+    printf("unreadable %d %d\n", cudnnBackendExecute(h, plan, pack), queued - before_q);
+    printf("calls %d queued %d\n", calls, queued - 1);          /* less the SetAttribute just above */
     /* a HANDLE attribute set on a descriptor is answered here */
     void *back = NULL;
     before = calls;
