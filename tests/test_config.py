@@ -52,6 +52,8 @@ SAMPLES = {
     "RGPU_SESSION_GRACE": ("120", 120.0),
     "RGPU_REPLAY_BYTES": ("16M", 16 << 20),
     "RGPU_DEBUG": ("on", True),
+    "RGPU_CUDA_WAIT_REPORT": ("1", True),
+    "RGPU_CUDA_LIB_TRACE": ("yes", True),
 }
 
 BAD = {

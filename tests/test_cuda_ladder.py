@@ -19,6 +19,20 @@ ROOT = Path(__file__).resolve().parent.parent
 LADDER = ROOT / "bench" / "cuda_ladder.py"
 
 
+@pytest.fixture(autouse=True)
+def torch_settings_restored(monkeypatch):
+    """The ladder makes torch deterministic process-wide (its own process on the GPU host); the tests that run
+    after these in this process must not inherit that (an empty tensor of a bits dtype cannot be filled)."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    b = torch.backends
+    saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+             b.cudnn.deterministic, b.cudnn.benchmark, b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32)
+    yield
+    torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+    b.cudnn.deterministic, b.cudnn.benchmark, b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32 = saved[2:]
+
+
 def ladder(tmp_path, *args, timeout=120):
     """The ladder as the GPU script runs it: a file, from another folder, on the CPU."""
     pytest.importorskip("torch", reason="the ladder's rungs are torch programs")
@@ -90,6 +104,7 @@ def test_the_bench_mode_times_the_eager_step_after_its_warm_up(tmp_path, monkeyp
     steps = []                                    # the harness's timing, not the GPT (R7 is the GPT)
     monkeypatch.setattr(cuda_ladder.rungs, "gpt_setup", lambda dev: ("model", "opt", [("x", "y")]))
     monkeypatch.setattr(cuda_ladder.rungs, "train_step", lambda *args: steps.append(args) or 1.0)
+    monkeypatch.setattr(cuda_ladder, "_round_trips", lambda: None)   # other tests may load the interceptor here
     out = tmp_path / "bench.json"
     assert cuda_ladder.bench("cpu", 3, 2, str(out)) == 0
     b = json.loads(out.read_text())
