@@ -274,3 +274,10 @@ def test_on_a_gpu_the_executor_loads_by_content_and_runs_ex_records(tmp_path, mo
         assert np.all(y == 7.0) and len(deferred) == 1
     finally:
         ex.close()
+
+
+def test_the_real_drivers_thread_captures_in_relaxed_mode_so_one_client_thread_cannot_refuse_anothers_alloc(over_shim):
+    """Every client thread's calls run on the server's one thread; torch allocates in relaxed mode during a capture."""
+    mode = ctypes.c_int(0)                                  # exchange to global and read what the thread had
+    over_shim.api("cuThreadExchangeStreamCaptureMode", ctypes.byref(mode))
+    assert mode.value == 2                                  # CU_STREAM_CAPTURE_MODE_RELAXED

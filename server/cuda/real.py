@@ -7,6 +7,7 @@ effect (context creation) put it back, so the executor's idea of it stays true.
 from __future__ import annotations
 
 import ctypes
+import threading
 from ctypes import byref, c_int, c_size_t, c_uint, c_ulonglong, c_void_p
 
 import numpy as np
@@ -45,6 +46,9 @@ class JitOptions:
         return [self.info.value.decode(errors="replace"), self.error.value.decode(errors="replace")]
 
 
+CU_STREAM_CAPTURE_MODE_RELAXED = 2   # cuda.h's CUstreamCaptureMode
+
+
 class RealDriver(Driver):
     name = "real"
 
@@ -58,6 +62,7 @@ class RealDriver(Driver):
         self.created: set[int] = set()
         self.retained: dict[int, int] = {}
         self._staging = bytearray()
+        self._thread = threading.local()       # per worker thread: its capture mode made relaxed (set_current)
         self.code = RealCode(self)
 
     def __getattr__(self, name):
@@ -120,6 +125,13 @@ class RealDriver(Driver):
 
     def set_current(self, ctx: int) -> None:
         self.api("cuCtxSetCurrent", ctx or None)
+        if not getattr(self._thread, "relaxed", False):
+            # The calls of every client thread run on this one: in the driver's default (global) capture mode
+            # one client thread's capture would refuse another's cudaMalloc, which torch's allocator makes in
+            # relaxed mode while a graph is captured. The client's own mode is its business, on its side.
+            mode = c_int(CU_STREAM_CAPTURE_MODE_RELAXED)
+            self.api("cuThreadExchangeStreamCaptureMode", byref(mode))
+            self._thread.relaxed = True
 
     def ctx_synchronize(self) -> None:
         self.api("cuCtxSynchronize")

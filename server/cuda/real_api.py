@@ -46,6 +46,7 @@ SIGNATURES = {
     "cuEventCreate": "pu", "cuEventDestroy_v2": "p", "cuEventRecord": "pp", "cuEventRecordWithFlags": "ppu",
     "cuEventSynchronize": "p", "cuEventQuery": "p", "cuEventElapsedTime": "ppp", "cuEventElapsedTime_v2": "ppp",
     "cuStreamBeginCapture_v2": "pi", "cuStreamEndCapture": "pp", "cuStreamIsCapturing": "pp",
+    "cuThreadExchangeStreamCaptureMode": "p",
     "cuGraphInstantiateWithFlags": "ppq", "cuGraphLaunch": "pp", "cuGraphUpload": "pp", "cuGraphExecDestroy": "p",
     "cuGraphDestroy": "p", "cuGraphGetNodes": "ppp", "cuStreamGetCaptureInfo_v3": "ppppppp",
     "cuKernelGetAttribute": "pipi", "cuKernelSetAttribute": "iipi",
