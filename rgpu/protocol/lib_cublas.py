@@ -17,6 +17,14 @@ from .lib_call import LibCall
 
 IDS = (0x100, 0x200)
 
+# cublasStatus_t (cublas_api.h), as both server sides answer them
+NOT_INITIALIZED, INVALID_VALUE, NOT_SUPPORTED = 1, 7, 15
+DEFAULT_WORKSPACE = (1 << 64) - 1      # workspace_size meaning "the library's own pool" (lib_cublas.c)
+STATUS = {0: "CUBLAS_STATUS_SUCCESS", 1: "CUBLAS_STATUS_NOT_INITIALIZED", 3: "CUBLAS_STATUS_ALLOC_FAILED",
+          7: "CUBLAS_STATUS_INVALID_VALUE", 8: "CUBLAS_STATUS_ARCH_MISMATCH", 11: "CUBLAS_STATUS_MAPPING_ERROR",
+          13: "CUBLAS_STATUS_EXECUTION_FAILED", 14: "CUBLAS_STATUS_INTERNAL_ERROR",
+          15: "CUBLAS_STATUS_NOT_SUPPORTED", 16: "CUBLAS_STATUS_LICENSE_ERROR"}
+
 # the handle's state, in every computing call
 STATE = (("workspace", "Q"), ("workspace_size", "Q"), ("math_mode", "i"), ("pointer_mode", "i"))
 _SCALARS = (("alpha", "16s"), ("beta", "16s"))

@@ -100,3 +100,13 @@ def parse(tail, count: int) -> list[Obj | None]:
             pos += size
         out.append(None if kind == KIND_NULL else Obj(kind, attrs, raw))
     return out
+
+
+
+def parse_as(tail, kinds: tuple[int, ...]) -> list[Obj | None]:
+    """The objects of ``tail``, each of the kind given (only a preference may be NULL); StateError if not."""
+    objs = parse(tail, len(kinds))
+    for i, (obj, kind) in enumerate(zip(objs, kinds)):
+        if obj is None and kind != KIND_PREF or obj is not None and obj.kind != kind:
+            raise StateError(f"object {i} is not a {('desc', 'layout', 'pref')[kind - 1]}")
+    return objs

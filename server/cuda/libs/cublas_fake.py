@@ -14,17 +14,11 @@ import struct
 import numpy as np
 import torch
 
-from rgpu.protocol.lib_cublas import STATE
+from rgpu.protocol.lib_cublas import DEFAULT_WORKSPACE, INVALID_VALUE, NOT_INITIALIZED, NOT_SUPPORTED, STATE, STATUS
 
 from . import LibError
 
 VERSION = 130100                       # what the fake answers as its cuBLAS (13.1.0)
-NOT_INITIALIZED, INVALID_VALUE, NOT_SUPPORTED = 1, 7, 15
-DEFAULT_WORKSPACE = (1 << 64) - 1      # workspace_size meaning "the library's own pool" (lib_cublas.c)
-STATUS = {0: "CUBLAS_STATUS_SUCCESS", 1: "CUBLAS_STATUS_NOT_INITIALIZED", 3: "CUBLAS_STATUS_ALLOC_FAILED",
-          7: "CUBLAS_STATUS_INVALID_VALUE", 8: "CUBLAS_STATUS_ARCH_MISMATCH", 11: "CUBLAS_STATUS_MAPPING_ERROR",
-          13: "CUBLAS_STATUS_EXECUTION_FAILED", 14: "CUBLAS_STATUS_INTERNAL_ERROR",
-          15: "CUBLAS_STATUS_NOT_SUPPORTED", 16: "CUBLAS_STATUS_LICENSE_ERROR"}
 # cudaDataType_t -> torch dtype (library_types.h)
 DTYPES = {0: torch.float32, 1: torch.float64, 2: torch.float16, 14: torch.bfloat16, 4: torch.complex64,
           5: torch.complex128, 3: torch.int8, 10: torch.int32}

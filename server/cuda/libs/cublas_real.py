@@ -13,17 +13,11 @@ import ctypes
 import struct
 from ctypes import POINTER, c_int, c_longlong, c_size_t, c_void_p
 
-from rgpu.protocol.lib_cublas import STATE
+from rgpu.protocol.lib_cublas import DEFAULT_WORKSPACE, INVALID_VALUE, NOT_INITIALIZED, NOT_SUPPORTED, STATE, STATUS
 
 from . import LibError
 from .loading import LibraryMissing, load
 
-NOT_INITIALIZED, INVALID_VALUE, NOT_SUPPORTED = 1, 7, 15
-DEFAULT_WORKSPACE = (1 << 64) - 1      # workspace_size meaning "the library's own pool" (lib_cublas.c)
-STATUS = {0: "CUBLAS_STATUS_SUCCESS", 1: "CUBLAS_STATUS_NOT_INITIALIZED", 3: "CUBLAS_STATUS_ALLOC_FAILED",
-          7: "CUBLAS_STATUS_INVALID_VALUE", 8: "CUBLAS_STATUS_ARCH_MISMATCH", 11: "CUBLAS_STATUS_MAPPING_ERROR",
-          13: "CUBLAS_STATUS_EXECUTION_FAILED", 14: "CUBLAS_STATUS_INTERNAL_ERROR",
-          15: "CUBLAS_STATUS_NOT_SUPPORTED", 16: "CUBLAS_STATUS_LICENSE_ERROR"}
 # bytes of a dot product's result by cudaDataType_t (R_32F, R_64F, R_16F, R_16BF, C_32F, C_64F, C_16F, C_16BF)
 RESULT_WIDTH = {0: 4, 1: 8, 2: 2, 14: 2, 4: 8, 5: 16, 6: 4, 15: 4}
 

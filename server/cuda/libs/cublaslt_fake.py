@@ -78,12 +78,10 @@ class Library:
     # ---- state -------------------------------------------------------------------------------
     def _state(self, tail, kinds: tuple[int, ...]) -> list:
         try:
-            objs = P.parse(tail, len(kinds))
+            objs = P.parse_as(tail, kinds)
         except P.StateError as exc:
             raise LibError(P.INVALID_VALUE, str(exc)) from None
-        for i, (obj, kind) in enumerate(zip(objs, kinds)):
-            if obj is None and kind != P.KIND_PREF or obj is not None and obj.kind != kind:
-                raise LibError(P.INVALID_VALUE, f"object {i} is not a {('desc', 'layout', 'pref')[kind - 1]}")
+        for obj in objs:
             if obj is not None:                  # kept by content, as the real side keeps its descriptors
                 if len(self.materialized) >= MAX_KEPT:
                     self.materialized.pop(next(iter(self.materialized)))

@@ -175,13 +175,9 @@ class Library:
 
     def _state(self, tail, kinds: tuple[int, ...]) -> list:
         try:
-            objs = P.parse(tail, len(kinds))
+            return P.parse_as(tail, kinds)
         except P.StateError as exc:
             raise LibError(P.INVALID_VALUE, str(exc)) from None
-        for i, (obj, kind) in enumerate(zip(objs, kinds)):
-            if obj is None and kind != P.KIND_PREF or obj is not None and obj.kind != kind:
-                raise LibError(P.INVALID_VALUE, f"object {i} is not a {('desc', 'layout', 'pref')[kind - 1]}")
-        return objs
 
     # ---- the calls -----------------------------------------------------------------------------
     def cublasLtMatmulAlgoGetHeuristic(self, handle, stream, tail, requested):
