@@ -19,6 +19,7 @@ The server's end is ``resume_server.py``.
 """
 from __future__ import annotations
 
+import struct
 import threading
 import time
 from collections import deque
@@ -27,17 +28,23 @@ from typing import Callable, Sequence
 from rgpu.errors import AuthenticationError, ConnectionLost, ProtocolError, RgpuError, SessionLost
 
 from .base import Transport
-from .wire import HEADER, MsgKind
+from .wire import MsgKind
 
 _REPLY, _ERROR, _BYE, _POST = MsgKind.REPLY, MsgKind.ERROR, MsgKind.BYE, MsgKind.POST
-_HEAD = HEADER
 BACKOFF_S = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0)   # between reconnection attempts; the last repeats
+_FIELDS = struct.Struct("<6xH4xQ12xI")   # a frame header's kind, seq and nbufs, the rest skipped (wire.HEADER)
 ACK_WAIT_S = 5.0   # a send over the bound waits this long for acknowledgements (a server busy longer: shed)
 
 
 class ReplayLog:
-    """Sent frames kept until acknowledged: (seq, parts, nbytes), oldest first; ``gap`` the newest seq let go
-    unacknowledged because the log was over its bound."""
+    """Sent frames kept until acknowledged, one entry per send: (its last seq, its parts, their bytes), oldest
+    first; ``gap`` the newest seq let go unacknowledged because the log was over its bound.
+
+    A send's parts are kept by reference (the frame prefixes are the connection's own bytes, a post's
+    small buffers its own copies); only a buffer the caller may change once the send returns (a request's,
+    a post's larger than ``owned``) is copied. Acknowledgements are cumulative: an entry goes once the
+    server has applied its last frame, and a replay splits the first entry it needs (rare) by its headers.
+    """
 
     def __init__(self, bound: int, owned: int = -1):
         self.bound, self.frames, self.nbytes, self.gap = bound, deque(), 0, 0
@@ -45,44 +52,56 @@ class ReplayLog:
         self.lock = threading.Lock()
 
     def add(self, parts: Sequence) -> bool:
-        """Keep the frames in ``parts`` (copied: the caller may change its memory once the send returns);
-        True when one is a BYE. A frame over the bound by itself is never kept: a drop before the server
-        acknowledges it ends the session."""
-        bye, i, n, bound, owned, unpack = False, 0, len(parts), self.bound, self.owned, _HEAD.unpack_from
-        kept, nbytes = [], 0
+        """Keep the frames in ``parts`` (a reference, copied where the caller's memory is named); True when
+        one is a BYE. A frame over the bound by itself is never kept: a drop before the server acknowledges
+        it ends the session."""
+        bye, i, n, owned, unpack = False, 0, len(parts), self.owned, _FIELDS.unpack_from
+        kept, size, seq = parts, 0, 0
         while i < n:
             prefix = parts[i]
-            _, _, kind, _, seq, _, _, nbufs = unpack(prefix)
+            kind, seq, nbufs = unpack(prefix)
             i += 1
-            if kind == _BYE:
-                bye = True
-            size = len(prefix)
+            size += len(prefix)
             if not nbufs:
-                kept.append((seq, (prefix,), size))
-                nbytes += size
+                if kind == _BYE:
+                    bye = True
                 continue
-            bufs = parts[i:i + nbufs]
+            frame = len(prefix)
+            for j in range(i, i + nbufs):
+                b = parts[j]
+                m = b.nbytes if type(b) is memoryview else len(b)
+                frame += m
+                if type(b) is not bytes and (kind != _POST or m > owned):   # the caller's memory: copied
+                    if kept is parts:
+                        kept = list(parts)
+                    kept[j] = bytes(b)
             i += nbufs
-            for b in bufs:
-                size += b.nbytes if type(b) is memoryview else len(b)
-            if size > bound:
+            size += frame - len(prefix)
+            if frame > self.bound:            # never kept: the rest of this send is kept without it
+                return self._add_without(kept, bye)
+        if not n:
+            return False
+        with self.lock:
+            self.frames.append((seq, kept, size))
+            self.nbytes += size
+        return bye
+
+    def _add_without(self, parts: Sequence, bye: bool) -> bool:
+        """``add`` of a send holding a frame over the bound: the others kept, one entry each."""
+        for seq, frame, size in _frames(parts):
+            if size > self.bound:
                 self.gap = max(self.gap, seq)
                 continue
-            if kind == _POST and size - len(prefix) <= owned:   # the connection copied these at the post
-                kept.append((seq, (prefix, *bufs), size))
-            else:
-                kept.append((seq, (prefix, *[b if type(b) is bytes else bytes(b) for b in bufs]), size))
-            nbytes += size
-        with self.lock:
-            self.frames.extend(kept)
-            self.nbytes += nbytes
+            with self.lock:
+                self.frames.append((seq, frame, size))
+                self.nbytes += size
         return bye
 
     def over(self) -> bool:
         return self.nbytes > self.bound
 
     def trim(self, ack: int) -> None:
-        """Forget the frames the server has acknowledged (seq up to ``ack``)."""
+        """Forget the sends the server has acknowledged whole (their last seq up to ``ack``)."""
         with self.lock:
             frames = self.frames
             while frames and frames[0][0] <= ack:
@@ -100,7 +119,25 @@ class ReplayLog:
         """Every kept frame's parts past ``applied``, in order."""
         self.trim(applied)
         with self.lock:
-            return [p for _, parts, _ in self.frames for p in parts]
+            out = []
+            for i, (_, parts, _) in enumerate(self.frames):
+                if i == 0:                    # the one send the server may have applied in part
+                    for seq, frame, _ in _frames(parts):
+                        if seq > applied:
+                            out.extend(frame)
+                else:
+                    out.extend(parts)
+            return out
+
+
+def _frames(parts: Sequence):
+    """Each frame of a send: (seq, its parts, its bytes)."""
+    i, n = 0, len(parts)
+    while i < n:
+        kind, seq, nbufs = _FIELDS.unpack_from(parts[i])
+        frame = parts[i:i + 1 + nbufs]
+        yield seq, frame, sum([b.nbytes if type(b) is memoryview else len(b) for b in frame])
+        i += 1 + nbufs
 
 
 class ResumingTransport(Transport):
@@ -125,7 +162,7 @@ class ResumingTransport(Transport):
         self._into = None
         self.on_acks: Callable[[], None] | None = None   # Connection's: read what is readable, not waiting
         self.resumes = 0
-        self.post_batch_s = getattr(inner, "post_batch_s", None)
+        self.capabilities = inner.capabilities   # batching as the tcp below it
 
     @property
     def tls(self) -> bool:
