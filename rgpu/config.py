@@ -102,6 +102,7 @@ TABLE: tuple[Setting, ...] = (
     Setting("max_session_bytes", "RGPU_MAX_SESSION_BYTES", None, _optional(_size), "", "server: device memory one session may hold (the ops route's storages, the cuda route's allocations); unset: no bound", group="limits", why="set it on a shared GPU so one session cannot take every other session's memory"),
     Setting("debug", "RGPU_DEBUG", False, _bool, "", "debug logging (the hot path is quiet otherwise)", group="user"),
     Setting("cuda_lib_trace", "RGPU_CUDA_LIB_TRACE", False, _bool, "", "server: one line on stderr for every forwarded cuBLAS, cuBLASLt and cuDNN call it runs, with its fields and status", group="user", why="names the math-library call that fails when a program works natively but not through rgpu"),
+    Setting("cuda_lib_record", "RGPU_CUDA_LIB_RECORD", None, _optional(str), "gpu/check_cuda_libs.sh RECORD=1", "server: into this folder, one file per session, every forwarded cuBLAS, cuBLASLt and cuDNN call with the GEMMs' input and output bytes (a trace tests/test_lib_trace_replay.py replays against the fake libraries; slow: each GEMM waits)", group="testing", why="records a GPU host's calls and values so CI, without a GPU, checks the fake libraries against them"),
     Setting("cuda_wait_report", "RGPU_CUDA_WAIT_REPORT", False, _bool, "", "cuda route: at exit, say which calls waited for the server (round trips) and how often", group="user", why="finds the call behind a step's extra round trips"),
 )
 

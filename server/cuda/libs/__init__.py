@@ -58,6 +58,8 @@ class Libraries:
         self.open: dict[str, object] = {}        # prefix -> its implementation, once loaded
         from rgpu import config
         self.trace = config.settings().cuda_lib_trace
+        from .trace import recorder
+        self.recorder = recorder(driver)        # RGPU_CUDA_LIB_RECORD: every call and the GEMMs' bytes, to a file
 
     def library(self, prefix: str):
         """The implementation of ``prefix`` (cublas, cublaslt, cudnn), loaded at its first use."""
@@ -85,6 +87,7 @@ class Libraries:
             raise CudaDriverError(CUDA_ERROR_NOT_SUPPORTED, f"{spec.name} is not forwarded by this server's {prefix}")
         fields = dict(zip((name for name, _ in spec.fields), fixed.unpack_from(payload)))
         out, message = None, None
+        rec = self.recorder and self.recorder.before(spec, handle, stream, payload, fields, answered)
         try:
             result = method(handle=handle, stream=None if stream == NO_STREAM else stream,
                             tail=payload[fixed.size:], **fields)
@@ -100,6 +103,8 @@ class Libraries:
             message = f"{lib.status_name(status)} ({status})"
         if self.trace:
             _trace(spec.name, answered, handle, fields, payload.nbytes - fixed.size, status, message)
+        if rec:
+            self.recorder.after(rec, status, out, message)
         if not answered:
             if status:
                 raise CudaDriverError(CUDA_ERROR_LAUNCH_FAILED, f"{spec.name}: {message}", op=spec.name)
@@ -107,6 +112,9 @@ class Libraries:
         return [out, status, message] if out is not None else [status, message]
 
     def close(self) -> None:
+        if self.recorder:
+            self.recorder.close(self)
+            self.recorder = None
         for prefix, lib in reversed(list(self.open.items())):   # cuDNN, then cuBLASLt, then cuBLAS
             try:
                 lib.close()
