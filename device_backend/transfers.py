@@ -2,7 +2,7 @@
 
 Big uploads go in pieces, so that ops interleave and the server's copies to the
 GPU overlap the next piece's arrival. Over shm, pinned memory (``pinned.cpp``:
-memfd blocks) is not copied at all: the transport names it (``find_shared``), the
+memfd blocks) is not copied at all: the transport names it (``share_memory``), the
 server maps it and its GPU reads or writes it by DMA. A big download into
 ordinary memory goes through two pinned stages the server fills in turn while
 we copy out of the other. Measured on the GPU host: ``docs/perf/transport.md``.
@@ -34,8 +34,9 @@ class Transfers:
         self.s = s
         self._stages: list | None = None   # two pinned blocks big downloads pass through (over shm)
         self._stage_lock = threading.Lock()
-        if hasattr(s.conn.transport, "find_shared") and hasattr(s.C, "pinned_region"):
-            s.conn.transport.find_shared = _region_finder(s.C)   # pinned memory moves by name over shm
+        transport = s.conn.transport
+        if transport.capabilities.names_shared_memory and hasattr(s.C, "pinned_region"):
+            transport.share_memory(_region_finder(s.C))   # pinned memory moves by name over shm
 
     def upload(self, desc, data, non_blocking: bool = False) -> None:
         view = as_bytes_view(data)
@@ -59,9 +60,7 @@ class Transfers:
 
     def _settle(self) -> None:
         """The server is done with what we named: the transport may let go of it (its blocks can be reused)."""
-        settle = getattr(self.s.conn.transport, "settle", None)
-        if settle is not None:
-            settle()
+        self.s.conn.transport.settle()
 
     def piece_bytes(self, shared: bool = False) -> int:
         """The size of an upload's pieces: named pinned memory, other memory over shm, else."""
@@ -71,11 +70,12 @@ class Transfers:
 
     def shared(self, data) -> bool:
         """Whether the transport will name ``data`` (a tensor or bytes-like) rather than copy it: pinned, over shm."""
-        finder = getattr(self.s.conn.transport, "find_shared", None)
-        if finder is None or data.nbytes <= max(SHARED_MIN_BYTES, self.s.conn.settings.post_copy_bytes):
+        transport = self.s.conn.transport
+        if (not transport.capabilities.names_shared_memory
+                or data.nbytes <= max(SHARED_MIN_BYTES, self.s.conn.settings.post_copy_bytes)):
             return False   # (buffers a post copies at once never reach the transport as they are)
         addr = data.data_ptr() if isinstance(data, torch.Tensor) else np.frombuffer(data, np.uint8).ctypes.data
-        return finder(addr, data.nbytes) is not None
+        return transport.names(addr, data.nbytes)
 
     def download(self, desc, into: memoryview) -> None:
         contiguous = _contiguous(desc[3], desc[4])
@@ -114,7 +114,7 @@ class Transfers:
         """Whether big downloads can go through pinned stages the server fills in place (made on first use)."""
         if self._stages is None:
             self._stages = []
-            if getattr(self.s.conn.transport, "find_shared", None) is not None:
+            if self.s.conn.transport.capabilities.names_shared_memory:
                 # .pin_memory(), not empty(pin_memory=True): where CUDA is there too, the latter takes CUDA's allocator
                 stages = [torch.empty(SHARED_PIECE_BYTES + STAGED_DOWNLOAD_BYTES, dtype=torch.uint8).pin_memory()
                           for _ in range(2)]

@@ -174,7 +174,7 @@ def check_transport(ctx: Context) -> Check:
     if chosen == "shm":   # its hot path in C, or why it runs in Python (slower round trips, same results)
         from rgpu.transport import shm_fast
 
-        c_path = getattr(conn.transport, "lone_call", None) is not None
+        c_path = conn.transport.lone_call is not None
         data["shm_c"] = c_path
         detail += ("; shm's C path built" if c_path else
                    f"; shm runs its Python path ({'RGPU_NATIVE=off' if not s.shm_c else shm_fast.why_not()})")

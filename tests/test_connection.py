@@ -10,6 +10,7 @@ import torch
 from rgpu import config
 from rgpu.errors import ConnectionLost, RemoteError, Timeout
 from rgpu.transport import handshake, shm, tcp
+from rgpu.transport.base import Capabilities
 from rgpu.transport.client import connect
 from rgpu.transport.connection import Future
 from rgpu.transport.tcp import TcpTransport
@@ -355,7 +356,7 @@ def test_small_posts_over_tcp_are_gathered_into_few_writes_and_a_request_takes_t
 def test_gathered_posts_reach_the_server_by_themselves_when_the_caller_goes_quiet(echo_conn):
     for i in range(5):
         echo_conn.post({"op": "note", "v": i})
-    wait_until(lambda: not echo_conn._queue, timeout=5, what="the I/O thread writing what sat past post_batch_s")
+    wait_until(lambda: not echo_conn._queue, timeout=5, what="the I/O thread writing what sat past the window")
     echo_conn.flush(timeout=5)
     assert echo_conn.call({"op": "sizes"}, []).meta["posts"] == 5
 
@@ -414,7 +415,7 @@ def test_the_io_thread_leaves_frames_younger_than_the_gathering_window_to_their_
     time.sleep(0.05)                  # the I/O thread looks at them again and again meanwhile
     assert sends == [] and len(tcp_conn._queue) == 5    # young: their caller's to write
     clock[0] += 1.0                   # now they sat long: the I/O thread writes them
-    wait_until(lambda: not tcp_conn._queue, timeout=5, what="the I/O thread writing what sat past post_batch_s")
+    wait_until(lambda: not tcp_conn._queue, timeout=5, what="the I/O thread writing what sat past the window")
     assert sends == ["rgpu-io"]
     assert tcp_conn.call({"op": "notes"}).meta["notes"][-5:] == [0, 1, 2, 3, 4]
 
@@ -494,7 +495,7 @@ def test_the_io_thread_looks_less_often_while_the_caller_writes_its_own_and_stil
 
 
 def test_the_old_hand_off_to_the_io_thread_still_works_where_a_transport_gathers_nothing(rgpu_server, monkeypatch):
-    monkeypatch.setattr(TcpTransport, "post_batch_s", None)
+    monkeypatch.setattr(TcpTransport, "capabilities", Capabilities(resumable=True))
     conn = rgpu_server.connect("echo")
     assert conn._batch_s is None
     for i in range(100):

@@ -1,14 +1,18 @@
-"""The transport contract: move whole frames between two ends; a few verbs, nothing more.
+"""The transport contract: move whole frames between two ends; a few verbs and a declared record.
 
-A ``Transport`` sends a frame as a gather of parts and receives a frame into
-buffers the caller owns (``into``) or leases from a pool. Queues, batching,
-replies and handshakes live above it (``connection.py``, ``handshake.py``).
+A ``Transport`` sends whole frames (``send``) and receives one frame into buffers
+the caller owns (``into``) or leases from a pool (``recv_frame``); ``readable``,
+``close`` and ``abort`` complete it. What a transport can do beyond that it declares
+once in its ``capabilities`` (a ``Capabilities``), so callers choose from the record
+and never probe for attributes. Queues, batching, replies and handshakes live above
+it (``connection.py``, ``handshake.py``); the server's frame loop is the server's.
 """
 from __future__ import annotations
 
 import os
 import socket
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Callable, ClassVar, Sequence
 
 from . import wire
@@ -40,18 +44,42 @@ def spin_seconds(spin_us: float | None, short_s: float) -> float:
 Into = Callable[[int, int, list], "Sequence[memoryview] | None"]
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a transport can do beyond the verbs, declared once by its class (callers read, never probe).
+
+    ``writes_inline``: a write is a memory copy, no syscall, so a connection writes posts on the caller's
+    thread rather than handing them to its I/O thread (shm). ``batch_window_s``: a write is a syscall,
+    so small posts gather up to this long and go in one write (tcp: 200 µs); None: no gathering.
+    ``names_shared_memory``: buffers in memory the peer maps are named, not copied, once the layer above
+    says where such memory is (``share_memory``; shm). ``resumable``: a plain byte stream the client can
+    dial again, so a session may outlive a drop (tcp; ``resume.py``).
+    """
+    writes_inline: bool = False
+    batch_window_s: float | None = None
+    names_shared_memory: bool = False
+    resumable: bool = False
+
+
+# find(address, nbytes) -> (memfd, base, size) of host memory holding that range that the peer may map, or None
+FindShared = Callable[[int, int], "tuple[int, int, int] | None"]
+
+
 class Transport(ABC):
-    """One connected end. ``send`` may be called from one thread while another receives."""
+    """One connected end. ``send`` may be called from one thread while another receives.
+
+    Errors: every verb raises ``ConnectionLost`` once the connection is gone (closed, the peer went away,
+    a write or read failed) and ``ProtocolError`` for a frame that breaks the wire format or ``Limits``;
+    nothing else of theirs escapes (an ``OSError`` is translated, naming what failed).
+    """
 
     name: ClassVar[str]
+    capabilities: Capabilities = Capabilities()
     # Called by ``send`` when the peer stops reading (the socket is full). The peer may be
     # blocked writing us a reply that nobody reads, so a connection reads replies here:
     # it returns True (waiting for input too), False (another thread reads; wait to write)
     # or None (no reply can come: block as usual). Transports that cannot fill up ignore it.
     on_block: Callable[[], "bool | None"] | None = None
-    # Whether a connection writes posts on the caller's thread when nothing is queued, instead
-    # of handing them to its I/O thread (for transports whose write is a memory copy, no syscall).
-    posts_inline: ClassVar[bool] = False
     # lone_call(connection) -> lone(meta, buffers, reply_into) -> Reply or None: a connection's whole
     # call() of a lone request (its Connection._call_alone) in one call, set by a transport that has one
     # (shm's C path, shm_lone.c); None from it: nothing sent, the connection's request() does it.
@@ -60,13 +88,50 @@ class Transport(ABC):
     # transport has one (shm's); the worker runs frames it returns for the usual way (server/worker.py).
     serve: Callable | None = None
 
+    # Set by a resuming transport's user (the connection): called when its replay log fills, to read
+    # the acknowledgements that have arrived. Other transports never call it.
+    on_acks: Callable[[], None] | None = None
+
     @abstractmethod
-    def send(self, parts: Sequence[memoryview]) -> None:
-        """Write every part, in order; the caller may reuse the parts once this returns."""
+    def send(self, parts: Sequence) -> None:
+        """Write one or more whole frames, in order, in one go where the transport can.
+
+        ``parts``: each frame's parts back to back, either plain (a prefix from ``wire.encode_prefix``, then
+        one bytes-like part per buffer: every transport takes these) or what this transport's
+        ``frame_parts`` made. The caller may reuse every buffer once this returns, except memory named by
+        ``names_shared_memory`` (left alone until the peer lets the frame go: ``settle``). Raises
+        ``ConnectionLost``; ``TypeError`` for parts that are not whole frames (shm, ucx).
+        """
 
     @abstractmethod
     def recv_frame(self, limits: Limits, pool: BufferPool, into: Into | None = None) -> Frame:
-        """Read one frame; buffers go where ``into(kind, seq, lengths)`` says, else into leases from ``pool``."""
+        """Read one frame, waiting as long as it takes; buffers go where ``into(kind, seq, lengths)`` says
+        (caller-owned views of exactly those lengths), else into leases from ``pool`` (``Frame.release``).
+        Raises ``ConnectionLost`` (EOF, closed) or ``ProtocolError`` (malformed, over ``limits``)."""
+
+    def readable(self, timeout: float) -> bool:
+        """Whether a frame (or the end of the connection) can be read within ``timeout`` seconds (0: now).
+        A transport that cannot tell says True: its ``recv_frame`` then waits."""
+        return True
+
+    def spin_reads(self, spin_us: float | None, use_c: bool = True) -> None:
+        """How long a read polls before it sleeps (``RGPU_TCP_SPIN_US``), once the handshake is over; a
+        transport whose waits are its own (shm's spin, ucx's progress) ignores it."""
+        return None
+
+    def share_memory(self, find: FindShared) -> bool:
+        """Let this transport name buffers that lie in memory ``find`` places (the peer maps it), not copy
+        them; True where it will (``capabilities.names_shared_memory``), else False and it copies all."""
+        return False
+
+    def names(self, address: int, nbytes: int) -> bool:
+        """Whether a buffer at ``address`` of ``nbytes`` would be named rather than copied (see share_memory)."""
+        return False
+
+    def settle(self) -> None:
+        """The peer is done with every frame sent so far (a reply came after them): memory named in them
+        may be reused. Nothing to do where nothing is named."""
+        return None
 
     @abstractmethod
     def close(self) -> None:

@@ -61,9 +61,9 @@ def connect(route: str, *, settings=None, server: str | None = None, token: str 
     except BaseException:
         transport.close()
         raise
-    if transport.name == "tcp":
+    transport.spin_reads(s.tcp_spin_us, s.shm_c)   # tcp polls before a read sleeps; shm and ucx wait their way
+    if transport.capabilities.resumable:   # still on tcp (no upgrade)
         sock.settimeout(None)
-        transport.spin_reads(s.tcp_spin_us, s.shm_c)
         offer = welcome.get("resume")
         if isinstance(offer, dict) and not use_tls:   # the server keeps the session through a drop (its grace)
             transport = ResumingTransport(transport, offer, _dialer(host, port, secret, hello, limits, s), s, where)

@@ -3,10 +3,11 @@
 - ``post()`` never waits on the socket: frames queue up and a background thread
   writes whatever has gathered in one scatter/gather ``send`` (bounded by count and
   bytes). Small buffers are copied at the call; big ones are written before
-  ``post()`` returns, so the caller may always reuse its memory afterwards. Where
-  the transport says ``post_batch_s`` (tcp), small posts gather that long and the
-  caller writes them itself, the background thread only what sat longer; where it
-  says ``posts_inline`` (shm: a write is a memory copy), each is written at once.
+  ``post()`` returns, so the caller may always reuse its memory afterwards. The
+  policy comes from the transport's declared ``Capabilities``: with a
+  ``batch_window_s`` (tcp), small posts gather that long and the caller writes them
+  itself, the background thread only what sat longer; with ``writes_inline`` (shm:
+  a write is a memory copy), each is written at once.
 - ``request()`` writes on the caller's thread when nothing is queued (a thread
   hand-off costs a cross-core wake-up each way); ``call()`` of a lone request
   writes and reads on the caller's thread with no future at all (over shm, the
@@ -33,7 +34,7 @@ from .wire import Limits, MsgKind, encode_prefix
 __all__ = ["Connection", "Future", "Reply"]
 
 _POST, _REQUEST = MsgKind.POST, MsgKind.REQUEST
-POST_FLUSH_COUNT = 32   # gathered posts the caller writes at once, whatever their age (transports with post_batch_s)
+POST_FLUSH_COUNT = 32   # gathered posts the caller writes at once, whatever their age (transports with a batch window)
 # ... and gathered bytes: copying this many dwarfs a syscall, and holding them only kept the server waiting
 # (a training step's batch, 128 KiB, waited out the window at the step's start while the GPU sat idle)
 POST_FLUSH_BYTES = 64 << 10
@@ -73,8 +74,9 @@ class Connection(LoneCalls, Receiving):
         # read on every call: plain attributes, not a dataclass lookup each time (settings are frozen)
         self._copy_bytes, self._queue_max = settings.post_copy_bytes, settings.queue_max_bytes
         self._request_timeout = settings.request_timeout
-        self._posts_inline = getattr(transport, "posts_inline", False)
-        # Where the transport sets post_batch_s (tcp), small posts gather and the caller writes them
+        caps = transport.capabilities
+        self._posts_inline = caps.writes_inline
+        # Where the transport has a batch window (tcp), small posts gather and the caller writes them
         # itself once the oldest has waited that long (or POST_FLUSH_COUNT have), a request takes them
         # along, and the I/O thread writes only what sat longer (the caller went quiet): a hand-off to
         # it per post cost GIL hand-offs a post (docs/perf/fast_path-history.md), a write per post a syscall each.
@@ -82,7 +84,7 @@ class Connection(LoneCalls, Receiving):
         # step's first message, after the last one's .item()), and gathering would only delay it; the
         # caller's next batches then go at 2, 4, 8... frames up to POST_FLUSH_COUNT, so the server has
         # work at once while the client's stream builds up (a fast start).
-        self._batch_s = None if self._posts_inline else getattr(transport, "post_batch_s", None)
+        self._batch_s = None if self._posts_inline else caps.batch_window_s
         self._queue_since = 0.0                   # when the oldest queued frame was queued
         self._wrote_at = 0.0                      # when the last write ended: a quiet connection gathers nothing
         self._flush_at = POST_FLUSH_COUNT         # frames the caller's next batch waits for (the fast start's)
@@ -90,11 +92,10 @@ class Connection(LoneCalls, Receiving):
         self._urgent = False                      # a queued frame someone waits on (a request, a big post)
         self._flushing = 0                        # threads in flush()
         # call()'s lone request: in C over shm (its whole _call_alone), else _call_alone
-        lone_call = None if self._batch_s is not None else getattr(transport, "lone_call", None)
+        lone_call = None if self._batch_s is not None else transport.lone_call
         self._lone = self._call_alone if lone_call is None else lone_call(self)
         transport.on_block = self._drain_while_blocked
-        if hasattr(transport, "on_acks"):         # a resuming transport (resume.py) reads acknowledgements
-            transport.on_acks = self._read_acks
+        transport.on_acks = self._read_acks       # called by a resuming transport (resume.py) only
 
     @property
     def transport_name(self) -> str:
@@ -230,7 +231,7 @@ class Connection(LoneCalls, Receiving):
 
     def _take_if_due(self) -> list | None:
         """(With ``_cv_lock`` held, gathering.) The queued frames for this caller to write, when the oldest has
-        waited ``post_batch_s``, or there are ``_flush_at`` (1 when the one queued found the connection quiet
+        waited the batch window, or there are ``_flush_at`` (1 when the one queued found the connection quiet
         that long, doubling batch by batch up to POST_FLUSH_COUNT) or POST_FLUSH_BYTES, and no one else is
         writing; else None."""
         n, now = len(self._queue), time.perf_counter()
@@ -340,7 +341,7 @@ class Connection(LoneCalls, Receiving):
             self._flushing += 1
             try:
                 if self._queue:
-                    self._urgent = True           # a gathering I/O thread writes now, not after post_batch_s
+                    self._urgent = True           # a gathering I/O thread writes now, not after the window
                     self._cv.notify_all()
                 while self._queue and not self._dead:
                     left = 0.5 if deadline is None else deadline - time.monotonic()

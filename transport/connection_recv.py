@@ -170,8 +170,7 @@ class Receiving:
                 self._rcv.notify_all()
 
     def transport_readable(self, timeout: float) -> bool:
-        readable = getattr(self.transport, "readable", None)
-        return True if readable is None else readable(max(0.0, timeout))
+        return self.transport.readable(max(0.0, timeout))
 
     def _into_for(self, kind: int, seq: int, lengths: list):
         fut = self._pending.get(seq) if kind is _REPLY else None

@@ -89,8 +89,7 @@ class DelayTransport(Transport):
         return self.inner.recv_frame(limits, pool, into)
 
     def readable(self, timeout: float) -> bool:
-        readable = getattr(self.inner, "readable", None)
-        return True if readable is None else readable(timeout)
+        return self.inner.readable(timeout)
 
     def drain(self, timeout: float | None = None) -> None:
         """Wait until every delayed frame has been written."""

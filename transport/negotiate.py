@@ -37,6 +37,7 @@ from rgpu.errors import (
 from . import shm, shm_fast, shm_setup
 from .base import Transport
 from .buffers import BufferPool
+from .tcp import TcpTransport
 from .wire import Limits, MsgKind
 
 log = logging.getLogger("rgpu.transport")
@@ -190,11 +191,11 @@ def _client_ucx(t: Transport, settings, forced: bool) -> Transport:
 
 # ---- the server ----------------------------------------------------------------------
 
-def server_upgrade(t: Transport, offer: list, settings) -> Transport:
-    """Answer the client's UPGRADEs; returns the transport the session goes on with."""
-    sock = getattr(t, "sock", None)
-    if sock is not None:
-        sock.settimeout(settings.connect_timeout)     # a client stalled mid-upgrade is dropped
+def server_upgrade(t: TcpTransport, offer: list, settings) -> Transport:
+    """Answer the client's UPGRADEs on the accepted tcp connection ``t``; returns the transport the session
+    goes on with (``t`` itself when the client stays on tcp)."""
+    sock = t.sock
+    sock.settimeout(settings.connect_timeout)     # a client stalled mid-upgrade is dropped
     result = t
     try:
         while True:
@@ -214,7 +215,7 @@ def server_upgrade(t: Transport, offer: list, settings) -> Transport:
     except Timeout as exc:
         raise ConnectionLost(f"the client stalled in the transport upgrade: {exc}") from None
     finally:
-        if result is t and sock is not None:
+        if result is t:
             try:
                 sock.settimeout(None)
             except OSError:

@@ -29,14 +29,14 @@ import socket
 import struct
 import threading
 import time
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from rgpu.errors import ConnectionLost, ProtocolError
 
 from . import fastcopy, shm_fast
-from .base import Transport, spin_seconds
+from .base import Capabilities, FindShared, Transport, spin_seconds
 from .buffers import as_bytes_view, copied
 from .shm_memory import Heap, Segment
 from .shm_native import NativeCalls
@@ -98,12 +98,12 @@ class ShmTransport(Receiving, NativeCalls, Transport):
     spin_yield = True
     # A write is a copy into the ring: on the caller's thread it costs less than the hand-off to the
     # connection's I/O thread, whose GIL hand-offs also slowed the caller (GPU host, streamed adds:
-    # docs/perf/transport-history.md, run4 and run5).
-    posts_inline = True
-    # Set by the layer above: find_shared(address, nbytes) -> (memfd, base, size) of host memory holding
-    # that range which the peer may map (pinned tensors, pinned.cpp), or None. Such buffers are sent by
-    # naming them, with no copy; the sender must leave them alone until the peer has let the frame go.
-    find_shared: Callable[[int, int], "tuple[int, int, int] | None"] | None = None
+    # docs/perf/transport-history.md, run4 and run5). Pinned memory the peer maps is named, not copied.
+    capabilities = Capabilities(writes_inline=True, names_shared_memory=True)
+    # Given by the layer above (share_memory): find_shared(address, nbytes) -> (memfd, base, size) of host
+    # memory holding that range which the peer may map (pinned tensors, pinned.cpp), or None. Such buffers
+    # are sent by naming them, with no copy; the sender must leave them alone until the peer let the frame go.
+    find_shared: FindShared | None = None
 
     def __init__(self, side: str, sock: socket.socket, control: Segment, efds: list[int],
                  max_segment: int = MAX_SEGMENT, use_c: bool = True, spin_us: float | None = None):
@@ -260,6 +260,13 @@ class ShmTransport(Receiving, NativeCalls, Transport):
         if not blob_in_heap:
             _pack_blob(ring, p, prefix, views, placed)
         self._tail += rec_len
+
+    def share_memory(self, find: FindShared) -> bool:
+        self.find_shared = find
+        return True
+
+    def names(self, address: int, nbytes: int) -> bool:
+        return self.find_shared is not None and self.find_shared(address, nbytes) is not None
 
     def settle(self) -> None:
         """Take back what the peer has let go of now (the layer above knows it has: a reply came after)."""

@@ -8,7 +8,7 @@ from typing import Sequence
 
 from rgpu.errors import ConfigError, ConnectionLost, translate_os_error
 
-from .base import Into, StreamReader, Transport, spin_seconds
+from .base import Capabilities, Into, StreamReader, Transport, spin_seconds
 from .buffers import BufferPool
 from .wire import Frame, Limits
 
@@ -29,9 +29,9 @@ def tune(sock: socket.socket) -> None:
 
 class TcpTransport(Transport):
     name = "tcp"
-    # A client's small posts gather this long before its own thread writes them (Connection): a post
+    # A client's small posts gather 200 µs before its own thread writes them (Connection): a post
     # handed to the I/O thread cost GIL hand-offs (docs/perf/fast_path-history.md), one written alone a syscall
-    post_batch_s = 200e-6
+    capabilities = Capabilities(batch_window_s=200e-6, resumable=True)
 
     def __init__(self, sock: socket.socket):
         self.sock = sock

@@ -4,12 +4,13 @@
 
 Adds rows to the bench's: writes by the calling threads and by the I/O thread, the time in
 them, how many found the socket full (and the time waiting for room), over the whole run.
-``--batch-s`` changes how long posts gather (``TcpTransport.post_batch_s``), ``--sndbuf`` sets
+``--batch-s`` changes how long posts gather (``TcpTransport.capabilities.batch_window_s``), ``--sndbuf`` sets
 the client socket's send buffer, ``--switch`` Python's GIL switch interval. A diagnosis, not a target.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import threading
 import time
@@ -27,7 +28,8 @@ def main() -> int:
     ours, rest = parser.parse_known_args()
     rest = [a for a in rest if a != "--"]
     if ours.batch_s is not None:
-        tcp.TcpTransport.post_batch_s = ours.batch_s or None
+        tcp.TcpTransport.capabilities = dataclasses.replace(tcp.TcpTransport.capabilities,
+                                                            batch_window_s=ours.batch_s or None)
     if ours.switch:
         sys.setswitchinterval(ours.switch)
     counts, spent = Counter(), Counter()
