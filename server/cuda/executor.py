@@ -166,8 +166,9 @@ class Executor(BaseExecutor):
         """Run a batch of queued records in order; a failing one is deferred and the rest still run, as on a GPU."""
         pos, end = 0, records.nbytes
         batch = getattr(self.driver, "launch_records", None) if batch else None
+        cublas = self.libs.records_table() if batch else None
         while batch is not None and pos + RECORD_HEAD.size <= end:
-            done = batch(records, pos, self.current)     # the real driver walks the records in C
+            done = batch(records, pos, self.current, cublas)   # the real driver walks the records in C
             if done is None:
                 break
             pos, ctx, rc = done
@@ -176,7 +177,10 @@ class Executor(BaseExecutor):
                 return
             if rc == -1:
                 raise OpFailed("launches", f"malformed launch record at byte {pos}")
-            pos = self._launch_one(records, pos)          # the one that failed: retried and explained here
+            if RECORD_HEAD.unpack_from(records, pos)[1] in queued.KINDS:   # a kind the walker leaves here
+                pos = self._queued_one(records, pos, end)
+            else:
+                pos = self._launch_one(records, pos)      # the one that failed: retried and explained here
         # the real driver takes each record's packed arguments where they lie (no slicing, no copy)
         launch_at = getattr(self.driver, "launch_at", None)
         base = np.frombuffer(records, dtype=np.uint8).ctypes.data if launch_at and end else 0

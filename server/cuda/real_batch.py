@@ -1,35 +1,63 @@
 """The real driver's batch launcher: ``launch_records.c`` walks the interceptor's launch records and launches each.
 
 A ctypes call costs about as much as the launch itself (docs/perf/cuda_route-history.md),
-so a batch of records goes to C in one call.  Built with the host's C
-compiler (``rgpu.native``) ahead by ``rgpu build`` or on first use, and cached;
-where there is none, or ``RGPU_NATIVE=off``, the executor walks the records in
-Python instead (``load()`` returns None, ``native.why_not(NAME)`` says why).
+so a batch of records goes to C in one call. cuBLAS's GEMM records in the same queue run there too, through
+the session's table (``libs/cublas_records.c``, built into the same library; ``libs/cublas_real.py`` makes
+and fills it). Built with the host's C compiler (``rgpu.native``) ahead by ``rgpu build`` or on first use,
+and cached; where there is none, or ``RGPU_NATIVE=off``, the executor walks the records in Python instead
+(``load()`` returns None, ``native.why_not(NAME)`` says why).
 """
 from __future__ import annotations
 
 import ctypes
+import functools
+from ctypes import POINTER, c_char_p, c_int, c_size_t, c_uint32, c_uint64, c_void_p
 from pathlib import Path
 
 from rgpu import native, protocol
 
 NAME = "launch_records"
-SOURCE = Path(__file__).resolve().parent / "launch_records.c"
+HERE = Path(__file__).resolve().parent
+SOURCES = [HERE / "launch_records.c", HERE / "libs" / "cublas_records.c"]
+_WALK = [c_void_p, c_void_p, c_void_p, c_size_t, POINTER(c_size_t), POINTER(c_uint64)]
+SIGNATURES = {   # name -> (argument types, result type)
+    "rgpu_launch_records": (_WALK, c_int),
+    "rgpu_walk_records": ([*_WALK, c_void_p], c_int),
+    "rgpu_cublas_new": ([], c_void_p),
+    "rgpu_cublas_free": ([c_void_p], None),
+    "rgpu_cublas_bind": ([c_void_p, c_int, c_void_p], c_int),
+    "rgpu_cublas_error": ([c_void_p], c_char_p),
+    "rgpu_cublas_add": ([c_void_p, c_uint64, c_uint64], c_int),
+    "rgpu_cublas_real": ([c_void_p, c_uint64, c_int], c_uint64),
+    "rgpu_cublas_nth": ([c_void_p, c_size_t], c_uint64),
+    "rgpu_cublas_use": ([c_void_p, c_uint64, c_uint64, c_char_p, c_size_t, POINTER(c_uint64)], c_int),
+    "rgpu_cublas_runs": ([c_void_p, c_uint32], c_int),
+    "rgpu_cublas_record": ([c_void_p, c_uint32, c_uint64, c_uint64, c_void_p, c_size_t], c_int),
+}
 
 
 def build(force: bool = False) -> Path:
     """The built library's path (a ``BuildError`` when it cannot be built here)."""
-    return native.build_library(NAME, [SOURCE], include_dirs=[protocol.HEADER_DIR],
-                                key_extra=protocol.HEADER.read_text(), force=force)
+    return native.build_library(NAME, SOURCES, include_dirs=[protocol.HEADER_DIR],
+                                key_extra=protocol.HEADER.read_text() + protocol.HEADER_LIBS.read_text(), force=force)
+
+
+@functools.lru_cache(maxsize=None)
+def _library(path: str) -> ctypes.CDLL:
+    lib = ctypes.CDLL(path)
+    for name, (args, result) in SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, result
+    return lib
+
+
+def library() -> ctypes.CDLL | None:
+    """The compiled library, its functions typed (``SIGNATURES``), or None when it cannot be built here."""
+    path = native.attempt(NAME, build)
+    return None if path is None else _library(str(path))
 
 
 def load():
     """The compiled ``rgpu_launch_records`` (typed), or None when it cannot be built here."""
-    path = native.attempt(NAME, build)
-    if path is None:
-        return None
-    fn = ctypes.CDLL(str(path)).rgpu_launch_records
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
-                   ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_uint64)]
-    fn.restype = ctypes.c_int
-    return fn
+    lib = library()
+    return None if lib is None else lib.rgpu_launch_records

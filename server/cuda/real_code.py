@@ -38,8 +38,9 @@ class RealCode:
                                      ctypes.addressof(self._size), CU_LAUNCH_PARAM_END)
         self._launch = self.api.lib.cuLaunchKernel
         self.layouts: dict[int, list] = {}          # function -> [[offset, size], ...] as the client was told
-        from .real_batch import load as load_batch
-        self._batch = load_batch()                  # None without a C compiler: the executor walks records itself
+        from .real_batch import library
+        self._batch = library()                     # None without a C compiler: the executor walks records itself
+        self._walk = self._batch.rgpu_walk_records if self._batch else None
         self._batch_fns = (ctypes.cast(self._launch, c_void_p).value,
                            ctypes.cast(self.api.lib.cuCtxSetCurrent, c_void_p).value)
         self.by_params: set[int] = set()            # functions whose launches need kernelParams, not extra
@@ -173,13 +174,15 @@ class RealCode:
         if rc:
             raise CudaDriverError(rc, f"cuLaunchKernel: {self.api.error_name(rc)}")
 
-    def launch_records(self, records, pos: int, ctx: int | None):
-        """Launch records from ``pos`` in C until the end or the first failure: (pos, current ctx, CUresult)."""
+    def launch_records(self, records, pos: int, ctx: int | None, cublas: int | None = None):
+        """Launch records from ``pos`` in C until the end or the first failure: (pos, current ctx, CUresult).
+
+        ``cublas``: the session's cuBLAS table (``libs/cublas_records.c``), whose GEMM records run there too."""
         if self._batch is None:
             return None
         from .real import address
         p, c = c_size_t(pos), c_ulonglong((1 << 64) - 1 if ctx is None else ctx)
-        rc = self._batch(*self._batch_fns, address(records), len(records), byref(p), byref(c))
+        rc = self._walk(*self._batch_fns, address(records), len(records), byref(p), byref(c), cublas)
         return p.value, c.value, rc
 
     def _launch_params(self, func, gx, gy, gz, bx, by, bz, shared, stream, args_addr: int) -> None:

@@ -11,7 +11,9 @@ when the session ends.
 An implementation is a class ``Library(driver, owner)`` with one method per call, named as the call
 (``cublasGemmEx(self, handle, stream, tail, **fields)``), returning the library's status, or
 ``(status, output bytes)``; ``LibError(status, message)`` fails a call with a message the client shows;
-``status_name(status)`` names a status; ``close()`` frees everything.
+``status_name(status)`` names a status; ``close()`` frees everything. cuBLAS's also has
+``records_table()``: its C table (a pointer) through which the executor's C walker runs queued GEMMs
+beside the launches, or None (``records_table`` here hands it out).
 
 ``RGPU_CUDA_LIB_TRACE=1`` in the server's environment writes one line per call run here to stderr: the
 call, queued or answered, its fields, its status and message (what a GPU run needs to name the failing call).
@@ -56,6 +58,7 @@ class Libraries:
         self.driver = driver
         self.flavour = "fake" if getattr(driver, "name", "") == "fake" else "real"
         self.open: dict[str, object] = {}        # prefix -> its implementation, once loaded
+        self._specs: dict[int, tuple] = {}       # call id -> what run() needs of its spec (_spec)
         from rgpu import config
         self.trace = config.settings().cuda_lib_trace
         from .trace import recorder
@@ -69,15 +72,27 @@ class Libraries:
             lib = self.open[prefix] = module.Library(self.driver, self)
         return lib
 
-    def run(self, call: int, handle: int, stream: int, payload=None, *, answered: bool):
-        """Run one forwarded call: ``[status, message]`` (or ``[output, status, message]``) when answered;
-        a queued call that fails raises, so the executor defers its error to the next synchronisation."""
+    def records_table(self) -> int | None:
+        """cuBLAS's C table (``cublas_records.c``), through which the executor's C walker runs queued GEMMs
+        without coming here; None where there is none, and while a trace or a recording is on (they see
+        every call here)."""
+        lib = self.open.get("cublas")
+        return None if lib is None or self.trace or self.recorder else lib.records_table()
+
+    def _spec(self, call: int):
+        """``(spec, its fixed fields' struct, their names, the library's prefix)`` of a call id, made once."""
         spec = CALLS.get(call)
         prefix = next((p for lo, hi, p in RANGES if lo <= call < hi), None) if spec else None
         if spec is None or prefix is None:
             raise CudaDriverError(CUDA_ERROR_NOT_SUPPORTED, f"unknown math library call {call!r}")
+        entry = self._specs[call] = (spec, spec.format, tuple(name for name, _ in spec.fields), prefix)
+        return entry
+
+    def run(self, call: int, handle: int, stream: int, payload=None, *, answered: bool):
+        """Run one forwarded call: ``[status, message]`` (or ``[output, status, message]``) when answered;
+        a queued call that fails raises, so the executor defers its error to the next synchronisation."""
+        spec, fixed, names, prefix = self._specs.get(call) or self._spec(call)
         payload = memoryview(b"") if payload is None else payload
-        fixed = spec.format
         if payload.nbytes < fixed.size:
             raise CudaDriverError(CUDA_ERROR_INVALID_VALUE,
                                   f"{spec.name}: a payload of {payload.nbytes} bytes, expected at least {fixed.size}")
@@ -85,7 +100,7 @@ class Libraries:
         method = getattr(lib, spec.name, None)
         if method is None:
             raise CudaDriverError(CUDA_ERROR_NOT_SUPPORTED, f"{spec.name} is not forwarded by this server's {prefix}")
-        fields = dict(zip((name for name, _ in spec.fields), fixed.unpack_from(payload)))
+        fields = dict(zip(names, fixed.unpack_from(payload)))
         out, message = None, None
         rec = self.recorder and self.recorder.before(spec, handle, stream, payload, fields, answered)
         try:

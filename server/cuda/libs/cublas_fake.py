@@ -55,6 +55,10 @@ class Library:
         """The handle object for a client cuBLAS handle (torch passes it to cuBLASLt), or None."""
         return self.handles.get(client_handle)
 
+    def records_table(self) -> None:
+        """No C table here: every record comes through ``Libraries.run``."""
+        return None
+
     def close(self) -> None:
         self.handles.clear()
 

@@ -6,12 +6,17 @@ mode, applied to the real handle only when they changed (``cublasSetStream_v2`` 
 workspace to the library's pool, as the client's record does). Host scalars arrive by value and are
 passed from a buffer of ours in host pointer mode; device scalars, matrices and vectors are the
 server's addresses and pass through. The prototypes are cublas_api.h's (CUDA 13), written out here.
+
+Where the server's C part is built (``real_batch``), the handles and their state live in its table
+(``cublas_records.c``, ``self.fast``): the executor's C walker runs queued GEMMs there without Python,
+and the calls that come here apply their state through it, so the state has one owner either way.
+Without it (no compiler, ``RGPU_NATIVE=off``) ``Handle`` keeps it here.
 """
 from __future__ import annotations
 
 import ctypes
 import struct
-from ctypes import POINTER, c_int, c_longlong, c_size_t, c_void_p
+from ctypes import POINTER, c_int, c_longlong, c_size_t, c_uint64, c_void_p
 
 from rgpu.protocol.lib_cublas import DEFAULT_WORKSPACE, INVALID_VALUE, NOT_INITIALIZED, NOT_SUPPORTED, STATE, STATUS
 
@@ -20,6 +25,13 @@ from .loading import LibraryMissing, load
 
 # bytes of a dot product's result by cudaDataType_t (R_32F, R_64F, R_16F, R_16BF, C_32F, C_64F, C_16F, C_16BF)
 RESULT_WIDTH = {0: 4, 1: 8, 2: 2, 14: 2, 4: 8, 5: 16, 6: 4, 15: 4}
+
+STATE_FIELDS = struct.Struct("<" + "".join(code for _, code in STATE))
+# the functions the C table calls, in its order (cublas_records.c's enum)
+FAST_FUNCTIONS = ("cublasSetStream_v2", "cublasSetWorkspace_v2", "cublasSetMathMode", "cublasSetPointerMode_v2",
+                  "cublasSgemm_v2", "cublasDgemm_v2", "cublasGemmEx", "cublasSgemmStridedBatched",
+                  "cublasDgemmStridedBatched", "cublasGemmStridedBatchedEx")
+NOT_HERE = -2          # the C table's answer for a handle it does not hold
 
 H, I, LL, P = c_void_p, c_int, c_longlong, c_void_p
 _GEMM = [H, I, I, I, I, I]                                    # handle, transa, transb, m, n, k
@@ -68,10 +80,12 @@ class Handle:
 class Library:
     def __init__(self, driver, owner):
         self.driver = driver
-        self.handles: dict[int, Handle] = {}
+        self.handles: dict[int, Handle] = {}     # without the C table: client handle -> its real one and state
         self._lib = None
         self._missing: str | None = None
         self.version = 0
+        self.c = self.fast = None                # with it: the C library and this session's table (a pointer)
+        self._out = (c_uint64 * 2)()
 
     # ---- the contract --------------------------------------------------------------------------
     def status_name(self, status: int) -> str:
@@ -79,12 +93,24 @@ class Library:
 
     def handle_for_lt(self, client_handle: int) -> int | None:
         """The real cublasHandle_t (an int) for a client cuBLAS handle (torch passes it to cuBLASLt), or None."""
+        if self.fast:
+            return self.c.rgpu_cublas_real(self.fast, client_handle, 0) or None
         h = self.handles.get(client_handle)
         return h.real if h else None
 
+    def records_table(self) -> int | None:
+        """The C table the executor's walker runs queued GEMMs through (a pointer), or None."""
+        return self.fast
+
     def close(self) -> None:
-        for h in self.handles.values():
-            self.fn("cublasDestroy_v2")(c_void_p(h.real))
+        reals = [h.real for h in self.handles.values()]
+        if self.fast:
+            while real := self.c.rgpu_cublas_nth(self.fast, len(reals)):
+                reals.append(real)
+            self.c.rgpu_cublas_free(self.fast)
+            self.fast = None
+        for real in reals:
+            self.fn("cublasDestroy_v2")(c_void_p(real))
         self.handles.clear()
 
     # ---- the library ---------------------------------------------------------------------------
@@ -101,14 +127,25 @@ class Library:
                 f = getattr(lib, fname)
                 f.argtypes, f.restype = args, c_int
             self._lib = lib
+            self._table(lib)
         return getattr(self._lib, name)
+
+    def _table(self, lib) -> None:
+        """The C table over ``lib``'s functions, resolved once, where the server's C part is built."""
+        from ..real_batch import library
+        c = library()
+        if c is None:
+            return
+        self.c, self.fast = c, c.rgpu_cublas_new()
+        for slot, fname in enumerate(FAST_FUNCTIONS):
+            c.rgpu_cublas_bind(self.fast, slot, ctypes.cast(getattr(lib, fname), c_void_p))
 
     def _call(self, name: str, *args) -> int:
         return int(self.fn(name)(*args))
 
     # ---- handles -------------------------------------------------------------------------------
     def cublasCreate_v2(self, handle, stream, tail, client_version):
-        if handle in self.handles:
+        if self.handle_for_lt(handle) is not None:
             raise LibError(INVALID_VALUE, f"cuBLAS handle {handle:#x} exists already")
         real = c_void_p()
         status = self._call("cublasCreate_v2", ctypes.byref(real))
@@ -120,18 +157,31 @@ class Library:
             self._call("cublasDestroy_v2", real)
             raise LibError(NOT_INITIALIZED, f"the client's cuBLAS is {client_version}, the server's "
                                             f"{version.value}: their major versions differ")
-        self.handles[handle] = Handle(handle, real.value)
+        if self.fast:
+            self.c.rgpu_cublas_add(self.fast, handle, real.value)
+        else:
+            self.handles[handle] = Handle(handle, real.value)
         self.version = version.value
         return 0, struct.pack("<i", version.value)
 
     def cublasDestroy_v2(self, handle, stream, tail):
         h = self.handles.pop(handle, None)
-        if h is None:
+        real = h.real if h else self.fast and self.c.rgpu_cublas_real(self.fast, handle, 1)
+        if not real:
             raise LibError(NOT_INITIALIZED, f"cublasDestroy_v2: {handle:#x} is not a cuBLAS handle of this session")
-        return self._call("cublasDestroy_v2", c_void_p(h.real))
+        return self._call("cublasDestroy_v2", c_void_p(real))
 
-    def _use(self, name: str, handle: int, stream, f: dict) -> Handle:
-        """The real handle, brought to the state the client's record carries."""
+    def _use(self, name: str, handle: int, stream, f: dict) -> tuple[int, int]:
+        """The real handle and its pointer mode, brought to the state the client's record carries."""
+        if self.fast:                            # the C table owns the state: it applies what changed
+            state = STATE_FIELDS.pack(*(f.pop(k) for k, _ in STATE))
+            status = self.c.rgpu_cublas_use(self.fast, handle, stream or 0, state, len(state), self._out)
+            if status == NOT_HERE:
+                raise LibError(NOT_INITIALIZED, f"{name}: {handle:#x} is not a cuBLAS handle of this session")
+            if status:
+                why = self.c.rgpu_cublas_error(self.fast).decode()
+                raise LibError(status, f"{name}: {why}: {self.status_name(status)} ({status})")
+            return self._out[0], self._out[1]
         h = self.handles.get(handle)
         if h is None:
             raise LibError(NOT_INITIALIZED, f"{name}: {handle:#x} is not a cuBLAS handle of this session")
@@ -158,22 +208,22 @@ class Library:
         if pointer_mode != h.pointer_mode:
             apply("cublasSetPointerMode_v2", c_int(pointer_mode))
             h.pointer_mode = pointer_mode
-        return h
+        return h.real, h.pointer_mode
 
     # ---- the computing calls: the client's arguments, in the prototype's order ---------------------
-    def _scalars(self, h: Handle, f: dict):
+    def _scalars(self, pointer_mode: int, f: dict):
         """alpha and beta as the real call takes them: our copies (host mode) or the device addresses."""
-        if h.pointer_mode == 1:
+        if pointer_mode == 1:
             return (c_void_p(int.from_bytes(f["alpha"][:8], "little")),
                     c_void_p(int.from_bytes(f["beta"][:8], "little")))
         return ctypes.create_string_buffer(bytes(f["alpha"]), 16), ctypes.create_string_buffer(bytes(f["beta"]), 16)
 
     def _gemm(self, name, handle, stream, f, ex=(), types=False, strided=False, tail=()):
-        h = self._use(name, handle, stream, f)
-        alpha, beta = self._scalars(h, f)
+        real, mode = self._use(name, handle, stream, f)
+        alpha, beta = self._scalars(mode, f)
         t = (lambda x: (f[x],)) if types else (lambda x: ())
         s = (lambda x: (f[x],)) if strided else (lambda x: ())
-        args = [c_void_p(h.real), f["transa"], f["transb"], f["m"], f["n"], f["k"], alpha,
+        args = [c_void_p(real), f["transa"], f["transb"], f["m"], f["n"], f["k"], alpha,
                 c_void_p(f["A"]), *t("atype"), f["lda"], *s("stride_a"),
                 c_void_p(f["B"]), *t("btype"), f["ldb"], *s("stride_b"), beta,
                 c_void_p(f["C"]), *t("ctype"), f["ldc"], *s("stride_c"), *(f[x] for x in tail),
@@ -207,9 +257,9 @@ class Library:
                           tail=("batch",))
 
     def _gemv(self, name, handle, stream, f):
-        h = self._use(name, handle, stream, f)
-        alpha, beta = self._scalars(h, f)
-        return self._call(name, c_void_p(h.real), f["trans"], f["m"], f["n"], alpha, c_void_p(f["A"]), f["lda"],
+        real, mode = self._use(name, handle, stream, f)
+        alpha, beta = self._scalars(mode, f)
+        return self._call(name, c_void_p(real), f["trans"], f["m"], f["n"], alpha, c_void_p(f["A"]), f["lda"],
                           c_void_p(f["x"]), f["incx"], beta, c_void_p(f["y"]), f["incy"])
 
     def cublasSgemv_v2(self, handle, stream, tail, **f):
@@ -220,15 +270,15 @@ class Library:
 
     def _dot(self, name, handle, stream, f, width, types=None):
         """Into device memory (device pointer mode) the client's address; into host memory ours, answered."""
-        h = self._use(name, handle, stream, f)
-        host = ctypes.create_string_buffer(16) if h.pointer_mode == 0 else None
+        real, mode = self._use(name, handle, stream, f)
+        host = ctypes.create_string_buffer(16) if mode == 0 else None
         result = host if host is not None else c_void_p(f["result"])
         if types:
             args = (f["n"], c_void_p(f["x"]), f["xtype"], f["incx"], c_void_p(f["y"]), f["ytype"], f["incy"],
                     result, f["result_type"], f["exec_type"])
         else:
             args = (f["n"], c_void_p(f["x"]), f["incx"], c_void_p(f["y"]), f["incy"], result)
-        status = self._call(name, c_void_p(h.real), *args)
+        status = self._call(name, c_void_p(real), *args)
         if host is None or status:
             return status
         return 0, host.raw[:width]          # host pointer mode: the call returned once the result was there

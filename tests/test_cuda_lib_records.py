@@ -1,0 +1,146 @@
+"""cuBLAS's queued GEMM records run in C beside the launches (server/cuda/libs/cublas_records.c): the same
+calls, arguments and setters as the Python path, malformed or failing records refused with a clear error.
+
+No GPU: NVIDIA's libraries are the bench's stand-in (bench/cuda_lib_standin.c), which logs every call it gets.
+"""
+from __future__ import annotations
+
+import shutil
+import struct
+
+import pytest
+
+from rgpu.bench import cuda_lib_records as bench
+from rgpu.protocol.cuda import LAUNCH, LAUNCH_KIND, LIB_KIND, OP
+from rgpu.protocol.cuda_libs import BY_NAME
+
+pytestmark = pytest.mark.skipif(not shutil.which("cc") and not shutil.which("gcc"),
+                                reason="no C compiler (builds the stand-in library)")
+CTX, S1, S2 = 0x7, 0x5100, 0x5200
+DEFAULT = (1 << 64) - 1
+
+
+@pytest.fixture(scope="module")
+def folder():
+    return bench.standin_dir()
+
+
+def _session(folder, monkeypatch, native: str):
+    monkeypatch.setenv("RGPU_NATIVE", native)
+    monkeypatch.setenv("RGPU_CUDA_LIB_DIR", folder)
+    session = bench.Session(folder)
+    session.std = bench.standin(folder)
+    session.std.standin_record(1)
+    return session
+
+
+def _gemm(name, stream=S1, handle=bench.HANDLE, **over) -> bytes:
+    f = dict(bench.GEMM, workspace_size=DEFAULT)
+    if "Ex" in name and name != "cublasSgemmEx":
+        f.update(atype=14, btype=14, ctype=14, compute_type=68, algo=-1)
+    if "Strided" in name:
+        f.update(bench.STRIDES)
+    f.update(over)
+    return bench.record(name, handle, stream, bench.pack(name, **f), ctx=CTX)
+
+
+def _launch(func, stream) -> bytes:
+    return LAUNCH.pack(LAUNCH.size, LAUNCH_KIND, func, CTX, stream, 1, 1, 1, 32, 1, 1, 0, 0)
+
+
+DEVICE_SCALARS = dict(pointer_mode=1, alpha=(0xA1F0).to_bytes(16, "little"), beta=(0xBE70).to_bytes(16, "little"))
+GEMV = dict(bench.GEMM)
+STEP = b"".join([            # a step's records: state changes, every GEMM kind, a launch, a call C leaves to Python
+    _gemm("cublasSgemm_v2"),
+    _launch(0x100, S1),
+    _gemm("cublasGemmEx", workspace=0xE000, workspace_size=4096),
+    bench.record("cublasSgemv_v2", bench.HANDLE, S1, bench.pack(
+        "cublasSgemv_v2", workspace=0xE000, workspace_size=4096, trans=0, m=4, n=4, lda=4, incx=1, incy=1,
+        alpha=bench.SCALAR, A=0xA000, x=0xB000, y=0xC000), ctx=CTX),
+    _gemm("cublasGemmStridedBatchedEx", workspace=0xE000, workspace_size=4096, math_mode=3),
+    _gemm("cublasDgemm_v2", workspace=0xE000, workspace_size=4096, math_mode=3, **DEVICE_SCALARS),
+    _gemm("cublasSgemmStridedBatched", stream=S2, math_mode=3),
+    _launch(0x200, S2),
+    _gemm("cublasDgemmStridedBatched", stream=S2, alpha=struct.pack("<d", -2.0).ljust(16, b"\0")),
+])
+
+
+def _run(session, records: bytes, monkeypatch) -> tuple[list[str], int]:
+    """The standin's log of ``records`` through the executor's door, and how many reached ``Libraries.run``."""
+    seen = []
+    run = session.libs.run
+    monkeypatch.setattr(session.libs, "run", lambda *a, **k: seen.append(a[0]) or run(*a, **k))
+    session.std.standin_take()
+    session.executor._launches(memoryview(bytearray(records)))
+    return session.std.standin_take().decode().splitlines(), len(seen)
+
+
+def test_the_c_walker_and_the_python_path_make_the_same_calls(folder, monkeypatch):
+    logs = {}
+    for native in ("auto", "off"):
+        session = _session(folder, monkeypatch, native)
+        logs[native], through_python = _run(session, STEP * 2, monkeypatch)
+        assert session.executor.deferred == []
+        assert through_python == (2 if native == "auto" else 14)    # in C: all but the two GEMVs
+        session.libs.close()
+        assert session.std.standin_take().decode().splitlines()[-1].startswith("destroy ")
+    assert logs["auto"] == logs["off"]
+    step = logs["auto"][:18]                                 # the first step, and the second's first setter
+    h = step[1].split()[1]                                   # the real handle, as the stand-in minted it
+    assert step[0] == "ctx 7" and step[1] == f"stream {h} {S1:x}" and step[17] == step[1]
+    assert [line.split()[0] for line in step[2:]] == [
+        "sgemm", "launch", "workspace", "gemmex", "sgemv", "math", "gemm_strided_ex", "pointer", "dgemm",
+        "stream", "pointer", "sgemm_strided", "launch", "math", "dgemm_strided", "stream"]
+    assert step[10] == f"dgemm {h} 0 1 128 128 128 a1f0 a000 128 b000 128 be70 c000 128"   # device scalars
+    assert step[11] == f"stream {h} {S2:x}"       # a new stream: the library's pool again, no workspace call
+    one = struct.unpack("<Q", struct.pack("<f", 1.0).ljust(8, b"\0"))[0]
+    assert step[2] == f"sgemm {h} 0 1 128 128 128 {one:x} a000 128 b000 128 0 c000 128"   # host scalars by value
+
+
+def test_malformed_unknown_and_failing_records_are_refused_with_clear_errors(folder, monkeypatch):
+    for native in ("auto", "off"):
+        session = _session(folder, monkeypatch, native)
+        ok = _gemm("cublasGemmEx")
+        short = OP.pack(OP.size + 24, LIB_KIND, CTX, S1, BY_NAME["cublasSgemm_v2"].id, bench.HANDLE, 20) + bytes(24)
+        unknown_call = OP.pack(OP.size, LIB_KIND, CTX, S1, 0x1FF, bench.HANDLE, 0)
+        records = (ok + short + _gemm("cublasSgemm_v2", handle=0x99) + _gemm("cublasSgemm_v2", lda=2) + unknown_call
+                   + ok)
+        log, _ = _run(session, records, monkeypatch)
+        messages = [message for _, _, message in session.executor.deferred]
+        assert len(messages) == 4, messages
+        assert "cublasSgemm_v2: a payload of 20 bytes, expected at least 112" in messages[0]
+        assert "0x99 is not a cuBLAS handle of this session" in messages[1]
+        assert "CUBLAS_STATUS_INVALID_VALUE" in messages[2]
+        assert "unknown math library call 511" in messages[3]
+        assert [line.split()[0] for line in log].count("gemmex") == 2       # the rest still ran, in order
+        session.executor.deferred.clear()
+        overrun = OP.pack(OP.size, LIB_KIND, CTX, S1, BY_NAME["cublasSgemm_v2"].id, bench.HANDLE, 4096)
+        from rgpu.server.route import OpFailed
+        with pytest.raises(OpFailed, match="malformed .*record.* at byte 0"):
+            session.executor._launches(memoryview(bytearray(overrun)))
+        session.libs.close()
+
+
+def test_the_c_table_refuses_short_payloads_and_unknown_calls_itself(folder, monkeypatch):
+    from rgpu.server.cuda import real_batch
+    c = real_batch.library()
+    if c is None:
+        pytest.skip("the server's C part does not build here")
+    session = _session(folder, monkeypatch, "auto")
+    table = session.libs.records_table()
+    payload = bench.pack("cublasGemmEx", **bench.EX, workspace_size=DEFAULT)
+    assert c.rgpu_cublas_record(table, BY_NAME["cublasGemmEx"].id, bench.HANDLE, S1, payload, len(payload)) == 0
+    assert c.rgpu_cublas_record(table, BY_NAME["cublasGemmEx"].id, bench.HANDLE, S1, payload, 100) == -1
+    assert c.rgpu_cublas_record(table, BY_NAME["cublasSgemv_v2"].id, bench.HANDLE, S1, payload, len(payload)) == -2
+    assert c.rgpu_cublas_record(table, BY_NAME["cublasGemmEx"].id, 0x99, S1, payload, len(payload)) == -2
+    assert c.rgpu_cublas_record(None, BY_NAME["cublasGemmEx"].id, bench.HANDLE, S1, payload, len(payload)) == -2
+    monkeypatch.setattr(session.libs, "trace", True)        # a trace sees every call: the walker gets no table
+    assert session.libs.records_table() is None
+    session.libs.close()
+
+
+def test_the_bench_gives_its_rows(folder, monkeypatch):
+    monkeypatch.setenv("RGPU_CUDA_LIB_DIR", folder)
+    rows = bench.rows(bench.harness.parser(bench.__doc__).parse_args(["--quick", "--repeats", "1"]))
+    assert [r["record"] for r in rows] == list(bench.cases())
+    assert all(r["value"] > 0 and r["baseline"] > 0 for r in rows)
