@@ -1,6 +1,7 @@
 """``rgpu bench cuda``: one CUDA C program (demo_vecadd.c) through rgpu's libcuda.so.1, beside the same binary native.
 
     rgpu bench cuda [--json] [--repeats N] [--server HOST:PORT]      python -m rgpu.bench.cuda --json
+    rgpu bench cuda --torch [--quick]        stock CUDA PyTorch's training steps instead (cuda_torch.py)
 
 Rows (foundation schema): a round-trip driver call (cuMemGetInfo), 2000
 kernel launches plus the final cuCtxSynchronize, a 64 MiB cuMemcpyHtoD from
@@ -63,7 +64,21 @@ def _runtime_rows(args, env: dict, native: bool) -> list[dict]:
         return []
 
 
+def _torch_rows(args) -> list[dict]:
+    from . import cuda_torch
+    server = None if getattr(args, "server", None) else _Server()
+    try:
+        env = {"RGPU_SERVER": getattr(args, "server", None) or server.address,
+               **({"RGPU_TOKEN": server.token} if server else {})}
+        return cuda_torch.rows(args, env)
+    finally:
+        if server:
+            server.stop()
+
+
 def rows(args=None) -> list[dict]:
+    if getattr(args, "torch", False):
+        return _torch_rows(args)
     from rgpu.cuda_intercept.build import build
     from rgpu.cuda_intercept.cli import environment
     from rgpu.cuda_intercept.demo import build_program
@@ -104,7 +119,8 @@ def rows(args=None) -> list[dict]:
 def main(argv=None) -> int:
     from rgpu.bench import harness
 
-    return harness.main(rows, argv, __doc__, flags={"--server": {"help": "host:port of a running server"}})
+    return harness.main(rows, argv, __doc__, flags={"--server": {"help": "host:port of a running server"},
+                       "--torch": {"action": "store_true", "help": "stock CUDA PyTorch's steps (cuda_torch.py)"}})
 
 
 if __name__ == "__main__":

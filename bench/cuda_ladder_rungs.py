@@ -148,16 +148,17 @@ def _autocast(dev, dtype):
     return torch.autocast(device_type=dev.type, dtype=dtype) if dtype else contextlib.nullcontext()
 
 
-def gpt_setup(dev, seed=7, batch=8, block=64):
-    """The GPT, AdamW and 20 batches of a text it can learn (a 509-token phrase repeated), all made on the CPU."""
+def gpt_setup(dev, seed=7, batch=8, block=64, d=128, layers=4, heads=4, capturable=False):
+    """The GPT, AdamW and 20 batches of a text it can learn (a 509-token phrase repeated), all made on the CPU
+    (R7's shape by default; ``rgpu bench cuda --torch`` times others; ``capturable``: AdamW for a CUDA graph)."""
     GPT, _ = _models()
     torch.manual_seed(seed)
-    model = GPT()
+    model = GPT(block=block, d=d, layers=layers, heads=heads)
     for p in model.parameters():             # nanoGPT's init: a first loss near ln(256)
         if p.dim() > 1:
             nn.init.normal_(p, 0.0, 0.02)
     model = model.to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, **({"capturable": True} if capturable else {}))
     gen = _cpu_gen("gpt-data")
     text = torch.randint(0, 256, (509,), generator=gen).repeat(8)
     starts = torch.randint(0, text.numel() - block - 1, (20, batch), generator=gen)

@@ -21,7 +21,7 @@ def _serve(args) -> int:
                                    ("max_sessions", args.max_sessions), ("max_frame_bytes", args.max_frame),
                                    ("token_file", args.token_file), ("spare_workers", args.spare_workers),
                                    ("tls", True if args.tls else None), ("tls_cert", args.tls_cert),
-                                   ("tls_key", args.tls_key)) if v is not None}
+                                   ("tls_key", args.tls_key), ("session_grace", args.session_grace)) if v is not None}
     s = config.settings(**overrides)
     return serve.run(s, overrides, preload=args.preload, parent_pid=args.exit_with_parent)
 
@@ -87,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls", action="store_true", help="require TLS")
     p.add_argument("--tls-cert")
     p.add_argument("--tls-key")
+    p.add_argument("--session-grace", type=float,
+                   help="seconds a dropped client's session waits for it to resume (default 120; 0: ends at once)")
     p.add_argument("--preload", default="torch", help="modules a spare worker imports ahead (comma list)")
     p.add_argument("--exit-with-parent", type=int, help=argparse.SUPPRESS)
     p.set_defaults(func=_serve)
@@ -105,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", nargs="?", const="default", default=None,
                    help="train: also the step under torch.compile(backend='rgpu') [mode, e.g. reduce-overhead]")
     p.add_argument("--sim-rtt", default=None, help="train: comma list of simulated round trips in ms, e.g. 1,10,30")
+    p.add_argument("--torch", action="store_true", help="cuda: stock CUDA PyTorch's training steps beside native")
     p.add_argument("--tls", action="store_true",
                    help="transport: add TLS rows beside plain tcp (what TLS costs); resilience: a TLS server's row too")
     p.add_argument("--tokens", type=int, default=None, help="generate: new tokens per sequence (128; --quick: 16)")
