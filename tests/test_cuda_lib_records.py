@@ -144,3 +144,22 @@ def test_the_bench_gives_its_rows(folder, monkeypatch):
     rows = bench.rows(bench.harness.parser(bench.__doc__).parse_args(["--quick", "--repeats", "1"]))
     assert [r["record"] for r in rows] == list(bench.cases())
     assert all(r["value"] > 0 and r["baseline"] > 0 for r in rows)
+
+
+def test_a_matmuls_state_is_parsed_once_and_its_bias_pointer_set_when_it_changes(folder, monkeypatch):
+    session = _session(folder, monkeypatch, "auto")
+
+    def matmul(bias: int) -> bytes:
+        state = bench._lt_state().replace(struct.pack("<Q", 0xBEEF00), struct.pack("<Q", bias))
+        return bench.record("cublasLtMatmul", bench.HANDLE, S1, bench.pack(
+            "cublasLtMatmul", alpha=bench.SCALAR, a=0xA000, b=0xB000, c=0xC000, d=0xC000, tail=state), ctx=CTX)
+    log, _ = _run(session, matmul(0xB100) + matmul(0xB100) + matmul(0xB200) + matmul(0xB100), monkeypatch)
+    assert session.executor.deferred == []
+    made = [line.split()[0] for line in log if line.split()[0] in ("desc", "layout")]
+    assert made == ["desc", "layout"]                     # one descriptor, one layout (the four are alike)
+    biases = [line.split()[3] for line in log if line.startswith("desc_set") and line.split()[2] == "8"]
+    assert biases == ["b100", "b200", "b100"]             # set when it changed, not per call
+    assert [line.split()[0] for line in log].count("lt_matmul") == 4
+    lib = session.libs.library("cublaslt")
+    assert len(lib.resolved) == 2 and lib.live() == 2
+    session.libs.close()

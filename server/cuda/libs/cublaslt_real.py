@@ -2,8 +2,9 @@
 
 It runs on the session's thread with its context current (the executor's). The client's descriptors
 arrive serialized (``rgpu.protocol.lib_cublaslt``); real ones are made from them once and kept by content
-(a descriptor's device addresses zeroed in the key and set at each call), so steady state creates
-nothing. The handle is torch's cuBLAS handle (``cublas_real.Library.handle_for_lt``: cuBLASLt takes a
+(a descriptor's device addresses zeroed in the key and set when they differ from the last set), and a
+call's whole serialized state maps to its real descriptors once parsed, so steady state creates and
+parses nothing. The handle is torch's cuBLAS handle (``cublas_real.Library.handle_for_lt``: cuBLASLt takes a
 ``cublasHandle_t`` as its own, as torch does natively) or one ``cublasLtCreate`` made here. Host scalars
 arrive by value and are passed from a buffer of ours (cuBLASLt reads them during the call); device
 scalars and matrices are the server's addresses and pass through. The prototypes are cublasLt.h's
@@ -46,6 +47,7 @@ KINDS = {  # kind -> (create, destroy, set attribute, the attributes create take
                   "cublasLtMatmulPreferenceSetAttribute", ()),
 }
 MAX_KEPT = 4096                 # real descriptors kept per kind; past it the oldest go (they are host objects)
+MATMUL_STATE = (P.KIND_DESC,) + (P.KIND_LAYOUT,) * 4
 MAX_REQUESTED = 1024
 
 
@@ -55,6 +57,11 @@ class Library:
         self.owner = owner
         self.handles: dict[int, int] = {}                      # client handle -> real, from cublasLtCreate
         self.kept: dict[int, dict[bytes, int]] = {k: {} for k in KINDS}   # kind -> content -> real descriptor
+        self.resolved: dict[bytes, tuple] = {}     # a call's serialized state -> its real descriptors (_resolve)
+        self.pointers: dict[int, tuple] = {}       # real matmul descriptor -> the device addresses last set on it
+        self._scalars = ctypes.create_string_buffer(32)
+        self._algo = ctypes.create_string_buffer(P.ALGO)
+        self._matmul = None                        # cublasLtMatmul, bound at the library's load
         self._lib = None
         self._missing: str | None = None
 
@@ -74,6 +81,8 @@ class Library:
             for real in kept.values():
                 destroy(c_void_p(real))
             kept.clear()
+        self.resolved.clear()
+        self.pointers.clear()
         for real in self.handles.values():
             self.fn("cublasLtDestroy")(c_void_p(real))
         self.handles.clear()
@@ -91,7 +100,7 @@ class Library:
             for fname, args in PROTOTYPES.items():
                 f = getattr(lib, fname)
                 f.argtypes, f.restype = args, c_int
-            self._lib = lib
+            self._lib, self._matmul = lib, lib.cublasLtMatmul
         return getattr(self._lib, name)
 
     def _check(self, status: int, what: str) -> None:
@@ -130,7 +139,7 @@ class Library:
 
     # ---- descriptors ---------------------------------------------------------------------------
     def _real(self, obj: P.Obj | None) -> int | None:
-        """The real descriptor for ``obj``, made once per content; its device addresses set now."""
+        """The real descriptor for ``obj``, made once per content (its device addresses: ``_pointers``)."""
         if obj is None:
             return None
         create, destroy, set_attr, args = KINDS[obj.kind]
@@ -140,12 +149,35 @@ class Library:
         if real is None:
             real = self._make(obj, create, set_attr, args)
             if len(kept) >= MAX_KEPT:
-                self.fn(destroy)(c_void_p(kept.pop(next(iter(kept)))))
+                gone = kept.pop(next(iter(kept)))
+                self.fn(destroy)(c_void_p(gone))
+                self.pointers.pop(gone, None)
+                self.resolved.clear()            # its states may name the one destroyed
             kept[key] = real
-        if obj.kind == P.KIND_DESC:
-            for attr in P.DESC_POINTERS & obj.attrs.keys():
-                self._set(set_attr, real, attr, obj.attrs[attr])
         return real
+
+    def _pointers(self, real: int, pointers: tuple) -> None:
+        """A matmul descriptor's device addresses (bias, scales, ...), set when they differ from the last set."""
+        if pointers and self.pointers.get(real) != pointers:
+            for attr, value in pointers:
+                self._set(KINDS[P.KIND_DESC][2], real, attr, value)
+            self.pointers[real] = pointers
+
+    def _resolve(self, tail, kinds: tuple[int, ...]) -> tuple:
+        """``(real descriptors, the desc's pointer mode)`` for a serialized state, parsed once per content."""
+        key = bytes(tail)
+        got = self.resolved.get(key)
+        if got is None:
+            objs = self._state(tail, kinds)
+            desc = objs[0]
+            pointers = tuple((a, desc.attrs[a]) for a in sorted(P.DESC_POINTERS & desc.attrs.keys()))
+            got = (tuple(self._real(o) for o in objs), desc.int(P.DESC_POINTER_MODE), pointers)
+            if len(self.resolved) >= MAX_KEPT:
+                self.resolved.clear()
+            self.resolved[key] = got
+        reals, mode, pointers = got
+        self._pointers(reals[0], pointers)
+        return reals, mode
 
     def _make(self, obj: P.Obj, create: str, set_attr: str, args: tuple[int, ...]) -> int:
         missing = [a for a in args if a not in obj.attrs]
@@ -162,7 +194,7 @@ class Library:
         self._check(int(self.fn(create)(ctypes.byref(real), *values)), create)
         try:
             for attr, value in obj.attrs.items():
-                if attr not in args:
+                if attr not in args and not (obj.kind == P.KIND_DESC and attr in P.DESC_POINTERS):   # _pointers
                     self._set(set_attr, real.value, attr, value)
         except LibError:
             self.fn(KINDS[obj.kind][1])(real)
@@ -184,8 +216,7 @@ class Library:
         real = self._handle(handle)
         if not 0 < requested <= MAX_REQUESTED:
             raise LibError(P.INVALID_VALUE, f"{requested} algos requested")
-        objs = self._state(tail, (P.KIND_DESC,) + (P.KIND_LAYOUT,) * 4 + (P.KIND_PREF,))
-        desc, a, b, c, d, pref = (self._real(o) for o in objs)
+        (desc, a, b, c, d, pref), _ = self._resolve(tail, (P.KIND_DESC,) + (P.KIND_LAYOUT,) * 4 + (P.KIND_PREF,))
         results = ctypes.create_string_buffer(P.RESULT * requested)
         count = c_int(0)
         status = int(self.fn("cublasLtMatmulAlgoGetHeuristic")(
@@ -198,16 +229,15 @@ class Library:
     def cublasLtMatmul(self, handle, stream, tail, alpha, beta, alpha_ptr, beta_ptr, a, b, c, d, workspace,
                        workspace_size, algo, has_algo):
         real = self._handle(handle)
-        objs = self._state(tail, (P.KIND_DESC,) + (P.KIND_LAYOUT,) * 4)
-        desc, ad, bd, cd, dd = (self._real(o) for o in objs)
+        (desc, ad, bd, cd, dd), mode = self._resolve(tail, MATMUL_STATE)
         # cublasLtPointerMode_t: 0 both host; 1, 2 both device; 3 alpha device, beta unread; 4 alpha device, beta host
-        mode = objs[0].int(P.DESC_POINTER_MODE)
-        scalars = ctypes.create_string_buffer(bytes(alpha) + bytes(beta), 32)   # alive through the call
+        scalars = self._scalars                      # ours, read by the library during the call
+        ctypes.memmove(scalars, alpha, 16)
+        ctypes.memmove(ctypes.addressof(scalars) + 16, beta, 16)
         alpha_arg = ctypes.addressof(scalars) if mode == 0 else alpha_ptr
         beta_arg = ctypes.addressof(scalars) + 16 if mode in (0, 4) else beta_ptr
-        algo_buf = ctypes.create_string_buffer(bytes(algo), P.ALGO) if has_algo else None
-        status = int(self.fn("cublasLtMatmul")(
-            c_void_p(real), c_void_p(desc), c_void_p(alpha_arg), c_void_p(a), c_void_p(ad), c_void_p(b),
-            c_void_p(bd), c_void_p(beta_arg), c_void_p(c), c_void_p(cd), c_void_p(d), c_void_p(dd), algo_buf,
-            c_void_p(workspace or None), workspace_size, c_void_p(stream or None)))
-        return status
+        if has_algo:
+            ctypes.memmove(self._algo, algo, P.ALGO)
+        matmul = self._matmul or self.fn("cublasLtMatmul")
+        return matmul(real, desc, alpha_arg or None, a or None, ad, b or None, bd, beta_arg or None, c or None, cd,
+                      d or None, dd, self._algo if has_algo else None, workspace or None, workspace_size, stream or None)
