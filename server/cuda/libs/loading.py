@@ -14,6 +14,8 @@ import os
 import site
 import sys
 
+from rgpu import config
+
 
 class LibraryMissing(OSError):
     pass
@@ -22,7 +24,7 @@ class LibraryMissing(OSError):
 def candidates(soname: str) -> list[str]:
     """Where ``soname`` (``libcublas.so.13``) may be, best first."""
     out = []
-    folder = os.environ.get("RGPU_CUDA_LIB_DIR")
+    folder = config.settings().cuda_lib_dir              # RGPU_CUDA_LIB_DIR
     if folder:
         out.append(os.path.join(folder, soname))
     roots = [*site.getsitepackages(), site.getusersitepackages(), *sys.path]
