@@ -32,7 +32,7 @@ import tempfile
 import threading
 from typing import Callable, Sequence
 
-from rgpu.transport import local_server
+from rgpu import local_server
 
 METRIC_UNITS = {"bandwidth": "GB/s", "rtt": "us", "time": "ms"}
 

@@ -129,7 +129,7 @@ def _pin(token_file: Path) -> str:
 def _one(count: int, repeats: int, tls: bool = False, env: dict | None = None, what: str = "") -> dict:
     """The handshake with the flood on beside it with none, interleaved, against a fresh local server."""
     from rgpu import config
-    from rgpu.transport.local_server import LocalServer
+    from rgpu.local_server import LocalServer
 
     token = secrets.token_urlsafe(32)
     with tempfile.TemporaryDirectory() as folder:
@@ -168,7 +168,7 @@ def _resuming(repeats: int) -> list[dict]:
     """A resume after a drop beside a plain reconnect; posts on a resumable session beside a plain one."""
     from rgpu import config
     from rgpu.transport.client import connect
-    from rgpu.transport.local_server import LocalServer
+    from rgpu.local_server import LocalServer
 
     token = secrets.token_urlsafe(32)
     with tempfile.TemporaryDirectory() as folder:

@@ -48,7 +48,8 @@ class Context:
 
 
 def check_server(ctx: Context) -> Check:
-    from rgpu.transport import local_server, tcp
+    from rgpu import local_server
+    from rgpu.transport import tcp
 
     if ctx.address is None:
         local = local_server.shared(ctx.s)

@@ -120,7 +120,7 @@ def _local_server(s, cleanup: list) -> dict:
     """One local server for CMD and every process it starts (instead of one each)."""
     import secrets
 
-    from rgpu.transport.local_server import LocalServer
+    from rgpu.local_server import LocalServer
 
     token = s.token or secrets.token_urlsafe(32)
     server = LocalServer(token)

@@ -189,8 +189,8 @@ def test_the_local_server_child_never_inherits_tls_settings(monkeypatch):
             raise OSError("stop here")
 
     monkeypatch.setenv("RGPU_TLS", "1")
-    monkeypatch.setattr("rgpu.transport.local_server.subprocess.Popen", FakePopen)
-    from rgpu.transport.local_server import LocalServer
+    monkeypatch.setattr("rgpu.local_server.subprocess.Popen", FakePopen)
+    from rgpu.local_server import LocalServer
     with pytest.raises(OSError):
         LocalServer("token")
     assert "RGPU_TLS" not in captured and captured["RGPU_TOKEN"] == "token"

@@ -139,7 +139,7 @@ def test_with_no_spare_kept_only_the_first_sessions_worker_starts_ahead_and_a_se
 
 def test_the_embedded_local_server_keeps_no_spare_worker(monkeypatch):
     from rgpu import config
-    from rgpu.transport import local_server
+    from rgpu import local_server
 
     started = []
 

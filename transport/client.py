@@ -5,10 +5,10 @@ import sys
 import time
 import uuid
 
-from rgpu import config, excepthook
+from rgpu import config, excepthook, local_server
 from rgpu.errors import ConnectionLost, Timeout
 
-from . import handshake, local_server, negotiate, tcp, tls, tokens
+from . import handshake, negotiate, tcp, tls, tokens
 from .connection import Connection
 from .resume import ResumingTransport
 from .tcp import TcpTransport

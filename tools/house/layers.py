@@ -13,7 +13,7 @@ from pathlib import Path
 # bottom first; a tuple of tuples is a layer of independent parts (none imports another)
 LAYERS: tuple = (
     ("rgpu.errors", "rgpu.config", "rgpu.protocol", "rgpu.ops_substitutes", "rgpu.fatbin", "rgpu.excepthook"),
-    ("rgpu.native", "rgpu.toolchain", "rgpu.torch_ext"),
+    ("rgpu.native", "rgpu.toolchain", "rgpu.torch_ext", "rgpu.local_server"),
     ("rgpu.transport",),
     (("rgpu.device_backend",), ("rgpu.cuda_intercept",), ("rgpu.server",)),
     ("rgpu.bench", "rgpu"),  # the face: the package top, cli, doctor, remote, ssh, and any module unnamed above

@@ -1,4 +1,9 @@
-"""A local ``rgpu serve`` child for when no server is named: started on first use, ended with us."""
+"""A local ``rgpu serve`` child for when no server is named: started on first use, ended with us.
+
+It lives beside the ``rgpu`` command, not in the transport: it starts a process, which no transport
+does. Below the routes in the layers (tools/house/layers.py) so that ``transport.client.connect`` can
+use it where ``RGPU_SERVER`` is unset; it imports only ``rgpu.errors``.
+"""
 from __future__ import annotations
 
 import atexit
