@@ -65,7 +65,7 @@ def _gpt(dev, name, quick, capturable=False):
 
 
 def _cnn(dev, quick):
-    torch, nn, F = rungs.torch, rungs.nn, rungs.F
+    torch, F = rungs.torch, rungs.F
     _, cnn = rungs._models()
     torch.manual_seed(9)
     model = cnn().to(dev)
@@ -311,7 +311,8 @@ def rows(args, server_env: dict, native: bool | None = None) -> list[dict]:
         ours.append(_run_child(through + script, env, limit))
         if native:
             natives.append(_run_child(script, clean, limit))
-    rtt.append(_run_child(through + script + ["--cases", "gpt_4x128"], dict(env, RGPU_SIM_RTT_MS=str(RTT_MS)), limit))
+    few = script if quick else [*script, "--steps", "8", "--warmup", "2"]    # each wait costs 30 ms there
+    rtt.append(_run_child(through + few + ["--cases", "gpt_4x128"], dict(env, RGPU_SIM_RTT_MS=str(RTT_MS)), limit))
     return make_rows(ours, natives, rtt, quick)
 
 

@@ -5,24 +5,30 @@
 #
 #   OUT=/some/folder bash gpu/check_cuda_libs.sh       (the device tool sets $OUT; under 8 minutes)
 #   RUNGS=R4,R5 bash gpu/check_cuda_libs.sh            some rungs only
-#   CHECK_DRIVER=fake CHECK_INSTALL=0 LADDER_DEVICE=cpu RUNGS=R4,R9 BENCH_STEPS=3 bash gpu/check_cuda_libs.sh
+#   RECORD=1 bash gpu/check_cuda_libs.sh               also record R4 and R9's math-library calls (RECORD_RUNGS) into
+#                                                      $OUT/lib_traces/ and replay them against the fake libraries
+#   CHECK_DRIVER=fake CHECK_INSTALL=0 LADDER_DEVICE=cpu RUNGS=R4,R9 BENCH_QUICK=1 bash gpu/check_cuda_libs.sh
 #                                                      the script itself, on a machine without a GPU (nothing installed)
 #
 # Steps: install the cffi wheels (.whl/) and rgpu, build the library set; start `rgpu serve --cuda-driver real`; rgpu
 # into torch's Python; the ladder natively (no RGPU_* in its environment), then through rgpu, each side carried on
 # in a fresh process after a rung that ran past its timeout or crashed (--resume), the eager rungs natively twice (what
-# native itself does not repeat bitwise is no fault of rgpu's); the R7 eager step timed (--bench),
-# native and rgpu interleaved twice; then `cuda_ladder.py compare`: per rung native ok, rgpu ok, bitwise equal, the
+# native itself does not repeat bitwise is no fault of rgpu's); `rgpu bench cuda --torch` (the GPT steps at 4x128 and
+# 6x384, the CNN step, a captured step's replay, each beside native, interleaved, with its waits per step; the first
+# step's synchronous calls; the step over RGPU_SIM_RTT_MS=30); then `cuda_ladder.py compare`: per rung native ok, rgpu ok, bitwise equal, the
 # largest difference of the float summaries, rgpu's error and the "not supported over rgpu" lines (they name the
-# calls still missing), the step's time rgpu/native; R4 again with DISABLE_ADDMM_CUDA_LT=1 where time is left.
-# Results: $OUT/summary.txt, $OUT/cuda_libs.json, $OUT/cuda_libs.tar.gz (both ladders' and benches' JSON, every step's
-# stderr, the server log). Needs the ignored .whl/ folder carried with the tree.
+# calls still missing); R4 again with DISABLE_ADDMM_CUDA_LT=1 where time is left; with RECORD=1 the recorded traces
+# (tests/lib_traces/ takes the small ones) and their replay's report.
+# Results: $OUT/summary.txt, $OUT/cuda_libs.json, $OUT/cuda_libs.tar.gz (both ladders' and the bench's JSON, every
+# step's stderr, the server log, lib_traces/). Needs the ignored .whl/ folder carried with the tree.
 BUDGET=465
 cd "$(dirname "$0")/.."
 . gpu/steps.sh
 RUNGS=${RUNGS:-R4,R5,R6,R7,R8,R9,R12,R10,R11}   # the compile rungs last: where time runs short, only they go
 DEVICE=${LADDER_DEVICE:-cuda}
-BENCH=(--steps "${BENCH_STEPS:-30}" --warmup "${BENCH_WARMUP:-5}")
+BENCH=(--repeats "${BENCH_REPEATS:-2}"); [ "${BENCH_QUICK:-0}" = 1 ] && BENCH=(--quick)
+BENCH_S=170        # rgpu bench cuda --torch: 2 x 2 children of 4 cases and one over the simulated RTT
+RECORD_S=$([ "${RECORD:-0}" = 1 ] && echo 70 || echo 0)
 RUNG_S=60          # an eager rung's timeout (bench/cuda_ladder_rungs.py TIMEOUTS gives the compile rungs theirs)
 LADDER=$REPO/bench/cuda_ladder.py
 CACHE=$(mktemp -d)  # each side's Inductor and Triton caches: the rgpu side compiles for itself, not from native's
@@ -80,14 +86,23 @@ ladder() {  # ladder SIDE CAP_S RUNGS PREFIX...: each rung once into $OUT/ladder
 ladder native 150 "$RUNGS" "${NATIVE[@]}"
 # the eager rungs natively once more: which results native itself does not repeat bitwise
 ladder native_again 60 "$(echo "$RUNGS" | tr , '\n' | grep -vx 'R10\|R11' | paste -sd,)" "${NATIVE[@]}"
-# rgpu gets what is left but the four timed runs and the summary
-ladder rgpu $(( BUDGET - ($(date +%s) - T0) - 4 * 40 - 10 )) "$RUNGS" "$TPY" -m rgpu intercept run --
-for i in 1 2; do   # interleaved: drift hits both sides alike
-  step "bench_native_$i" 40 "${NATIVE[@]}" "$TPY" "$LADDER" --bench "${BENCH[@]}" --device "$DEVICE" --quick-exit \
-    --out "$OUT/bench_native_$i.json"
-  step "bench_rgpu_$i" 40 "$TPY" -m rgpu intercept run -- "$TPY" "$LADDER" --bench "${BENCH[@]}" --device "$DEVICE" \
-    --quick-exit --out "$OUT/bench_rgpu_$i.json"
-done
+# rgpu gets what is left but the bench, the recording and the summary
+ladder rgpu $(( BUDGET - ($(date +%s) - T0) - BENCH_S - RECORD_S - 10 )) "$RUNGS" "$TPY" -m rgpu intercept run --
+# each side a child of torch's Python, natively (the same clean environment) and through rgpu, interleaved
+step torch_bench "$BENCH_S" env TORCH_PYTHON="$TPY" python3 -m rgpu bench cuda --torch --json --server "$RGPU_SERVER" \
+  "${BENCH[@]}"
+
+if [ "${RECORD:-0}" = 1 ]; then   # a second server records every math-library call and the GEMMs' bytes
+  (cd /tmp && RGPU_CUDA_LIB_RECORD="$OUT/lib_traces" exec python3 -m rgpu serve --port 0 \
+    --cuda-driver "${CHECK_DRIVER:-real}" --preload "") >"$OUT/record_server.log" 2>&1 &
+  REC_PID=$!
+  for _ in $(seq 150); do grep -q "listening on" "$OUT/record_server.log" && break; sleep 0.2; done
+  REC_SERVER=$(grep -o "listening on [^;]*" "$OUT/record_server.log" | head -1 | awk '{print $3}')
+  ladder rgpu_record 50 "${RECORD_RUNGS:-R4,R9}" env RGPU_SERVER="$REC_SERVER" "$TPY" -m rgpu intercept run --
+  sleep 2; kill "$REC_PID" 2>/dev/null; wait "$REC_PID" 2>/dev/null   # each session closed (its footer) first
+  step lib_trace_replay 20 "$TPY" -c "import glob, json, sys; from rgpu.server.cuda.libs import trace
+print(json.dumps([trace.replay(p) for p in sorted(glob.glob(sys.argv[1] + '/*.rgputrace'))], indent=1))" "$OUT/lib_traces"
+fi
 
 # R4 once more with torch's cuBLASLt path off (Linear and addmm on plain cuBLAS), where time is left: it tells a
 # cuBLASLt fault from a cuBLAS one
@@ -101,7 +116,7 @@ if [ -f "$OUT/ladder_rgpu_nolt.json" ]; then
     --stderr "$OUT"/rgpu_nolt_run*.err --out "$OUT/cuda_libs_nolt.json") >"$OUT/compare_nolt.txt" 2>&1
 fi
 (cd /tmp && python3 "$LADDER" compare "$OUT/ladder_native.json" "$OUT/ladder_rgpu.json" --stderr "$OUT"/rgpu_run*.err \
-  --bench-native "$OUT"/bench_native_*.json --bench-rgpu "$OUT"/bench_rgpu_*.json --native-again "$OUT/ladder_native_again.json" --out "$OUT/cuda_libs.json") \
+  --native-again "$OUT/ladder_native_again.json" --out "$OUT/cuda_libs.json") \
   >"$OUT/compare.txt" 2>&1
 python3 - "$OUT" <<'EOF' | tee "$OUT/summary.txt"
 import json, pathlib, sys
@@ -113,12 +128,36 @@ except Exception as exc:
 s["rc"] = {p.stem: p.read_text().strip() for p in sorted(out.glob("*.rc"))}
 s["server_log_tail"] = (out / "server.log").read_text(errors="replace")[-3000:] if (out / "server.log").exists() else ""
 s["rgpu_stderr_head"] = {p.stem: p.read_text(errors="replace").splitlines()[:30] for p in sorted(out.glob("rgpu_*run*.err"))}
+try:
+    s["torch_bench"] = json.loads((out / "torch_bench.json").read_text())
+except Exception as exc:
+    s["torch_bench"] = f"no rows ({type(exc).__name__}: {exc}): " + (out / "torch_bench.err").read_text(errors="replace")[-1500:] \
+        if (out / "torch_bench.err").exists() else f"not run ({exc})"
+try:
+    s["lib_trace_replay"] = [{k: r[k] for k in ("path", "calls", "replayed", "compared", "skipped", "status_mismatch",
+                              "value_mismatch", "errors", "live_after_close", "ok")}
+                             for r in json.loads((out / "lib_trace_replay.json").read_text())]
+except Exception:
+    pass
 if (out / "cuda_libs_nolt.json").exists():
     s["r4_without_cublaslt"] = json.loads((out / "cuda_libs_nolt.json").read_text())["rungs"]
 (out / "cuda_libs.json").write_text(json.dumps(s, indent=1))
 print((out / "compare.txt").read_text(errors="replace").rstrip())
 if (out / "compare_nolt.txt").exists():
     print("R4 with DISABLE_ADDMM_CUDA_LT=1:", *(out / "compare_nolt.txt").read_text(errors="replace").splitlines()[:-1], sep="\n")
+if isinstance(s["torch_bench"], list):
+    print("rgpu bench cuda --torch:")
+    for r in s["torch_bench"]:
+        v, b, q, sp = r.get("value"), r.get("baseline"), r.get("ratio"), r.get("spread")
+        f = lambda x: "-" if x is None else format(x, ".4g")
+        print(f"  {r['metric'][:78]:78s} {f(v):>9} {r['unit']:5s} base {f(b):>9} ratio {f(q):>6}"
+              + (f" spread {sp[0]:.3g}-{sp[1]:.3g}" if sp else "") + (f" target {r['target_ratio']}" if "target_ratio" in r else "")
+              + (f" ERROR {r['errors'][0][:200]}" if r.get("errors") else "") + (f" skipped: {r['skipped']}" if r.get("skipped") else ""))
+else:
+    print("rgpu bench cuda --torch:", s["torch_bench"])
+for r in s.get("lib_trace_replay", []):
+    print(f"trace {r['path'].rsplit('/', 1)[-1]}: ok={r['ok']} calls {r['calls']} replayed {r['replayed']} compared "
+          f"{r['compared']} skipped {sum(r['skipped'].values())} mismatches {r['status_mismatch'][:2]} {r['value_mismatch'][:2]} {r['errors'][:2]}")
 print("rc:", s["rc"])
 print("server log tail:", *s["server_log_tail"].splitlines()[-12:], sep="\n  ")
 EOF

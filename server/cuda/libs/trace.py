@@ -31,7 +31,6 @@ import msgpack
 
 from rgpu.protocol import lib_cublaslt as LT
 from rgpu.protocol.cuda import NO_STREAM
-from rgpu.protocol.cuda_libs import CALLS
 
 VERSION = 1
 # |replayed - recorded| <= ATOL + RTOL * |recorded|: fp32 GEMMs on the CPU against the GPU's kernels sum in
@@ -130,12 +129,14 @@ class Recorder:
     """One session's trace file; ``before``/``after`` bracket each call ``Libraries.run`` makes."""
 
     def __init__(self, driver, path: str):
-        self.driver, self.path, self.lock = driver, path, threading.Lock()
-        self.file = gzip.open(path, "wb", compresslevel=6)
-        self._write({"version": VERSION, "flavour": getattr(driver, "name", "real"), "pid": os.getpid()})
+        self.driver, self.path, self.lock, self.file = driver, path, threading.Lock(), None
 
     def _write(self, obj) -> None:
         with self.lock:
+            if self.file is None:              # at the first call: a session that uses no library leaves no file
+                self.file = gzip.open(self.path, "wb", compresslevel=6)
+                head = {"version": VERSION, "flavour": getattr(self.driver, "name", "real"), "pid": os.getpid()}
+                self.file.write(msgpack.packb(head, use_bin_type=True))
             self.file.write(msgpack.packb(obj, use_bin_type=True))
 
     def _read(self, spans) -> list:
@@ -168,8 +169,9 @@ class Recorder:
         self._write(rec)
 
     def close(self, libs) -> None:
-        self._write({"end": True, "live": live(libs)})
-        self.file.close()
+        if self.file is not None:
+            self._write({"end": True, "live": live(libs)})
+            self.file.close()
 
 
 def recorder(driver):
@@ -257,7 +259,7 @@ def replay(path) -> dict:
         for ptr, base, size, data in rec.get("inputs", []):
             _place(driver.mem, base, size)
             driver.mem.view(ptr, len(data))[:] = data
-        for ptr, base, size, *_ in rec.get("outputs", []):
+        for _, base, size, *_ in rec.get("outputs", []):
             _place(driver.mem, base, size)
         try:
             got = libs.run(rec["call"], rec["handle"], NO_STREAM, memoryview(rec["payload"]), answered=True)
