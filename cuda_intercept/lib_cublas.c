@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "lib_door.h"
+#include "lib_types.h"
 #include "stub.h"
 
 typedef int cublasStatus_t;
@@ -68,12 +69,6 @@ static void rgpu_scalar(uint8_t dst[16], const void *src, size_t width, int poin
     }
 }
 
-/* cudaDataType_t: complex types are the odd ones from C_32F on (C_32F 4, C_64F 5, C_16F 6, C_8I 7, ...). */
-static int rgpu_complex(int type) {
-    return (type >= 4 && type <= 7) || type == 9 || type == 11 || type == 13 || type == 15 ||
-           type == 17 || type == 19 || type == 21 || type == 23 || type == 25 || type == 27;
-}
-
 /* alpha/beta's width by cublasComputeType_t (16F: half; 32F*: float; 64F*: double; 32I: int), doubled
  * for a complex output type; 0 for a compute type we do not know (refused rather than guessed). */
 static size_t rgpu_scale_width(int compute_type, int ctype) {
@@ -89,7 +84,7 @@ static size_t rgpu_scale_width(int compute_type, int ctype) {
     case 2: w = 2; break;
     default: return 0;
     }
-    return rgpu_complex(ctype) ? 2 * w : w;
+    return rgpu_data_type_complex(ctype) ? 2 * w : w;
 }
 
 /* A type we cannot size is refused loudly, once per function, rather than its scalars guessed. */
@@ -363,11 +358,11 @@ RGPU_API cublasStatus_t cublasDgemv_v2(RGPU_GEMV_PARAMS(double)) RGPU_GEMV_BODY(
 
 /* ---- dot products: into device memory queued, into host memory answered --------------------------- */
 
-/* Bytes of one element of a cudaDataType_t a dot product returns (0: not one we forward). */
+/* Bytes of one element of a cudaDataType_t a dot product returns (0: not one we forward: the float ones,
+ * R_32F, R_64F, R_16F, R_16BF and their complex forms). */
 static size_t rgpu_type_width(int type) {
     switch (type) {
-    case 0: return 4; case 1: return 8; case 2: case 14: return 2;     /* R_32F, R_64F, R_16F, R_16BF */
-    case 4: return 8; case 5: return 16; case 6: case 15: return 4;    /* C_32F, C_64F, C_16F, C_16BF */
+    case 0: case 1: case 2: case 14: case 4: case 5: case 6: case 15: return rgpu_data_type_width(type);
     default: return 0;
     }
 }

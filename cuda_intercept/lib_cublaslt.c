@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "lib_door.h"
+#include "lib_types.h"
 #include "stub.h"
 
 enum { ST_OK = 0, ST_NOT_INITIALIZED = 1, ST_ALLOC_FAILED = 3, ST_INVALID_VALUE = 7, ST_EXECUTION_FAILED = 13,
@@ -316,18 +317,6 @@ RGPU_API int cublasLtMatmulAlgoGetHeuristic(void *handle, void *desc, void *a, v
     return st;
 }
 
-/* Bytes of one alpha/beta in scale type `t` (cudaDataType, library_types.h); 0: not one we know. */
-static size_t scale_width(uint64_t t) {
-    switch ((int32_t)t) {
-    case 3: case 8: return 1;                      /* CUDA_R_8I, CUDA_R_8U */
-    case 2: case 14: case 7: case 9: return 2;     /* CUDA_R_16F, CUDA_R_16BF, CUDA_C_8I, CUDA_C_8U */
-    case 0: case 10: case 12: case 6: case 15: return 4;   /* R_32F, R_32I, R_32U, C_16F, C_16BF */
-    case 1: case 4: case 11: case 13: return 8;    /* R_64F, C_32F, C_32I, C_32U */
-    case 5: return 16;                             /* CUDA_C_64F */
-    default: return 0;
-    }
-}
-
 RGPU_API int cublasLtMatmul(void *handle, void *desc, const void *alpha, const void *A, void *adesc, const void *B,
                             void *bdesc, const void *beta, const void *C, void *cdesc, void *D, void *ddesc,
                             const void *algo, void *workspace, size_t workspace_size, void *stream) {
@@ -335,7 +324,7 @@ RGPU_API int cublasLtMatmul(void *handle, void *desc, const void *alpha, const v
                     obj_of(cdesc, KIND_LAYOUT), obj_of(ddesc, KIND_LAYOUT)};
     if (!handle) return ST_NOT_INITIALIZED;
     if (!o[0] || !o[1] || !o[2] || !o[3] || !o[4]) return ST_INVALID_VALUE;
-    uint64_t mode = u64_of(o[0], 2, 0), width = scale_width(u64_of(o[0], 1, 0));
+    uint64_t mode = u64_of(o[0], 2, 0), width = rgpu_data_type_width((int32_t)u64_of(o[0], 1, 0));
     if (!width) {
         static int said;
         return rgpu_stub_refuse("cublasLtMatmul with this scale type", RGPU_LIB, &said, ST_NOT_SUPPORTED);
