@@ -60,6 +60,7 @@ class Admitted:
     peer: tuple
     hello: handshake.Hello | None
     deadline: float
+    resume_id: str | None = None   # TLS: the session the client resumes (its plain preamble said; tls.py)
 
 
 class _Buffered(Transport):
@@ -191,10 +192,10 @@ class Gate:
         self._forget(p)
         p.sock.close()
 
-    def _admit(self, p: Pending, ready: list[Admitted], hello) -> None:
+    def _admit(self, p: Pending, ready: list[Admitted], hello, resume_id: str | None = None) -> None:
         self._forget(p)
         p.sock.setblocking(True)     # the worker shares this file description: it reads blocking
-        ready.append(Admitted(p.sock, p.peer, hello, p.started + self.timeout))
+        ready.append(Admitted(p.sock, p.peer, hello, p.started + self.timeout, resume_id))
 
     def _report(self, now: float) -> None:
         if self.shed and now - self._reported > 60:
@@ -240,7 +241,8 @@ class Gate:
         if not peeked:
             self._drop(p)
             return True
-        is_tls = peeked[0] == tls.TLS_HANDSHAKE_RECORD
+        is_tls = peeked[0] == tls.TLS_HANDSHAKE_RECORD or (   # (or a TLS session's resume, its start at least)
+            self.tls_cert is not None and peeked[:4] == tls.RESUME_PREAMBLE[:len(peeked)])
         if (self.tls_cert is None) == is_tls:   # the wrong kind for this server: tls refuses it in rgpu framing
             try:
                 tls.accept(p.sock, self.tls_cert)
@@ -250,7 +252,13 @@ class Gate:
             return True
         if self.tls_cert is None:
             return False
-        if len(peeked) >= 5 and len(peeked) >= 5 + int.from_bytes(peeked[3:5], "big"):
+        if peeked[:4] == tls.RESUME_PREAMBLE:   # a TLS session resumed: its worker does the TLS handshake
+            rid, size = tls.parse_resume_preamble(peeked)
+            if rid is not None:
+                p.sock.recv(size)
+                self._admit(p, ready, None, rid)
+                return True
+        elif len(peeked) >= 5 and len(peeked) >= 5 + int.from_bytes(peeked[3:5], "big"):
             self._admit(p, ready, None)
             return True
         # Incomplete: the bytes stay in the socket, so it stays readable; look again a little later

@@ -1,9 +1,12 @@
-"""One session's quotas: the device memory it may hold (``RGPU_MAX_SESSION_BYTES``), on both routes.
+"""One session's quotas: the device memory it may hold (``RGPU_MAX_SESSION_BYTES``) and the frames it may post
+in a row without waiting (``RGPU_MAX_FRAMES_IN_FLIGHT``), on both routes.
 
 A session is a process of its own, so what it holds is what its route counts: the ops route's handle
 table (``Allocated``: its per-device counts, which the C++ op path updates too) and the cuda route's
 allocations (``CudaHeld``). An allocation past the quota fails that op with ``QuotaExceeded``, whose
-message names the setting and its value; the session goes on, holding what it held.
+message names the setting and its value; the session goes on, holding what it held. A post past the
+frames in flight fails likewise (its error raised at the client's next wait) until the client waits for an
+answer. (Sessions per token are the acceptor's: ``serve.py``.)
 """
 from __future__ import annotations
 
@@ -79,3 +82,27 @@ class CudaHeld:
             gone = [p for p, (_, c) in self.held.items() if c == ctx or (args and c == args[0])]
             for p in gone:
                 self.total -= self.held.pop(p)[0]
+
+
+class InFlight:
+    """Posts since the client last waited for an answer (a request), at most ``limit``: past it each post fails
+    with ``QuotaExceeded`` instead of running, until a request; None from ``of`` without a limit."""
+
+    def __init__(self, limit: int):
+        self.limit, self.posted = limit, 0
+
+    @classmethod
+    def of(cls, settings) -> "InFlight | None":
+        limit = getattr(settings, "max_frames_in_flight", None)
+        return None if limit is None else cls(limit)
+
+    def note(self, is_request: bool) -> None:
+        if is_request:
+            self.posted = 0
+            return
+        self.posted += 1
+        if self.posted > self.limit:
+            raise QuotaExceeded(f"RGPU_MAX_FRAMES_IN_FLIGHT: this session posted {self.posted} frames without waiting "
+                                f"for an answer, past its quota of {self.limit} on the server; this one was not run. "
+                                "Wait for an answer now and then (a .item(), a synchronize), or ask the server's "
+                                "operator for a larger quota")

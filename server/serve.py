@@ -156,6 +156,13 @@ class Server:
             handshake.refuse(TcpTransport(sock), "busy", f"the server runs its limit of {self.settings.max_sessions} sessions")
             sock.close()
             return
+        per_token = self.settings.max_sessions_per_token
+        if per_token is not None and len(self.sessions) >= per_token:   # (one token a server: all its sessions)
+            handshake.refuse(TcpTransport(sock), "busy", f"RGPU_MAX_SESSIONS_PER_TOKEN: this token holds {len(self.sessions)} "
+                             f"sessions (those waiting for their client to resume included), its quota of {per_token} "
+                             "on the server; end one, or ask the server's operator for more")
+            sock.close()
+            return
         details = {"token": self.token.decode(), "overrides": self.overrides, "peer": str(peer),
                    "tls": {"cert": self.tls.cert, "key": self.tls.key} if self.tls else None}
         if admitted is not None:   # authenticated by the gate (plain), or its TLS handshake's time left
@@ -164,9 +171,11 @@ class Server:
                 h = admitted.hello
                 details["hello"] = {"route": h.route, "session": h.session, "versions": h.versions,
                                     "transports": h.transports, "options": h.options}
-        # a session outlives its connection for the grace (plain tcp: over TLS the worker's TLS state
-        # cannot take a new connection, and the gate cannot read the HELLO that names the session)
-        resume_id = secrets.token_urlsafe(24) if self.settings.session_grace > 0 and not self.tls else None
+        # a session outlives its connection for the grace when its client can resume it (its HELLO says so:
+        # a raw client's dropped session is not held). Plain tcp here; over TLS the worker decides (it reads the HELLO)
+        hello = admitted.hello if admitted is not None else None
+        can = hello is not None and hello.options.get("resumable") is True
+        resume_id = secrets.token_urlsafe(24) if self.settings.session_grace > 0 and (can or self.tls) else None
         if resume_id is not None:
             details["resume"] = {"id": resume_id, "grace_s": self.settings.session_grace,
                                  "replay_bytes": self.settings.replay_bytes}
@@ -212,6 +221,25 @@ class Server:
                 why = f"the session's worker no longer takes a connection ({exc})"
         log.debug("refused to resume a session for %s: %s", admitted.peer, why)
         handshake.refuse(TcpTransport(admitted.sock), "resume", why)
+        admitted.sock.close()
+
+    def _resume_tls(self, admitted: Admitted) -> None:
+        """A TLS session's client resuming it (its plain preamble named the id): the raw connection to that
+        session's worker, which does the TLS handshake and checks the token (tls.py), or a plain "-"."""
+        worker = self.resumable.get(admitted.resume_id)
+        if worker is not None and worker.proc.poll() is None:
+            details = {"resume": admitted.resume_id, "tls": True, "peer": str(admitted.peer),
+                       "deadline_s": max(0.5, admitted.deadline - time.monotonic())}
+            try:
+                socket.send_fds(worker.control, [msgpack.packb(details)], [admitted.sock.fileno()])
+                admitted.sock.close()
+                return
+            except OSError:
+                pass
+        try:
+            admitted.sock.send(tls.RESUME_GONE)
+        except OSError:
+            pass
         admitted.sock.close()
 
     # ---- the loop ------------------------------------------------------------------
@@ -268,7 +296,9 @@ class Server:
                 self._poll_spares()
                 for admitted in ready:
                     tcp.tune(admitted.sock)
-                    if admitted.hello is not None and admitted.hello.options.get("resume") is not None:
+                    if admitted.resume_id is not None:
+                        self._resume_tls(admitted)
+                    elif admitted.hello is not None and admitted.hello.options.get("resume") is not None:
                         self._resume(admitted)   # its worker waits for it: no room, no spare
                     else:
                         self.room.add(admitted)

@@ -22,12 +22,12 @@ from rgpu import config
 from rgpu.errors import ConnectionLost, ProtocolError, RgpuError, VersionMismatch
 from rgpu.transport import handshake, negotiate, tls
 from rgpu.transport.buffers import BufferPool, as_bytes_view
-from rgpu.transport.resume_server import ResumableEnd
+from rgpu.transport.resume_server import ResumableEnd, accept_tls_resume
 from rgpu.transport.shm_native import SERVE_RAISED, SERVE_REPLY
 from rgpu.transport.tcp import TcpTransport
 from rgpu.transport.wire import Limits, MsgKind
 
-from . import route, warmup
+from . import quotas, route, warmup
 from .route import Session
 from .stopping import REASON as STOPPING, Stopping, StopSignal
 
@@ -98,6 +98,10 @@ def _resumable(transport, session: Session, resume: dict, control: socket.socket
             if got is None:           # the acceptor closed it (it stops): no resume can come any more
                 end.resumed.put((None, None))
                 return
+            if got[1].get("tls"):     # authenticated here, first (resume_server.py)
+                got = accept_tls_resume(*got, resume, session.id, {session.route}, session.settings)
+                if got is None:
+                    continue
             end.interrupt()           # the client left the connection we hold: a read blocked on it wakes
             end.resumed.put(got)
 
@@ -125,6 +129,9 @@ def _loop(transport, executor, session: Session, limits: Limits, pool: BufferPoo
     applied = 0
     handle, recv_frame, serve = executor.handle, transport.recv_frame, transport.serve
     stop = stop or StopSignal()
+    in_flight = quotas.InFlight.of(session.settings)   # RGPU_MAX_FRAMES_IN_FLIGHT, counted here (not in C)
+    if in_flight is not None:
+        serve = None
     while True:
         if stop.requested:
             raise Stopping()
@@ -147,6 +154,8 @@ def _loop(transport, executor, session: Session, limits: Limits, pool: BufferPoo
             if kind != _POST and kind != _REQUEST:
                 raise ProtocolError(f"kind: a client may not send {frame.kind.name} in a session")
             try:
+                if in_flight is not None:
+                    in_flight.note(kind == _REQUEST)
                 result = handle(frame.meta, frame.buffers, kind == _REQUEST)
             except Exception as exc:
                 _send_failure(transport, session, frame.seq, exc, applied)
@@ -231,7 +240,10 @@ def run_session(sock: socket.socket, d: dict, control: socket.socket | None = No
     sock.settimeout(None)
     session = Session(id=hello.session, route=hello.route, settings=s, options=hello.options,
                       peer_versions=hello.versions)
-    serve_session(transport, session, negotiate.server_offer(hello.transports, s))
+    # a resumable TLS session: its resumed connections come raw, and their TLS handshake and proof happen here
+    resume = ({**d["resume"], "tls": d.get("tls"), "token": d["token"]}
+              if d.get("resume") and hello.options.get("resumable") is True else None)
+    serve_session(transport, session, negotiate.server_offer(hello.transports, s), resume, control)
 
 
 def describe_device(s) -> str:

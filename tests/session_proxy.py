@@ -9,7 +9,7 @@ A cut is made on connection ``i`` (counted from 0, in accept order) in one direc
 server) or ``down``; at byte ``offset`` of that direction's stream past the handshake (the end of its PROOF
 up, of its WELCOME down), or inside the ``nth``
 frame of message ``kind`` (at least ``min_bytes`` long) at ``fraction`` of its length (0: before its first
-byte). Both sockets of the pair are then shut, so each end sees its connection drop (``silent``: only the
+byte), or (``at``) at that byte of the direction's whole stream, for TLS. Both sockets of the pair are then shut, so each end sees its connection drop (``silent``: only the
 client's, so the server's end hears nothing, as over a link that died).
 """
 from __future__ import annotations
@@ -31,6 +31,7 @@ class Cut:
     min_bytes: int = 0
     fraction: float = 0.0
     silent: bool = False      # only the client's side is shut: the server's stays open, as a dead link leaves it
+    at: int | None = None     # at this byte of the direction's stream, from its first, nothing parsed (TLS)
 
 
 class _Walker:
@@ -41,6 +42,9 @@ class _Walker:
         self.cut_at = None
 
     def feed(self, data: bytes) -> None:
+        if self.cut is not None and self.cut.at is not None:   # ciphertext: no frames to walk
+            self.cut_at, self.pos = self.cut.at, self.pos + len(data)
+            return
         i, n = 0, len(data)
         while i < n:
             if self.left:

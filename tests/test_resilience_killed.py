@@ -183,7 +183,9 @@ def _victims(server, total: int, rng: random.Random, weights: tuple) -> dict:
 
 def _killed_clients_leave_nothing_behind(start_server, total: int, weights: tuple) -> None:
     """``weights``: how often a victim takes each of ``ROUTES`` (an ops session's worker imports torch: seconds)."""
-    server = start_server("--device", "cpu", "--cuda-driver", "fake", "--spare-workers", "3")
+    # A victim is killed outright (SIGKILL: no goodbye), so its session is held for the grace in case it comes
+    # back: a short one here, so each ends almost with its process, as this test checks
+    server = start_server("--device", "cpu", "--cuda-driver", "fake", "--spare-workers", "3", "--session-grace", "0.5")
     trainer = Trainer(server.connect("ops"))
     trainer.step()
     held = trainer.held_bytes()

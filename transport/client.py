@@ -39,9 +39,11 @@ def connect(route: str, *, settings=None, server: str | None = None, token: str 
         sock = tls.wrap_client(sock, s, host, port)
     transport = TcpTransport(sock)
     limits = Limits.from_settings(s)
-    # replay_bytes: how often the server acknowledges a stretch of posts, should it offer a resume (resume.py)
+    # resumable: this client can resume a dropped session, so the server may hold it (its grace); replay_bytes:
+    # how often the server then acknowledges a stretch of posts (resume.py)
     hello = handshake.Hello(route=route, session=session or uuid.uuid4().hex, versions=handshake.software_versions(),
-                            transports=offer, options={**(options or {}), "replay_bytes": s.replay_bytes})
+                            transports=offer, options={**(options or {}), "replay_bytes": s.replay_bytes,
+                                                     "resumable": True})
     where, phase = f"{host}:{port}", "handshake"
     waiting = _Waiting(where, sock)
     try:
@@ -65,8 +67,9 @@ def connect(route: str, *, settings=None, server: str | None = None, token: str 
     if transport.capabilities.resumable:   # still on tcp (no upgrade)
         sock.settimeout(None)
         offer = welcome.get("resume")
-        if isinstance(offer, dict) and not use_tls:   # the server keeps the session through a drop (its grace)
-            transport = ResumingTransport(transport, offer, _dialer(host, port, secret, hello, limits, s), s, where)
+        if isinstance(offer, dict):   # the server keeps the session through a drop (its grace)
+            transport = ResumingTransport(transport, offer, _dialer(host, port, secret, hello, limits, s, use_tls),
+                                          s, where)
     if s.sim_rtt_ms > 0:  # RGPU_SIM_RTT_MS: a delay line for tests and benchmarks, after the handshake
         from .delay import DelayTransport
 
@@ -74,12 +77,15 @@ def connect(route: str, *, settings=None, server: str | None = None, token: str 
     return Connection(transport, s, welcome, limits)
 
 
-def _dialer(host: str, port: int, secret: bytes, hello: handshake.Hello, limits: Limits, s):
+def _dialer(host: str, port: int, secret: bytes, hello: handshake.Hello, limits: Limits, s, use_tls: bool = False):
     """How a resuming transport reconnects: ``dial(options, timeout)`` -> (tcp transport, WELCOME), the
-    session's HELLO again (a new nonce, the token proved again) with ``options`` saying what to resume."""
+    session's HELLO again (a new nonce, the token proved again) with ``options`` saying what to resume;
+    over TLS after a plain preamble that routes the connection to the session's worker (tls.py)."""
 
     def dial(options: dict, timeout: float):
         sock = tcp.connect(host, port, timeout)
+        if use_tls:
+            sock = tls.client_resume(sock, options["resume"], s, host, port)
         t = TcpTransport(sock)
         again = handshake.Hello(route=hello.route, session=hello.session, versions=hello.versions, transports=[],
                                 options={**hello.options, **options})

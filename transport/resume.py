@@ -19,9 +19,15 @@ The server's end is ``resume_server.py``.
 """
 from __future__ import annotations
 
+import atexit
+import os
+import signal
+import socket
+import ssl
 import struct
 import threading
 import time
+import weakref
 from collections import deque
 from typing import Callable, Sequence
 
@@ -163,10 +169,12 @@ class ResumingTransport(Transport):
         self.on_acks: Callable[[], None] | None = None   # Connection's: read what is readable, not waiting
         self.resumes = 0
         self.capabilities = inner.capabilities   # batching as the tcp below it
+        self._said_bye, self._pid = False, os.getpid()
+        _say_goodbye_at_exit(self)
 
     @property
     def tls(self) -> bool:
-        return False
+        return self._inner.tls
 
     @property
     def spin_s(self) -> float:
@@ -189,6 +197,7 @@ class ResumingTransport(Transport):
             outer, self._writer = self._writer, me
             try:
                 bye = self.log.add(parts)
+                self._said_bye = self._said_bye or bye
                 self._inner.on_block = self.on_block
                 self._inner.send(parts)
                 if self.log.nbytes > self.log.bound // 2 and outer is None:
@@ -268,12 +277,38 @@ class ResumingTransport(Transport):
             pass
 
     def close(self) -> None:
+        self.goodbye()
         self._closed = True
         self._inner.close()
 
     def abort(self) -> None:
+        self.goodbye()
         self._closed = True
         self._inner.abort()
+
+    def goodbye(self) -> None:
+        """Tell the server this client is done with the session (a BYE, if none went yet), so it ends at once
+        instead of being held for the grace: at close, abort, exit. Never blocks: a BYE that cannot go at once
+        (a write in progress, a full socket, no connection) is left out, and the session is held as a vanished
+        client's is."""
+        if self._said_bye or self._closed or self._lost is not None or os.getpid() != self._pid:
+            return                                # (a forked child's copy of the socket is not its own session)
+        if not self._wlock.acquire(blocking=False):
+            return
+        try:
+            if self._writer is None:              # not inside a write of this thread's (a signal's exit)
+                bye = b"".join(self._inner.frame_parts(_BYE, 0, 0, {"reason": "the client is done"}, []))
+                sock = self._inner.sock
+                if isinstance(sock, ssl.SSLSocket):   # (no flags on a TLS socket: a short timeout instead)
+                    sock.settimeout(0.5)
+                    sock.sendall(bye)
+                else:
+                    sock.send(bye, socket.MSG_DONTWAIT)
+                self._said_bye = True
+        except (OSError, ValueError, AttributeError):
+            pass
+        finally:
+            self._wlock.release()
 
     # ---- resuming ------------------------------------------------------------------
 
@@ -388,3 +423,34 @@ class ResumingTransport(Transport):
             t.send(t.frame_parts(_BYE, 0, 0, {"reason": reason}, []))
         except RgpuError:
             pass
+
+
+# ---- goodbyes at exit ----------------------------------------------------------------
+
+_live: "weakref.WeakSet[ResumingTransport]" = weakref.WeakSet()
+_exit_hooks: list = []
+
+
+def _say_goodbye_at_exit(t: ResumingTransport) -> None:
+    """A resumable session's server holds it for the grace when its connection drops, so a client that exits
+    says goodbye: at interpreter exit (an exception that ends the program too), and on SIGTERM where the
+    program left it at its default (it becomes ``SystemExit``, so the exit runs). Only a client killed
+    outright (SIGKILL, its machine or network gone) leaves its session held."""
+    _live.add(t)
+    if _exit_hooks:
+        return
+    _exit_hooks.append(os.getpid())
+    atexit.register(lambda: [x.goodbye() for x in list(_live)])
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
+        signal.signal(signal.SIGTERM, _exit_on_term)
+
+
+def _exit_on_term(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)   # a second SIGTERM kills at once, as before
+    if os.getpid() != _exit_hooks[0]:             # a forked child (a data loader's worker): killed as before
+        os.kill(os.getpid(), signum)
+        return
+    for x in list(_live):
+        x.goodbye()
+    raise SystemExit(128 + signum)

@@ -175,3 +175,26 @@ class ResumableEnd(Transport):
 
     def abort(self) -> None:
         self._inner.abort()
+
+
+def accept_tls_resume(sock: socket.socket, details: dict, resume: dict, session_id: str, routes: set, settings):
+    """A TLS session's resumed connection, raw from the acceptor: the go-ahead, the TLS handshake and the
+    token's proof here (``tls.py``); (its TLS socket, what it resumes) or None when it fails, the session's
+    live connection untouched (the id alone, seen in plain, cannot take it over)."""
+    from . import tls
+    from .wire import Limits
+
+    sock.settimeout(max(0.5, float(details.get("deadline_s") or settings.auth_timeout)))
+    ssock = None
+    try:
+        sock.sendall(tls.RESUME_GO)
+        ssock = tls.server_context(resume["tls"]["cert"], resume["tls"]["key"]).wrap_socket(sock, server_side=True)
+        t = TcpTransport(ssock)
+        hello = handshake.server_handshake(t, resume["token"].encode(), Limits.from_settings(settings), routes)
+        if hello.session != session_id:
+            handshake.refuse(t, "resume", "no session to resume under that id")
+            raise ConnectionLost("a resume for another session")
+    except (RgpuError, OSError):
+        (ssock or sock).close()
+        return None
+    return ssock, {"resume": hello.options.get("resume"), "received": hello.options.get("received")}

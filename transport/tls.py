@@ -30,7 +30,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from rgpu.errors import AuthenticationError, ConfigError, ConnectError, ConnectionLost, translate_os_error
+from rgpu.errors import AuthenticationError, ConfigError, ConnectError, ConnectionLost, SessionLost, translate_os_error
 
 TLS_HANDSHAKE_RECORD = 0x16          # first byte of every TLS ClientHello
 CERT_NAME, KEY_NAME = "tls-cert.pem", "tls-key.pem"
@@ -314,3 +314,41 @@ def accept(sock: socket.socket, cert: dict | None) -> socket.socket:
         raise AuthenticationError(f"TLS handshake failed: {exc.reason or exc}") from None
     except OSError as exc:
         raise translate_os_error(exc, where="TLS handshake") from None
+
+
+# ---- resuming a session over TLS ---------------------------------------------------------------------
+# The acceptor cannot read inside TLS, so a client resuming a TLS session first says, in plain, the resume
+# id its WELCOME gave: the acceptor hands the raw connection to that session's worker, which answers "+"
+# and does the TLS handshake and the token's proof itself (the acceptor answers "-": no such session). The
+# id only routes the connection; the worker takes it over the live one only once the token is proved.
+RESUME_PREAMBLE = b"RGPR"
+RESUME_GO, RESUME_GONE = b"+", b"-"
+
+
+def resume_preamble(rid: str) -> bytes:
+    raw = rid.encode()[:255]
+    return RESUME_PREAMBLE + bytes([len(raw)]) + raw
+
+
+def parse_resume_preamble(data: bytes) -> tuple[str | None, int]:
+    """(the id, the preamble's length) once it has all arrived, else (None, 0)."""
+    if len(data) < 5 or len(data) < 5 + data[4]:
+        return None, 0
+    return data[5:5 + data[4]].decode("ascii", "replace"), 5 + data[4]
+
+
+def client_resume(sock: socket.socket, rid: str, settings, host: str, port: int) -> ssl.SSLSocket:
+    """The client's resumed TLS connection: the preamble, the worker's go-ahead, then the TLS handshake."""
+    try:
+        sock.sendall(resume_preamble(rid))
+        answer = sock.recv(1)
+    except OSError as exc:
+        sock.close()
+        raise translate_os_error(exc, where=f"resuming the session at {host}:{port}") from None
+    if answer != RESUME_GO:
+        sock.close()
+        if answer == RESUME_GONE:
+            raise SessionLost(f"the server at {host}:{port} would not resume the session: no session under that id "
+                              "(it ended, its grace passed, or the server restarted)")
+        raise ConnectionLost(f"{host}:{port} closed the connection before resuming the session")
+    return wrap_client(sock, settings, host, port)
