@@ -116,7 +116,7 @@ def stats(reset: bool = False) -> dict:
     s = _session
     counts = dict(s.conn.stats) if s is not None else {"messages": 0, "round_trips": 0, "bytes_out": 0, "bytes_in": 0}
     base = _baseline.get(id(s), {})
-    out = {"transport": getattr(s.conn, "transport_name", None) if s is not None else None}
+    out = {"transport": s.conn.transport_name if s is not None else None}
     out.update({k: v - base.get(k, 0) for k, v in counts.items()})
     if reset:
         _baseline.clear()

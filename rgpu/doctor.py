@@ -166,7 +166,7 @@ def check_transport(ctx: Context) -> Check:
     conn, s = ctx.conn, ctx.s
     chosen = conn.transport_name
     offered = conn.welcome.get("transports") or []
-    why = getattr(conn, "transport_reason", None) or ctx.transport_why
+    why = ctx.transport_why
     if not why:
         why = ("the only one this client offers" if chosen == "tcp" and s.transport in ("auto", "tcp")
                else f"RGPU_TRANSPORT={s.transport}")
@@ -316,11 +316,11 @@ def _loopback(host: str) -> bool:
 
 def check_tls(ctx: Context) -> Check:
     transport = ctx.conn.transport
-    if transport.name == "shm":
+    if transport.name == "shm":   # a report naming what it found, not a branch of behaviour
         during = "; the handshake before it ran over TLS" if ctx.s.tls or ctx.s.tls_fingerprint or ctx.s.tls_ca else ""
         return Check("tls", "ok", f"not needed: shm moves the bytes through memory on this host{during}",
                      data={"tls": False, "transport": "shm"})
-    if getattr(transport, "tls", False):
+    if transport.tls:
         sock = transport.sock
         from rgpu.transport.tls import fingerprint
         fp = fingerprint(sock.getpeercert(binary_form=True))

@@ -1,21 +1,25 @@
 """The transport contract, the same cases for every transport: tcp, shm, ucx (where UCXX is installed).
 
-send(parts) with parts from frame_parts, send_meta; recv_frame(limits, pool, into); close; abort. Last, through a
-real server: a killed client's worker ends.
+send(parts) with parts from frame_parts or plain encode_prefix parts, send_meta; recv_frame(limits, pool, into);
+readable; close; abort; the declared Capabilities and the base verbs behind them, and no caller that probes a
+transport for attributes instead. Last, through a real server: a killed client's worker ends.
 """
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from conftest import clean_env, pid_gone, wait_until
 from rgpu.errors import ConnectionLost, ProtocolError
+from rgpu.transport.base import Capabilities, Transport
 from rgpu.transport.buffers import BufferPool, as_bytes_view
-from rgpu.transport.wire import Limits, MsgKind, pack_meta
+from rgpu.transport.wire import Limits, MsgKind, encode_prefix, pack_meta
 from transport_pairs import NAMES, pair, skip_reason
 
 MiB = 1 << 20
@@ -95,6 +99,55 @@ def test_frames_joined_in_one_send_arrive_in_order(ends):
         assert np.array_equal(np.frombuffer(f.buffers[0], np.uint8), pattern(i * 997, i))
         f.release()
     sent()
+
+
+def test_plain_parts_of_several_frames_mean_the_same_to_every_transport(ends):
+    """send(parts) means one thing: whole frames, each an encode_prefix prefix and its buffers (what a
+    connection's lone call and the handshake send), joined; shm and ucx take them as tcp does."""
+    client, server = ends
+    bufs = [[], [as_bytes_view(pattern(100, 1))], [as_bytes_view(pattern(40 << 10, 2)), as_bytes_view(b"")]]
+    parts = []
+    for seq, views in enumerate(bufs, 1):
+        parts += [encode_prefix(MsgKind.POST, seq, 0, pack_meta({"seq": seq}), [v.nbytes for v in views]), *views]
+    sent = in_thread(lambda: client.send(parts))
+    for seq, views in enumerate(bufs, 1):
+        f = recv(server)
+        assert (f.kind, f.seq, f.meta) == (MsgKind.POST, seq, {"seq": seq})
+        assert [bytes(b) for b in f.buffers] == [bytes(v) for v in views]
+        f.release()
+    sent()
+
+
+def test_every_transport_declares_what_it_can_do_and_the_base_verbs_answer_for_the_rest(ends):
+    client, server = ends
+    for t in (client, server):
+        caps = t.capabilities
+        assert isinstance(caps, Capabilities)
+        assert not (caps.writes_inline and caps.batch_window_s is not None), caps   # one batching policy
+        assert caps.resumable == (t.name == "tcp"), caps
+        assert caps.names_shared_memory == t.name.startswith("shm"), caps
+        assert not t.names(id(t), 1 << 20)      # nothing is named before the layer above says where memory is
+        t.settle()                              # nothing named: nothing to do, on every transport
+        assert t.share_memory(lambda addr, n: None) == caps.names_shared_memory
+        assert not t.names(id(t), 1 << 20)      # a finder that places nothing: copied
+    send(client, MsgKind.POST, 1, "still works")()
+    assert recv(server).meta == "still works"
+
+
+PROBE = re.compile(r"""(getattr|hasattr)\([^)\n]*transport[^)\n]*\)|transport(_name)?\.name\s*[!=]=|\.transport\.find_shared""")
+
+
+def test_no_caller_probes_a_transport_for_attributes_or_by_name():
+    """Issue 21: callers read ``capabilities`` and call the base verbs; a probe would hide a transport's contract."""
+    root = Path(__file__).resolve().parent.parent
+    found = []
+    for folder in ("transport", "device_backend", "server", "cuda_intercept", "rgpu"):
+        for path in sorted((root / folder).rglob("*.py")):
+            for n, line in enumerate(path.read_text().splitlines(), 1):
+                if PROBE.search(line) and "a report naming what it found" not in line:
+                    found.append(f"{path.relative_to(root)}:{n}: {line.strip()}")
+    assert not found, "\n".join(found)
+    assert {"send", "recv_frame", "close"} <= Transport.__abstractmethods__
 
 
 def test_packed_metadata_alone_arrives_as_a_frame_small_or_too_big_for_one_record(ends):
@@ -252,8 +305,6 @@ def test_sending_after_close_is_connection_lost(ends):
 
 def test_readable_says_whether_a_frame_is_waiting(ends):
     client, server = ends
-    if not hasattr(server, "readable"):
-        pytest.skip(f"{type(server).__name__} has no readable()")
     assert not server.readable(0.05)
     send(client, MsgKind.POST, 1, "here")()
     assert server.readable(10)

@@ -109,6 +109,11 @@ class Transport(ABC):
         (caller-owned views of exactly those lengths), else into leases from ``pool`` (``Frame.release``).
         Raises ``ConnectionLost`` (EOF, closed) or ``ProtocolError`` (malformed, over ``limits``)."""
 
+    @property
+    def tls(self) -> bool:
+        """Whether the bytes cross the wire TLS-encrypted (tcp with ``RGPU_TLS``)."""
+        return False
+
     def readable(self, timeout: float) -> bool:
         """Whether a frame (or the end of the connection) can be read within ``timeout`` seconds (0: now).
         A transport that cannot tell says True: its ``recv_frame`` then waits."""
