@@ -138,7 +138,7 @@ PROBE = re.compile(r"""(getattr|hasattr)\([^)\n]*transport[^)\n]*\)|transport(_n
 
 
 def test_no_caller_probes_a_transport_for_attributes_or_by_name():
-    """Issue 21: callers read ``capabilities`` and call the base verbs; a probe would hide a transport's contract."""
+    """Callers read ``capabilities`` and call the base verbs; a probe would hide part of a transport's contract."""
     root = Path(__file__).resolve().parent.parent
     found = []
     for folder in ("transport", "device_backend", "server", "cuda_intercept", "rgpu"):

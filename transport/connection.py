@@ -47,6 +47,14 @@ def _packed_parts(seq: int, meta: bytes, views) -> list:
 
 
 class Connection(LoneCalls, Receiving):
+    """One session's client end over ``transport`` (handshake done; ``welcome`` the server's dict).
+
+    Thread-safe: any thread may post, request or call. It owns the transport from here on: it sets the
+    transport's ``on_block`` and ``on_acks`` and is the only one to send, receive or close on it. Every
+    method raises ``ConnectionLost`` (or the ``ProtocolError``/``SessionLost`` that ended it) once the
+    connection has failed or was closed.
+    """
+
     def __init__(self, transport: Transport, settings, welcome: dict | None = None,
                  limits: Limits | None = None, pool: BufferPool | None = None):
         self.transport = transport
@@ -104,7 +112,13 @@ class Connection(LoneCalls, Receiving):
     # ---- sending -------------------------------------------------------------------
 
     def post(self, meta: Any, buffers: Sequence = ()) -> int:
-        """Send a call that needs no answer; returns its sequence number."""
+        """Send a call that needs no answer; returns its sequence number.
+
+        ``meta``: any msgpack value (``TypeError`` from msgpack, before anything is sent, for others);
+        ``buffers``: bytes-like or CPU tensors, reusable by the caller once this returns (small ones are
+        copied, big ones written first). Blocks while more than ``RGPU_QUEUE_MAX_BYTES`` are queued. A
+        failure on the server comes back later, at the next ``request()`` (``RemoteError``).
+        """
         return self._submit(_POST, meta, buffers, None)
 
     def post_packed(self, meta: bytes, buffers: Sequence = ()) -> int:
@@ -138,7 +152,12 @@ class Connection(LoneCalls, Receiving):
         return seq
 
     def request(self, meta: Any, buffers: Sequence = (), reply_into: Sequence[memoryview] | None = None) -> Future:
-        """Send a call and return the future of its answer (buffers land in ``reply_into`` if sizes match)."""
+        """Send a call and return the future of its answer (``Future.result(timeout)`` waits for the ``Reply``).
+
+        ``reply_into``: writable, contiguous caller memory the answer's buffers land in when their sizes
+        match (``TypeError`` before anything is sent otherwise). Raises first the kept ``RemoteError`` of
+        an earlier failed post, if any.
+        """
         if reply_into is not None:
             reply_into = [writable_view(b) for b in reply_into]  # refused here, not halfway through a read
         if self._async_error is not None or self._dead is not None:
@@ -149,6 +168,9 @@ class Connection(LoneCalls, Receiving):
         return fut
 
     def call(self, meta: Any, buffers: Sequence = (), reply_into=None, timeout: float | None = None) -> Reply:
+        """``request(...).result(timeout)``: the ``Reply`` (``release()`` it), ``RemoteError`` when the server's
+        handler failed, ``Timeout`` past ``timeout`` (or ``RGPU_TIMEOUT``). With nothing else in
+        flight it is written and read on this thread with no future (``connection_lone.py``)."""
         if timeout is None and not self._request_timeout:
             reply = self._lone(meta, buffers, reply_into)
             if reply is not None:

@@ -51,6 +51,9 @@ class Future:
         self.done = False
 
     def result(self, timeout: float | None = None) -> Reply:
+        """The answer, waiting up to ``timeout`` seconds (None: as long as it takes; ``Timeout`` after).
+        Raises the server's ``RemoteError`` for this request, or for a post sent before it that failed,
+        and ``ConnectionLost`` once the connection is gone."""
         if not self.done:
             self._conn._wait(self, timeout)
         if self._conn._async_error is not None:
