@@ -7,6 +7,7 @@
 #   RUNGS=R4,R5 bash gpu/check_cuda_libs.sh            some rungs only
 #   RECORD=1 bash gpu/check_cuda_libs.sh               also record R4 and R9's math-library calls (RECORD_RUNGS) into
 #                                                      $OUT/lib_traces/ and replay them against the fake libraries
+#   TORCH_BENCH=0 ...                                  without `rgpu bench cuda --torch`
 #   CHECK_DRIVER=fake CHECK_INSTALL=0 LADDER_DEVICE=cpu RUNGS=R4,R9 BENCH_QUICK=1 bash gpu/check_cuda_libs.sh
 #                                                      the script itself, on a machine without a GPU (nothing installed)
 #
@@ -89,7 +90,7 @@ ladder native_again 60 "$(echo "$RUNGS" | tr , '\n' | grep -vx 'R10\|R11' | past
 # rgpu gets what is left but the bench, the recording and the summary
 ladder rgpu $(( BUDGET - ($(date +%s) - T0) - BENCH_S - RECORD_S - 10 )) "$RUNGS" "$TPY" -m rgpu intercept run --
 # each side a child of torch's Python, natively (the same clean environment) and through rgpu, interleaved
-step torch_bench "$BENCH_S" env TORCH_PYTHON="$TPY" python3 -m rgpu bench cuda --torch --json --server "$RGPU_SERVER" \
+[ "${TORCH_BENCH:-1}" = 1 ] && step torch_bench "$BENCH_S" env TORCH_PYTHON="$TPY" python3 -m rgpu bench cuda --torch --json --server "$RGPU_SERVER" \
   "${BENCH[@]}"
 
 if [ "${RECORD:-0}" = 1 ]; then   # a second server records every math-library call and the GEMMs' bytes
@@ -102,6 +103,8 @@ if [ "${RECORD:-0}" = 1 ]; then   # a second server records every math-library c
   sleep 2; kill "$REC_PID" 2>/dev/null; wait "$REC_PID" 2>/dev/null   # each session closed (its footer) first
   step lib_trace_replay 20 "$TPY" -c "import glob, json, sys; from rgpu.server.cuda.libs import trace
 print(json.dumps([trace.replay(p) for p in sorted(glob.glob(sys.argv[1] + '/*.rgputrace'))], indent=1))" "$OUT/lib_traces"
+  mkdir -p "$FINAL/lib_traces"   # beside the tarball, each its own file (the device tool brings back 16 MiB a file)
+  for f in "$OUT"/lib_traces/*.rgputrace; do [ -f "$f" ] && mv "$f" "$FINAL/lib_traces/"; done
 fi
 
 # R4 once more with torch's cuBLASLt path off (Linear and addmm on plain cuBLAS), where time is left: it tells a

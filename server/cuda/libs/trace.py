@@ -31,6 +31,7 @@ import msgpack
 
 from rgpu.protocol import lib_cublaslt as LT
 from rgpu.protocol.cuda import NO_STREAM
+from rgpu.protocol.cuda_libs import BY_NAME
 
 VERSION = 1
 # |replayed - recorded| <= ATOL + RTOL * |recorded|: fp32 GEMMs on the CPU against the GPU's kernels sum in
@@ -119,8 +120,22 @@ def operands(name: str, fields: dict, tail):
 
 def _computes(name: str) -> bool:
     """Whether a call reads or writes device memory (so replaying it without its bytes is not possible)."""
+    if any(w in name for w in ("Size", "Get", "Heuristic", "Create", "Destroy", "Set")):
+        return False
     return any(w in name for w in ("gemm", "Gemm", "gemv", "dot", "Dot", "Matmul", "Execute", "Forward",
                                    "Backward", "Transform", "Add"))
+
+
+def _with_algo(payload: bytes, algos: dict) -> bytes:
+    """A cublasLtMatmul's payload with the GPU's algo (opaque to the fake) swapped for the one the fake's
+    heuristic answered in its place, or none (the fake then picks its own: the same arithmetic)."""
+    spec = BY_NAME["cublasLtMatmul"]
+    names = [n for n, _ in spec.fields]
+    f = dict(zip(names, spec.format.unpack_from(payload)))
+    if f["has_algo"]:
+        fake = algos.get(f["algo"])
+        f["algo"], f["has_algo"] = (fake, 1) if fake else (bytes(LT.ALGO), 0)
+    return spec.format.pack(*(f[n] for n in names)) + payload[spec.format.size:]
 
 
 # ---- recording ------------------------------------------------------------------------------------
@@ -250,6 +265,7 @@ def replay(path) -> dict:
     rep = {"path": str(path), "flavour": header.get("flavour"), "calls": len(calls), "replayed": 0,
            "skipped": {}, "status_mismatch": [], "compared": 0, "value_mismatch": [], "errors": [],
            "recorded_live_at_end": end and end.get("live")}
+    algos: dict[bytes, bytes] = {}             # the GPU's heuristic's algos -> the fake's, as the replay met them
     for i, rec in enumerate(calls):
         name = rec["name"]
         if _computes(name) and "inputs" not in rec:
@@ -261,13 +277,20 @@ def replay(path) -> dict:
             driver.mem.view(ptr, len(data))[:] = data
         for _, base, size, *_ in rec.get("outputs", []):
             _place(driver.mem, base, size)
+        payload = _with_algo(rec["payload"], algos) if name == "cublasLtMatmul" else rec["payload"]
         try:
-            got = libs.run(rec["call"], rec["handle"], NO_STREAM, memoryview(rec["payload"]), answered=True)
+            got = libs.run(rec["call"], rec["handle"], NO_STREAM, memoryview(payload), answered=True)
         except Exception as exc:
             rep["errors"].append(f"call {i} {name}: {type(exc).__name__}: {exc}"[:300])
             continue
         rep["replayed"] += 1
         status = got[-2]
+        if name == "cublasLtMatmulAlgoGetHeuristic" and len(got) == 3 and rec.get("out"):
+            mine, theirs = bytes(got[0]), rec["out"]        # result i of the GPU's for result i of the fake's
+            for i in range(len(theirs) // LT.RESULT):
+                j = min(i, len(mine) // LT.RESULT - 1)
+                if j >= 0:
+                    algos[theirs[i * LT.RESULT:i * LT.RESULT + LT.ALGO]] = mine[j * LT.RESULT:j * LT.RESULT + LT.ALGO]
         if status != (rec["status"] or 0):
             rep["status_mismatch"].append(f"call {i} {name}: GPU {rec['status']}, fake {status} ({got[-1]})")
             continue
