@@ -147,8 +147,10 @@ def test_one_sessions_worker_crashing_ends_only_that_session(rgpu_server, echo_c
     assert rgpu_server.connect("echo").call({"op": "sizes"}).meta["sizes"] == []  # new sessions start
 
 
-def test_a_client_dying_mid_frame_ends_its_session_promptly_and_no_other(rgpu_server, echo_conn):
-    conn = rgpu_server.connect("echo")
+def test_a_client_dying_mid_frame_ends_its_session_promptly_and_no_other(start_server):
+    # a killed client's session is held for the grace in case it resumes: a short one, as this test checks it ends
+    server = start_server("--session-grace", "0.5")
+    echo_conn, conn = server.connect("echo"), server.connect("echo")
     pid = conn.welcome["info"]["pid"]
     frame = encode_frame(MsgKind.REQUEST, 5, {"op": "echo"}, [b"d" * 1_000_000])
     conn.transport.sock.sendall(frame[:500_000])

@@ -73,8 +73,7 @@ class ReplayLog:
                     bye = True
                 continue
             frame = len(prefix)
-            for j in range(i, i + nbufs):
-                b = parts[j]
+            for j, b in enumerate(parts[i:i + nbufs], i):   # (a slice: a malformed header names too many)
                 m = b.nbytes if type(b) is memoryview else len(b)
                 frame += m
                 if type(b) is not bytes and (kind != _POST or m > owned):   # the caller's memory: copied
@@ -140,7 +139,7 @@ def _frames(parts: Sequence):
     """Each frame of a send: (seq, its parts, its bytes)."""
     i, n = 0, len(parts)
     while i < n:
-        kind, seq, nbufs = _FIELDS.unpack_from(parts[i])
+        _, seq, nbufs = _FIELDS.unpack_from(parts[i])
         frame = parts[i:i + 1 + nbufs]
         yield seq, frame, sum([b.nbytes if type(b) is memoryview else len(b) for b in frame])
         i += 1 + nbufs
