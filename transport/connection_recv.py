@@ -15,6 +15,7 @@ whose attributes it uses: the transport, ``_pending`` futures by seq, the reader
 from __future__ import annotations
 
 import time
+from operator import itemgetter
 from typing import Any
 
 from rgpu.errors import ConnectionLost, ProtocolError, RemoteError, RgpuError, SessionLost, Timeout
@@ -24,19 +25,28 @@ from .wire import Frame, MsgKind
 _REPLY, _ERROR = MsgKind.REPLY, MsgKind.ERROR
 
 
-class Reply:
-    """A request's answer: ``meta`` and ``buffers`` (pool memory until ``release()``)."""
+class Reply(tuple):
+    """A request's answer: ``meta`` and ``buffers`` (pool memory until ``release()``).
 
-    __slots__ = ("meta", "buffers", "_frame")
+    A tuple of (meta, buffers, frame), so that shm's C path (``shm_lone.c``) makes one through the
+    tuple's own constructor, knowing nothing of this class's layout. ``frame``: what the buffers are
+    leased from; None where they are the caller's own (copied into ``reply_into``).
+    """
 
-    def __init__(self, meta: Any, buffers: list, frame: Frame | None = None):
-        self.meta = meta
-        self.buffers = buffers
-        self._frame = frame           # None: buffers the caller's own (shm's C path copied them into reply_into)
+    __slots__ = ()
+
+    def __new__(cls, meta: Any, buffers: list, frame: Frame | None = None):
+        return tuple.__new__(cls, (meta, buffers, frame))
+
+    meta = property(itemgetter(0), doc="the answer's metadata (any msgpack value)")
+    buffers = property(itemgetter(1), doc="the answer's buffers: memoryviews, valid until release()")
+    frame = property(itemgetter(2), doc="the received frame holding the buffers, or None")
 
     def release(self) -> None:
-        if self._frame is not None:
-            self._frame.release()
+        """Hand the buffers back (pool leases, shm's shared memory); safe to call twice."""
+        frame = self[2]
+        if frame is not None:
+            frame.release()
 
 
 class Future:

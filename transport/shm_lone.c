@@ -8,7 +8,8 @@
  * except while it waits. What is not the common case goes to the connection's own Python: a frame
  * the ring does not take (``_exchange_alone``: the usual write and read), a reply not here within
  * the spin or not a plain one (``_read_alone``), a transport that failed (``_lost``).
- * Included by shm_native.c (one extension); ``new_lone_call`` names the objects it uses.
+ * Included by shm_native.c (one extension); ``new_lone_call`` names the objects it uses. The Reply it
+ * returns is made through the tuple's constructor (Reply is a tuple), never by its layout.
  */
 
 typedef struct {
@@ -24,7 +25,6 @@ typedef struct {
     uint64_t max_meta, max_bufs, max_frame, known_kinds, request, reply;
     double busy_s;                      /* the transport's, and its spin_yield: class settings, read once */
     int spin_yield;
-    Py_ssize_t reply_slots[3];          /* where Reply's meta, buffers and _frame are in its objects */
 } LoneCall;
 
 #define LONE_OBJECTS(X) X(conn) X(transport) X(cdict) X(tdict) X(pending) X(queue) X(seq) X(stats) X(limits) \
@@ -275,26 +275,14 @@ static int locked_round_trip(LoneCall *L, uint64_t seq, PyObject *packed, PyObje
     return r;
 }
 
-/* Reply(meta, bufs), its slots filled in place: its __init__ is a Python call, a tenth of the lone call. */
+/* Reply(meta, bufs, None), made by the tuple's constructor (Reply is a tuple of the three): Reply's own
+ * __new__ is a Python call, a tenth of the lone call, and this needs nothing of its layout. */
 static PyObject *new_reply(LoneCall *L, PyObject *meta, PyObject *bufs) {
-    PyTypeObject *type = (PyTypeObject *)L->reply_type;
-    PyObject *reply = type->tp_alloc(type, 0);
-    if (!reply)
-        return NULL;
-    PyObject *values[3] = {meta, bufs, Py_None};
-    for (int i = 0; i < 3; i++)
-        *(PyObject **)((char *)reply + L->reply_slots[i]) = Py_NewRef(values[i]);
+    PyObject *items = PyTuple_Pack(3, meta, bufs, Py_None), *args = items ? PyTuple_Pack(1, items) : NULL;
+    PyObject *reply = args ? PyTuple_Type.tp_new((PyTypeObject *)L->reply_type, args, NULL) : NULL;  /* tuple(items) */
+    Py_XDECREF(args);
+    Py_XDECREF(items);
     return reply;
-}
-
-/* The offset of the object slot ``name`` of ``type`` (a __slots__ member), or -1. */
-static Py_ssize_t slot_offset(PyObject *type, const char *name) {
-    PyObject *d = PyObject_GetAttrString(type, name);
-    Py_ssize_t offset = -1;
-    if (d && Py_IS_TYPE(d, &PyMemberDescr_Type) && ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX)
-        offset = ((PyMemberDescrObject *)d)->d_member->offset;
-    Py_XDECREF(d);
-    return offset;
 }
 
 /* The reply as Python's path gives it: a Reply when it is this request's plain answer, else what
@@ -519,10 +507,8 @@ static PyObject *new_lone_call(PyObject *module, PyObject *const *args, Py_ssize
     Py_XDECREF(yield);
     PyObject *busy = ok ? PyObject_GetAttr(transport, s_busy_s) : NULL;
     ok = busy && as_double(busy, &L->busy_s) && PyDict_Check(L->pending) && PyDict_Check(L->stats)
-        && PyIter_Check(L->seq) && PyType_Check(L->reply_type);
-    const char *slots[3] = {"meta", "buffers", "_frame"};
-    for (int i = 0; ok && i < 3; i++)
-        ok = (L->reply_slots[i] = slot_offset(L->reply_type, slots[i])) > 0;
+        && PyIter_Check(L->seq) && PyType_Check(L->reply_type)
+        && PyType_IsSubtype((PyTypeObject *)L->reply_type, &PyTuple_Type);
     Py_XDECREF(busy);
     if (!ok) {
         if (!PyErr_Occurred())

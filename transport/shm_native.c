@@ -14,7 +14,6 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <structmember.h>          /* PyMemberDef: a slot's offset (shm_lone.c's Reply) */
 #include "shm_fast.c"
 
 typedef struct {
