@@ -155,11 +155,14 @@ def test_what_the_cpp_path_does_not_take_is_left_to_python_with_the_same_result(
     p = Pair()
     a = torch.tensor([5.0, -3.0, 7.5])
     A = p.upload(a)
-    # a number where the schema says Tensor (PyTorch wraps scalars): Python makes the scalar tensor
-    (r,) = p.op(aten.remainder.Tensor, [A, 4], {}, [a])
-    # a complex number for a Scalar
+    # a complex number where the schema says Tensor (PyTorch wraps scalars): Python makes the scalar
+    # tensor (a real number runs in C++: tests/test_fast_op_numbers.py)
+    c = torch.tensor([1 + 2j, -3j])
+    C = p.upload(c)
+    (r,) = p.op(aten.mul.Tensor, [C, {"c": [0.5, -1.0]}], {}, [c])
+    # a number for a Scalar, which the C++ path takes
     (m,) = p.op(aten.mul.Scalar, [A, 2.0], {}, [a])
-    assert torch.equal(p.read(r), torch.remainder(a, 4)) and torch.equal(p.read(m), a * 2)
+    assert torch.equal(p.read(r, torch.complex64), c * (0.5 - 1j)) and torch.equal(p.read(m), a * 2)
     assert p.cpp.fast.declined == 1 and p.cpp.fast.ran == 1
 
 

@@ -130,6 +130,8 @@ class Executor(BaseExecutor):
 
     def _define(self, meta, buffers):
         _, index, name, schema = meta
+        if self.fast is not None:
+            self.fast.undefine(index)  # whatever the index named before is gone from both paths
         try:
             r = resolve(name, schema, self.kind)
         except OpRefused as exc:
@@ -220,25 +222,38 @@ class Executor(BaseExecutor):
 
     def _op(self, meta, buffers):
         _, events, index, args, kwargs, outs = meta
-        if events:
+        done = 0
+        if self.fast is not None:  # the common op whole in C++: its frees, the op, its outputs bound
+            try:
+                done = self.fast.op(meta)  # 2: ran there; 1: frees applied, the op left here; 0: nothing done
+            except Exception as exc:
+                return self._failed(self._resolved(index), args, kwargs, outs, exc)
+            if done == 2:
+                return None
+        if events and not done:
             self.table.apply_events(events)
         r = self.ops.get(index)
         if type(r) is not Resolved:
             r = self._resolved(index)
         try:
-            if r.fast and self.fast.run(index, args, kwargs, outs):
+            if not done and r.fast and self.fast.run(index, args, kwargs, outs):  # after frees and copies
                 return None
             dec = Decoder(self.table, True)
             result = self._run(r, args, kwargs, dec)
             if outs:
                 self._bind(flatten(result), outs, dec.inputs)
-        except Poisoned as cause:  # an input came from a failed op: fail quietly, pass it on
-            self._poison(r, args, kwargs, outs, cause)
-            return None
         except Exception as exc:
-            self._poison(r, args, kwargs, outs, Poisoned(r.name, f"{type(exc).__name__}: {exc}"))
-            raise OpFailed(r.name, f"{type(exc).__name__}: {exc}") from None
+            return self._failed(r, args, kwargs, outs, exc)
         return None
+
+    def _failed(self, r, args, kwargs, outs, exc: Exception) -> None:
+        """An op that raised: what it would write is poisoned; an input from a failed op fails quietly
+        (the cause passed on), anything else is the op's failure, said once."""
+        if isinstance(exc, Poisoned):
+            self._poison(r, args, kwargs, outs, exc)
+            return None
+        self._poison(r, args, kwargs, outs, Poisoned(r.name, f"{type(exc).__name__}: {exc}"))
+        raise OpFailed(r.name, f"{type(exc).__name__}: {exc}") from None
 
     def _bind(self, results: list, outs: list, inputs: list) -> None:
         """Each result bound to the id its descriptor in ``outs`` names; ``inputs``: the base addresses of the

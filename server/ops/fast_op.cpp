@@ -17,6 +17,8 @@
 #include <torch/extension.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/utils/python_arg_parser.h>
+#include <ATen/ScalarOps.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include "rgpu_protocol.h"  // rgpu/protocol: message kinds, events, value tags (generated)
@@ -50,6 +52,7 @@ struct Arg {
 struct Op {
   c10::OperatorHandle handle;
   Recipe recipe = nullptr;           // a substitute's (fast_substitutes.h), run instead of the op's kernel
+  bool wraps_numbers = false;        // a number for a Tensor argument: a wrapped number, as torch.ops makes it
   std::vector<Arg> args;
   std::vector<size_t> checked;       // positions of written arguments whose layout is checked afterwards
   explicit Op(c10::OperatorHandle h) : handle(std::move(h)) {}
@@ -116,6 +119,9 @@ class FastOps {
     if (!h) return false;
     auto op = std::make_unique<Op>(*h);
     if (substituted && (op->recipe = recipe_for(name + "." + overload, on_cuda_)) == nullptr) return false;
+    // torch.ops turns a number in a Tensor argument into a wrapped number for these ops (add, mul, ...);
+    // for the others the executor's Python makes it a plain 0-dim tensor (Resolved.numbers_as_tensors)
+    op->wraps_numbers = torch::should_allow_numbers_as_tensors(name);
     for (const c10::Argument& a : h->schema().arguments()) {
       Arg arg;
       if (!kind_of(a, on_cuda_, arg)) return false;
@@ -130,6 +136,24 @@ class FastOps {
     return true;
   }
 
+  // Forget op #index (the executor redefines it as one this path does not run).
+  void undefine(int64_t index) { ops_.erase(index); }
+
+  // A whole op message ([Msg.OP, events, index, args, kwargs, outs]), so the executor's Python is not
+  // on its way: 2 when its frees are applied and the op ran here (run()); 1 when its frees are applied
+  // and the op is left to Python; 0 when nothing was done (an op this path does not define, events
+  // other than frees: the message is Python's whole). What the op raises propagates, frees applied.
+  int op(py::handle meta) {
+    PyObject* m = meta.ptr();
+    int64_t index;
+    if (!PyList_CheckExact(m) || PyList_GET_SIZE(m) != 6 || !as_int(PyList_GET_ITEM(m, 2), index) ||
+        ops_.find(index) == ops_.end())
+      return 0;
+    PyObject* events = PyList_GET_ITEM(m, 1);
+    if (!PyList_CheckExact(events) || (PyList_GET_SIZE(events) != 0 && !table_.free_all(events))) return 0;
+    return run(index, PyList_GET_ITEM(m, 3), PyList_GET_ITEM(m, 4), PyList_GET_ITEM(m, 5)) ? 2 : 1;
+  }
+
   // Op #index on the wire's args, kwargs and output descriptors: true when it ran and its outputs are
   // bound; false when it is not this path's case (nothing done that the Python path would not redo).
   bool run(int64_t index, py::handle args, py::handle kwargs, py::handle outs) {
@@ -138,6 +162,7 @@ class FastOps {
     ++declined;  // until it has run
     if (!PyList_CheckExact(args.ptr()) || !PyDict_CheckExact(kwargs.ptr())) return false;
     Op& op = *found->second;
+    const auto t0 = std::chrono::steady_clock::now();
     const Py_ssize_t npos = PyList_GET_SIZE(args.ptr());
     if (npos > static_cast<Py_ssize_t>(op.args.size())) return false;
     torch::jit::Stack stack;
@@ -152,7 +177,7 @@ class FastOps {
       if (v == nullptr) {
         if (!a.dflt) return false;  // the Python path names what is missing
         stack.push_back(*a.dflt);
-      } else if (!value(a, v, stack)) {
+      } else if (!value(op, a, v, stack)) {
         return false;
       }
     }
@@ -161,15 +186,18 @@ class FastOps {
     for (size_t pos : op.checked) written_.push_back(stack[pos]);  // the stack holds the results afterwards
     --declined;
     ++ran;
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t1 = std::chrono::steady_clock::now();
     {
       py::gil_scoped_release no_gil;
       if (op.recipe != nullptr) op.recipe(stack);
       else op.handle.callBoxed(stack);
     }
-    call_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+    const auto t2 = std::chrono::steady_clock::now();
     for (size_t i = 0; i < op.checked.size(); ++i) check_written(op.args[op.checked[i]], op.checked[i], written_[i], args, kwargs);
     bind(stack, outs);
+    stack_ns += ns(t1 - t0);
+    call_ns += ns(t2 - t1);
+    bind_ns += ns(std::chrono::steady_clock::now() - t2);
     return true;
   }
 
@@ -186,11 +214,19 @@ class FastOps {
 
   int64_t ran = 0, declined = 0;  // ops run here (failed ones too); ops defined here but left to Python
   int64_t uploads = 0;            // whole uploads done here
-  int64_t call_ns = 0;            // time in the ops themselves (the dispatcher's call and the kernels' launch)
+  // where the time of the ops run here went (rgpu.bench.server_ops shows it): the wire's values to a
+  // boxed stack (the handle table's views and fresh outputs included), the op itself (the dispatcher's
+  // call and the kernel's launch), the written arguments' check and the outputs' binding
+  int64_t stack_ns = 0, call_ns = 0, bind_ns = 0;
+  int64_t table_ns = 0;           // of stack_ns: the handle table's part (views looked up or made, fresh outputs)
 
  private:
+  static int64_t ns(std::chrono::steady_clock::duration d) {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
+  }
+
   // One wire value as the schema's type, pushed; false for what this path does not take.
-  bool value(const Arg& a, PyObject* v, torch::jit::Stack& stack) {
+  bool value(const Op& op, const Arg& a, PyObject* v, torch::jit::Stack& stack) {
     if (v == Py_None) {
       if (!a.optional && a.kind != Kind::Generator) return false;
       stack.emplace_back();
@@ -199,7 +235,7 @@ class FastOps {
     switch (a.kind) {
       case Kind::Tensor: {
         at::Tensor t;
-        if (!wire_tensor(v, t)) return false;
+        if (!wire_tensor(v, t) && (op.recipe != nullptr || !number_tensor(v, op.wraps_numbers, t))) return false;
         stack.emplace_back(std::move(t));
         return true;
       }
@@ -361,9 +397,24 @@ class FastOps {
     return true;
   }
 
+  // A number where the schema says Tensor (``y + 1.0`` reaches add.out so) as the Python path makes it:
+  // a CPU 0-dim tensor of the number's type (bool, int64, float64), a wrapped number where torch.ops
+  // would wrap it (type promotion reads it as a Python number then); false for anything else.
+  static bool number_tensor(PyObject* v, bool wrapped, at::Tensor& out) {
+    c10::IValue x;
+    if (!number(v, x)) return false;
+    const at::Scalar s = x.toScalar();
+    out = at::scalar_to_tensor(s);  // on the CPU, without the dispatcher
+    if (wrapped) out.unsafeGetTensorImpl()->set_wrapped_number(true);
+    return true;
+  }
+
   // A tensor argument: the table's tensor, its storage's address kept (outputs must not alias it).
   bool tensor(PyObject* desc, at::Tensor& out) {
-    if (!table_.tensor(desc, out)) return false;
+    const auto t0 = std::chrono::steady_clock::now();
+    const bool found = table_.tensor(desc, out);
+    table_ns += ns(std::chrono::steady_clock::now() - t0);
+    if (!found) return false;
     inputs_.push_back(out.storage().data_ptr().get());
     return true;
   }
@@ -454,9 +505,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<FastOps>(m, "FastOps")
       .def(py::init<py::object, py::object, int64_t, py::sequence, bool, py::object, py::object>())
       .def("define", &FastOps::define)
+      .def("undefine", &FastOps::undefine)
+      .def("op", torch::wrap_pybind_function([](FastOps& self, py::handle meta) { return self.op(meta); }))
       .def_readonly("ran", &FastOps::ran)
       .def_readonly("declined", &FastOps::declined)
+      .def_readonly("stack_ns", &FastOps::stack_ns)
+      .def_readonly("table_ns", &FastOps::table_ns)
       .def_readonly("call_ns", &FastOps::call_ns)
+      .def_readonly("bind_ns", &FastOps::bind_ns)
       .def_readonly("uploads", &FastOps::uploads)
       .def("upload", torch::wrap_pybind_function(
                          [](FastOps& self, py::handle events, py::handle desc, py::handle data) {

@@ -95,15 +95,15 @@ def replay(path: str, steps: int) -> dict:
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
     class TimedFastOps:
-        """The executor's FastOps with the time in its ``run`` counted (the C++ path's whole call)."""
+        """The executor's FastOps with the time in its ``op`` counted (the C++ path's whole call)."""
 
         def __init__(self, fast):
             self.fast, self.run_ns = fast, 0
 
-        def run(self, *a):
+        def op(self, *a):
             t = time.perf_counter_ns()
             try:
-                return self.fast.run(*a)
+                return self.fast.op(*a)
             finally:
                 self.run_ns += time.perf_counter_ns() - t
 
