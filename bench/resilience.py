@@ -16,7 +16,8 @@ and with ``--tls`` a TLS server (its flood dribbles a TLS record).
 Resuming (a server with ``RGPU_SESSION_GRACE``): value, an echo call right after the client's
 connection was cut (the drop noticed, a new connection, the handshake, the resume and the call);
 baseline, the plain reconnect: a new session's connect and the same call. And the cost of keeping
-frames for replay: 256 posts of 4 KiB and a call, on a resumable session against a plain one.
+frames for replay: 256 posts of 4 KiB and a call, and a 1,000-op stream (small posts, one wait: an eager
+step's shape), on a resumable session against a plain one (a server without a grace).
 """
 from __future__ import annotations
 
@@ -210,6 +211,15 @@ def _resuming(repeats: int) -> list[dict]:
                 return (time.perf_counter() - t0) * 1e3
 
             cost = harness.compare(lambda: posts(conns[0]), lambda: posts(conns[1]), max(repeats, 7))
+
+            def stream(conn) -> float:   # an eager step's shape: many small ops posted, one wait at the end
+                t0 = time.perf_counter()
+                for _ in range(1000):
+                    conn.post({"op": "sizes"})
+                conn.call({"op": "sizes"})
+                return (time.perf_counter() - t0) * 1e3
+
+            ops = harness.compare(lambda: stream(conns[0]), lambda: stream(conns[1]), max(repeats, 11))
             for conn in conns:
                 conn.close()
         finally:
@@ -218,7 +228,9 @@ def _resuming(repeats: int) -> list[dict]:
     return [harness.row("resilience", "tcp", "time to resume a session after a drop (to its next answer)", None,
                         resume, "a plain reconnect (a new session) and the same call", unit="ms"),
             harness.row("resilience", "tcp", "256 posts of 4 KiB and a call, frames kept for replay", None,
-                        cost, "the same on a session that cannot resume", unit="ms")]
+                        cost, "the same on a session that cannot resume", unit="ms"),
+            harness.row("resilience", "tcp", "a 1,000-op stream (small posts, one wait), frames kept for replay",
+                        None, ops, "the same on a session that cannot resume", unit="ms")]
 
 
 def rows(args=None) -> list[dict]:

@@ -9,7 +9,7 @@ resumed connection (authenticated again, the id checked: ``server/serve.py``), i
 - answers (REPLY, ERROR) are kept, copied, the most recent ones up to ``RGPU_REPLAY_BYTES``; a resumed
   client says the seq of the last answer it read and gets the later ones again, in order;
 - the client's kept frames are acknowledged in every reply's ``ack`` and, during a stretch of posts, by
-  a REPLY of seq 0 every ``ACK_EVERY`` frames or ``ACK_BYTES``.
+  a REPLY of seq 0 every ``ACK_EVERY`` seqs or ``ACK_BYTES`` (cumulative: no per-frame count).
 
 Past the grace the wait raises ``ConnectionLost`` and the session ends as before: everything freed.
 """
@@ -29,8 +29,9 @@ from .base import Transport
 from .tcp import TcpTransport
 from .wire import HEADER, MsgKind
 
-_REPLY, _ERROR = MsgKind.REPLY, MsgKind.ERROR
-ACK_EVERY = 256          # posts between two acknowledgements when no request answers them ...
+_REPLY, _ERROR, _REQUEST = MsgKind.REPLY, MsgKind.ERROR, MsgKind.REQUEST
+ACK_EVERY = 1024         # frames between two acknowledgements when no answer carries one (the client keeps
+                         # references: about 100 bytes a small post) ...
 ACK_BYTES = 1 << 20      # ... or bytes of theirs (at most an eighth of the client's replay bound): the first
 ANSWERS_KEPT = 1024      # most answers kept for a resumed client, whatever their size
 
@@ -50,7 +51,7 @@ class ResumableEnd(Transport):
         self.answers: deque = deque() # (seq, parts, nbytes), oldest first
         self.kept = 0
         self.lost_upto = 0            # the newest answer no longer kept
-        self._since_ack, self._bytes_since_ack = 0, 0
+        self._acked, self._bytes_since_ack = 0, 0   # the seq last acknowledged; bytes read since
         # acknowledged well before the client's log is full (its bound, said in its HELLO)
         self._ack_bytes = max(1, min(ACK_BYTES, (client_bound or bound) // 8))
         self.resumes = 0
@@ -73,27 +74,28 @@ class ResumableEnd(Transport):
                 self._await_resume(exc)
                 continue
             seq = frame.seq
-            if seq and seq <= self.done:
+            if not seq:
+                return frame
+            if seq <= self.done:
                 frame.release()           # replayed, and had already: applied once
                 continue
-            self._since_ack += 1
-            if frame.buffers:
-                self._bytes_since_ack += sum([b.nbytes for b in frame.buffers])
-            if (self._since_ack >= ACK_EVERY or self._bytes_since_ack >= self._ack_bytes) and frame.kind != MsgKind.REQUEST:
+            self.done = seq
+            bufs = frame.buffers          # acknowledged by seq, cumulatively: no count kept a frame
+            if bufs:
+                self._bytes_since_ack += sum([b.nbytes for b in bufs])
+            if (seq - self._acked >= ACK_EVERY or self._bytes_since_ack >= self._ack_bytes) and frame.kind is not _REQUEST:
                 self._ack(seq)
-            if seq:
-                self.done = seq
             return frame
 
     def _ack(self, seq: int) -> None:
-        self._since_ack = self._bytes_since_ack = 0
+        self._acked, self._bytes_since_ack = seq, 0
         self.send(self._inner.frame_parts(_REPLY, 0, seq, None, []))
 
     def send(self, parts: Sequence) -> None:
         _, _, kind, _, seq, _, _, _ = HEADER.unpack_from(parts[0])
         if (kind == _REPLY or kind == _ERROR) and seq:
             self._keep(seq, parts)
-            self._since_ack = self._bytes_since_ack = 0
+            self._acked, self._bytes_since_ack = max(self._acked, seq), 0   # every answer acknowledges up to it
         try:
             self._inner.send(parts)
         except ConnectionLost as exc:
