@@ -99,7 +99,9 @@ if [ "${RECORD:-0}" = 1 ]; then   # a second server records every math-library c
   REC_PID=$!
   for _ in $(seq 150); do grep -q "listening on" "$OUT/record_server.log" && break; sleep 0.2; done
   REC_SERVER=$(grep -o "listening on [^;]*" "$OUT/record_server.log" | head -1 | awk '{print $3}')
-  ladder rgpu_record 50 "${RECORD_RUNGS:-R4,R9}" env RGPU_SERVER="$REC_SERVER" "$TPY" -m rgpu intercept run --
+  for r in $(echo "${RECORD_RUNGS:-R4,R9}" | tr , ' '); do   # a process, so a trace file, per rung
+    ladder "rgpu_record_$r" 30 "$r" env RGPU_SERVER="$REC_SERVER" "$TPY" -m rgpu intercept run --
+  done
   sleep 2; kill "$REC_PID" 2>/dev/null; wait "$REC_PID" 2>/dev/null   # each session closed (its footer) first
   step lib_trace_replay 20 "$TPY" -c "import glob, json, sys; from rgpu.server.cuda.libs import trace
 print(json.dumps([trace.replay(p) for p in sorted(glob.glob(sys.argv[1] + '/*.rgputrace'))], indent=1))" "$OUT/lib_traces"

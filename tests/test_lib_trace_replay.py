@@ -107,3 +107,14 @@ def test_every_committed_gpu_trace_replays_within_tolerance(path):
     rep = trace.replay(path)
     assert rep["flavour"] == "real" and rep["compared"] > 0, rep
     assert rep["ok"], {k: rep[k] for k in ("status_mismatch", "value_mismatch", "errors", "live_after_close")}
+
+
+def test_a_trimmed_trace_keeps_every_call_but_the_large_computing_ones_and_still_replays(recorded, tmp_path):
+    from rgpu.server.cuda.libs import trace
+    path = max(recorded, key=lambda p: len(trace.load(p)[1]))
+    small = tmp_path / "small.rgputrace"
+    got = trace.trim(path, small, 64)
+    _, calls, end = trace.load(small)
+    assert got["kept"] == len(calls) < got["calls"] and end is not None
+    assert all(sum(len(x[3]) for x in c.get("inputs", []) + c.get("outputs", [])) <= 64 for c in calls)
+    assert trace.replay(small)["ok"]

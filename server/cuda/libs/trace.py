@@ -307,3 +307,35 @@ def replay(path) -> dict:
     rep["ok"] = not (rep["status_mismatch"] or rep["value_mismatch"] or rep["errors"]) and \
         not any(rep["live_after_close"].values())
     return rep
+
+
+def trim(src, dst, most: int = 64 << 10) -> dict:
+    """``src`` without the computing calls whose operands hold more than ``most`` bytes (each call's inputs are
+    in the trace, so the calls kept replay the same): a trace small enough to commit."""
+    header, calls, end = load(src)
+    kept = [c for c in calls if sum(len(x[3]) for x in c.get("inputs", []) + c.get("outputs", [])) <= most]
+    with gzip.open(dst, "wb", compresslevel=9) as f:
+        for obj in (header, *kept, *([end] if end else [])):
+            f.write(msgpack.packb(obj, use_bin_type=True))
+    return {"calls": len(calls), "kept": len(kept), "bytes": os.path.getsize(dst)}
+
+
+def main(argv=None) -> int:
+    """``python -m rgpu.server.cuda.libs.trace replay FILE...`` (a report each, exit 1 if one fails) or
+    ``trim SRC DST [MOST_BYTES]``."""
+    import json
+    import sys
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["trim"] and len(args) in (3, 4):
+        print(json.dumps(trim(args[1], args[2], *(int(a) for a in args[3:]))))
+        return 0
+    if args[:1] == ["replay"] and len(args) > 1:
+        reports = [replay(p) for p in args[1:]]
+        print(json.dumps(reports, indent=1))
+        return 0 if all(r["ok"] for r in reports) else 1
+    print(main.__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
