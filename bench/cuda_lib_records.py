@@ -139,6 +139,7 @@ class _NoDriver:
     """The real driver's name (so the real libraries' implementations load) and its C record walker, whose
     launches and context switches are the stand-in's, doing nothing; None without a C compiler."""
     name = "real"
+    launch_at = None
 
     def __init__(self, folder: str):
         from rgpu.server.cuda import real_batch

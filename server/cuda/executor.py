@@ -165,7 +165,7 @@ class Executor(BaseExecutor):
     def _launches(self, records: memoryview, batch: bool = True) -> None:
         """Run a batch of queued records in order; a failing one is deferred and the rest still run, as on a GPU."""
         pos, end = 0, records.nbytes
-        batch = getattr(self.driver, "launch_records", None) if batch else None
+        batch = self.driver.launch_records if batch else None       # None where the driver has no walker
         cublas = self.libs.records_table() if batch else None
         while batch is not None and pos + RECORD_HEAD.size <= end:
             done = batch(records, pos, self.current, cublas)   # the real driver walks the records in C
@@ -182,7 +182,7 @@ class Executor(BaseExecutor):
             else:
                 pos = self._launch_one(records, pos)      # the one that failed: retried and explained here
         # the real driver takes each record's packed arguments where they lie (no slicing, no copy)
-        launch_at = getattr(self.driver, "launch_at", None)
+        launch_at = self.driver.launch_at
         base = np.frombuffer(records, dtype=np.uint8).ctypes.data if launch_at and end else 0
         launch = self.driver.launch
         while pos + RECORD_HEAD.size <= end:

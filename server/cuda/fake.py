@@ -45,7 +45,7 @@ class FakeDriver(Driver):
         self.nodes: dict[int, list[int]] = {}        # graph -> a handle for each recorded work, minted when asked
         self.pools: dict[int, dict] = {}             # memory pool -> {"device", "attrs", "used", "high"}
         self.pool_of: dict[int, tuple[dict, int]] = {}   # stream-ordered allocation -> (its pool, size)
-        self.code = FakeCode(self)
+        self.code = FakeCode(self)                   # modules, libraries, links, launches (base.Driver hands them)
 
     def _new(self) -> int:
         return next(self._ids)
@@ -203,14 +203,6 @@ class FakeDriver(Driver):
 
     def mem_pool_trim_to(self, pool: int, keep: int) -> None:
         self._pool(pool)                             # allocations here go straight back: nothing is held
-
-    # ---- code ------------------------------------------------------------------------
-    def __getattr__(self, name):
-        # module_*, library_*, kernel_*, link_*, func_*, launch, param_layout, occupancy_*: fake_code.py
-        code = self.__dict__.get("code")
-        if code is not None and hasattr(code, name):
-            return getattr(code, name)
-        raise AttributeError(name)
 
     # ---- order: streams, events, capture, graphs ------------------------------------
     def _stream(self, stream: int | None) -> int:

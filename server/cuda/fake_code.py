@@ -17,7 +17,7 @@ from rgpu import fatbin
 
 from .base import (CUDA_ERROR_INVALID_IMAGE, CUDA_ERROR_INVALID_PTX, CUDA_ERROR_INVALID_VALUE,
                    CUDA_ERROR_LAUNCH_FAILED, CUDA_ERROR_NO_BINARY_FOR_GPU, CUDA_ERROR_NOT_FOUND,
-                   CUDA_ERROR_NOT_SUPPORTED, CudaDriverError, check)
+                   CUDA_ERROR_NOT_SUPPORTED, Code, CudaDriverError, check)
 from . import fake_kernels
 
 _ENTRY = re.compile(r"\.entry\s+(\w+)\s*\(([^)]*)\)", re.S)
@@ -157,8 +157,9 @@ def find_entry(modules: dict[int, Module], name: str) -> Entry:
     raise CudaDriverError(CUDA_ERROR_NOT_FOUND, f"no kernel named {name!r}")
 
 
-class FakeCode:
-    """Modules, libraries, links and launches of one FakeDriver."""
+class FakeCode(Code):
+    """The fake driver's ``Code``: modules, libraries, links and launches of one FakeDriver (its memory,
+    contexts and streams are the driver's)."""
 
     def __init__(self, driver):
         self.driver = driver

@@ -1,49 +1,23 @@
-"""The real CUDA driver behind the cuda route (a GPU host): FakeDriver's contract, on libcuda.so.1 through ctypes.
+"""The real CUDA driver behind the cuda route (a GPU host): ``base.Driver``'s contract on libcuda.so.1 through ctypes.
 
-Handles are the driver's own pointer values.  The worker thread's current
-context is set per call by the executor; calls that would change it as a side
-effect (context creation) put it back, so the executor's idea of it stays true.
+``RealDriver`` owns the devices, contexts, memory and ordering (streams, events, capture, graphs);
+its ``code`` (``real_code.RealCode``) the modules, libraries, links and launches; both call the
+driver through ``real_api.Api``.  Handles are the driver's own pointer values.  The worker thread's
+current context is set per call by the executor; calls that would change it as a side effect
+(context creation) put it back, so the executor's idea of it stays true.
 """
 from __future__ import annotations
 
 import ctypes
 import threading
-from ctypes import byref, c_int, c_size_t, c_uint, c_ulonglong, c_void_p
+from ctypes import byref, c_float, c_int, c_size_t, c_uint, c_ulonglong, c_void_p
 
-import numpy as np
-
-from .base import (CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES, CU_JIT_INFO_LOG_BUFFER,
-                   CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES, CUDA_ERROR_INVALID_VALUE, CudaDriverError, Driver)
-from .real_api import Api, load
+from .base import CUDA_ERROR_INVALID_VALUE, CudaDriverError, Driver
+from .real_api import Api, address, load
 from .real_code import RealCode
 
-LOG_BYTES = 16 << 10
 POOL_INT_ATTRS = {1, 2, 3}     # CU_MEMPOOL_ATTR_REUSE_*: int; the others are cuuint64_t
 _INT32_MIN = -(1 << 31)
-
-
-def address(buf) -> int:
-    """The address of a buffer's bytes, read-only buffers included, without a copy."""
-    return np.frombuffer(buf, dtype=np.uint8).ctypes.data if len(buf) else 0
-
-
-class JitOptions:
-    """cuJIT options as the driver takes them, with log buffers the driver writes into."""
-
-    def __init__(self, options: dict | None):
-        self.info = ctypes.create_string_buffer(LOG_BYTES)
-        self.error = ctypes.create_string_buffer(LOG_BYTES)
-        opts = {int(k): int(v) for k, v in (options or {}).items()
-                if int(k) not in (CU_JIT_INFO_LOG_BUFFER, CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
-                                  CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES)}
-        opts.update({CU_JIT_INFO_LOG_BUFFER: ctypes.addressof(self.info), CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES: LOG_BYTES,
-                     CU_JIT_ERROR_LOG_BUFFER: ctypes.addressof(self.error), CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES: LOG_BYTES})
-        self.n = len(opts)
-        self.keys = (c_int * self.n)(*opts.keys())
-        self.values = (c_void_p * self.n)(*opts.values())
-
-    def logs(self) -> list[str]:
-        return [self.info.value.decode(errors="replace"), self.error.value.decode(errors="replace")]
 
 
 CU_STREAM_CAPTURE_MODE_RELAXED = 2   # cuda.h's CUstreamCaptureMode
@@ -63,18 +37,12 @@ class RealDriver(Driver):
         self.retained: dict[int, int] = {}
         self._staging = bytearray()
         self._thread = threading.local()       # per worker thread: its capture mode made relaxed (set_current)
-        self.code = RealCode(self)
-
-    def __getattr__(self, name):
-        code = self.__dict__.get("code")
-        if code is not None and hasattr(code, name):
-            return getattr(code, name)
-        raise AttributeError(name)
+        self.code = RealCode(self.api)           # modules, libraries, links, launches
+        self.launch_at = self.code.launch_at     # the executor's hot paths, the code's (base.Driver says what)
+        self.launch_records = self.code.launch_records
 
     def _out(self, name: str, ctype, *args):
-        v = ctype()
-        self.api(name, byref(v), *args)
-        return v.value
+        return self.api.out(name, ctype, *args)
 
     # ---- devices and contexts --------------------------------------------------------
     def init(self, nattr: int) -> dict:
@@ -227,6 +195,102 @@ class RealDriver(Driver):
             self.api(name + "_v2", dst, value, count)
         else:
             self.api(name + "Async", dst, value, count, stream)
+
+    # ---- streams, events, capture, graphs --------------------------------------------
+    def stream_create(self, flags: int, priority: int) -> int:
+        return self._out("cuStreamCreateWithPriority", c_void_p, flags, priority)
+
+    def stream_destroy(self, stream: int) -> None:
+        self.api("cuStreamDestroy_v2", stream)
+
+    def stream_synchronize(self, stream: int) -> None:
+        self.api("cuStreamSynchronize", stream)
+
+    def stream_query(self, stream: int) -> None:
+        self.api("cuStreamQuery", stream)
+
+    def stream_get_flags(self, stream: int) -> int:
+        v = c_uint()
+        self.api("cuStreamGetFlags", stream, byref(v))
+        return v.value
+
+    def stream_get_priority(self, stream: int) -> int:
+        v = c_int()
+        self.api("cuStreamGetPriority", stream, byref(v))
+        return v.value
+
+    def stream_wait_event(self, stream: int, event: int, flags: int) -> None:
+        self.api("cuStreamWaitEvent", stream, event, flags)
+
+    def event_create(self, flags: int) -> int:
+        return self._out("cuEventCreate", c_void_p, flags)
+
+    def event_destroy(self, event: int) -> None:
+        self.api("cuEventDestroy_v2", event)
+
+    def event_record(self, event: int, stream: int, flags: int = 0) -> None:
+        if flags:
+            self.api("cuEventRecordWithFlags", event, stream, flags)
+        else:
+            self.api("cuEventRecord", event, stream)
+
+    def event_synchronize(self, event: int) -> None:
+        self.api("cuEventSynchronize", event)
+
+    def event_query(self, event: int) -> None:
+        self.api("cuEventQuery", event)
+
+    def event_elapsed_time(self, start: int, end: int) -> float:
+        v = c_float()
+        name = "cuEventElapsedTime_v2" if self.api.has("cuEventElapsedTime_v2") else "cuEventElapsedTime"
+        self.api(name, byref(v), start, end)
+        return v.value
+
+    def stream_begin_capture(self, stream: int, mode: int) -> None:
+        self.api("cuStreamBeginCapture_v2", stream, mode)
+
+    def stream_end_capture(self, stream: int) -> int:
+        g = c_void_p()
+        self.api("cuStreamEndCapture", stream, byref(g))
+        return g.value
+
+    def stream_is_capturing(self, stream: int) -> int:
+        v = c_int()
+        self.api("cuStreamIsCapturing", stream, byref(v))
+        return v.value
+
+    def stream_get_capture_info(self, stream: int) -> list:
+        """[status, capture id, graph, [nodes the next captured work depends on]] (edge data stays here)."""
+        status, cid, graph, deps, edges, n = c_int(), c_ulonglong(), c_void_p(), c_void_p(), c_void_p(), c_size_t()
+        # edges asked for too: without them the driver refuses a lossy query when an edge carries data
+        self.api("cuStreamGetCaptureInfo_v3", stream, byref(status), byref(cid), byref(graph), byref(deps),
+                 byref(edges), byref(n))
+        nodes = ctypes.cast(deps, ctypes.POINTER(c_void_p)) if deps.value else None
+        return [status.value, cid.value, graph.value or 0, [nodes[i] or 0 for i in range(n.value)] if nodes else []]
+
+    def graph_get_nodes(self, graph: int) -> list:
+        n = c_size_t()
+        self.api("cuGraphGetNodes", graph, None, byref(n))
+        if not n.value:
+            return []                        # an empty graph: no array to fill
+        nodes = (c_void_p * n.value)()
+        self.api("cuGraphGetNodes", graph, nodes, byref(n))
+        return [nodes[i] or 0 for i in range(n.value)]
+
+    def graph_instantiate(self, graph: int, flags: int) -> int:
+        return self._out("cuGraphInstantiateWithFlags", c_void_p, graph, flags)
+
+    def graph_launch(self, exec_: int, stream: int) -> None:
+        self.api("cuGraphLaunch", exec_, stream)
+
+    def graph_upload(self, exec_: int, stream: int) -> None:
+        self.api("cuGraphUpload", exec_, stream)
+
+    def graph_exec_destroy(self, exec_: int) -> None:
+        self.api("cuGraphExecDestroy", exec_)
+
+    def graph_destroy(self, graph: int) -> None:
+        self.api("cuGraphDestroy", graph)
 
     def close(self) -> None:
         for ctx in list(self.created):

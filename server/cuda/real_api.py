@@ -9,10 +9,14 @@ import ctypes
 import glob
 import os
 import subprocess
+from ctypes import c_int, c_void_p
+
+import numpy as np
 
 from rgpu.errors import ConfigError
 
-from .base import CudaDriverError
+from .base import (CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES, CU_JIT_INFO_LOG_BUFFER,
+                   CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES, CudaDriverError)
 
 _T = {"p": ctypes.c_void_p, "i": ctypes.c_int, "u": ctypes.c_uint, "z": ctypes.c_size_t,
       "q": ctypes.c_ulonglong, "d": ctypes.c_ulonglong, "f": ctypes.c_float}
@@ -120,3 +124,36 @@ class Api:
         rc = getattr(self.lib, name)(*args)
         if rc:
             raise CudaDriverError(rc, f"{name}: {self.error_name(rc)}" + (f": {detail}" if detail else ""))
+
+    def out(self, name: str, ctype, *args):
+        """Call ``name`` with a ``ctype`` output first, then ``args``: the output's value."""
+        v = ctype()
+        self(name, ctypes.byref(v), *args)
+        return v.value
+
+
+LOG_BYTES = 16 << 10
+
+
+def address(buf) -> int:
+    """The address of a buffer's bytes, read-only buffers included, without a copy."""
+    return np.frombuffer(buf, dtype=np.uint8).ctypes.data if len(buf) else 0
+
+
+class JitOptions:
+    """cuJIT options as the driver takes them, with log buffers the driver writes into."""
+
+    def __init__(self, options: dict | None):
+        self.info = ctypes.create_string_buffer(LOG_BYTES)
+        self.error = ctypes.create_string_buffer(LOG_BYTES)
+        opts = {int(k): int(v) for k, v in (options or {}).items()
+                if int(k) not in (CU_JIT_INFO_LOG_BUFFER, CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+                                  CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES)}
+        opts.update({CU_JIT_INFO_LOG_BUFFER: ctypes.addressof(self.info), CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES: LOG_BYTES,
+                     CU_JIT_ERROR_LOG_BUFFER: ctypes.addressof(self.error), CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES: LOG_BYTES})
+        self.n = len(opts)
+        self.keys = (c_int * self.n)(*opts.keys())
+        self.values = (c_void_p * self.n)(*opts.values())
+
+    def logs(self) -> list[str]:
+        return [self.info.value.decode(errors="replace"), self.error.value.decode(errors="replace")]

@@ -1,4 +1,4 @@
-"""The real driver's code and ordering half: modules, libraries, links, launches, streams, events, graphs.
+"""The real driver's code: modules, libraries, links and launches (``base.Code``; its ``RealDriver`` hands them here).
 
 Launches pass the client's packed argument buffer through ``extra``
 (CU_LAUNCH_PARAM_BUFFER_POINTER/SIZE): it is laid out by the same
@@ -7,10 +7,11 @@ cuFuncGetParamInfo offsets, so no per-argument pointer array is built here.
 from __future__ import annotations
 
 import ctypes
-from ctypes import byref, c_float, c_int, c_size_t, c_uint, c_ulonglong, c_void_p
+from ctypes import byref, c_int, c_size_t, c_uint, c_ulonglong, c_void_p
 
-from .base import CUDA_ERROR_INVALID_IMAGE, CUDA_ERROR_INVALID_VALUE, CudaDriverError
+from .base import CUDA_ERROR_INVALID_IMAGE, CUDA_ERROR_INVALID_VALUE, Code, CudaDriverError
 from .images import image_problem
+from .real_api import JitOptions, address
 
 CU_LAUNCH_PARAM_END, CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE = 0, 1, 2
 
@@ -27,10 +28,11 @@ class LaunchConfig(ctypes.Structure):
                 ("attrs", c_void_p), ("numAttrs", c_uint)]
 
 
-class RealCode:
-    def __init__(self, driver):
-        self.d = driver
-        self.api = driver.api
+class RealCode(Code):
+    """The real driver's ``Code``: modules, functions, libraries, links and launches, on ``api``."""
+
+    def __init__(self, api):
+        self.api = api
         self.kernels: set[int] = set()             # CUkernel handles (library API), told apart from CUfunctions
         self.links: dict[int, list] = {}            # link state -> what must outlive it (options, inputs)
         self._size = c_size_t()
@@ -47,11 +49,10 @@ class RealCode:
 
     def _function(self, handle: int) -> int:
         """A CUfunction for a CUfunction or CUkernel handle (in the current context)."""
-        return self.d._out("cuKernelGetFunction", c_void_p, handle) if handle in self.kernels else handle
+        return self.api.out("cuKernelGetFunction", c_void_p, handle) if handle in self.kernels else handle
 
     # ---- modules and libraries -------------------------------------------------------
     def module_load(self, options: dict | None, image) -> list:
-        from .real import JitOptions, address
         _check_image(image)
         jit = JitOptions(options)
         mod = c_void_p()
@@ -65,7 +66,7 @@ class RealCode:
         self.api("cuModuleUnload", mod)
 
     def module_get_function(self, mod: int, name: str) -> int:
-        return self.d._out("cuModuleGetFunction", c_void_p, mod, name.encode(), )
+        return self.api.out("cuModuleGetFunction", c_void_p, mod, name.encode(), )
 
     def module_get_global(self, mod: int, name: str) -> list:
         ptr, size = c_ulonglong(), c_size_t()
@@ -89,7 +90,7 @@ class RealCode:
         return p.value.decode()
 
     def func_get_attribute(self, attr: int, handle: int) -> int:
-        return self.d._out("cuFuncGetAttribute", c_int, attr, self._function(handle))
+        return self.api.out("cuFuncGetAttribute", c_int, attr, self._function(handle))
 
     def func_set_attribute(self, handle: int, attr: int, value: int) -> None:
         self.api("cuFuncSetAttribute", self._function(handle), attr, value)
@@ -97,7 +98,7 @@ class RealCode:
     def kernel_get_attribute(self, attr: int, handle: int, dev: int) -> int:
         if handle not in self.kernels:
             return self.func_get_attribute(attr, handle)
-        return self.d._out("cuKernelGetAttribute", c_int, attr, handle, dev)
+        return self.api.out("cuKernelGetAttribute", c_int, attr, handle, dev)
 
     def kernel_set_attribute(self, attr: int, value: int, handle: int, dev: int) -> None:
         if handle not in self.kernels:
@@ -108,7 +109,6 @@ class RealCode:
         self.api("cuFuncSetCacheConfig", self._function(handle), config)
 
     def library_load(self, options: dict | None, image) -> int:
-        from .real import address
         _check_image(image)
         lib = c_void_p()
         self.api("cuLibraryLoadData", byref(lib), address(image), None, None, 0, None, None, 0)
@@ -118,15 +118,15 @@ class RealCode:
         self.api("cuLibraryUnload", lib)
 
     def library_get_module(self, lib: int) -> int:
-        return self.d._out("cuLibraryGetModule", c_void_p, lib)
+        return self.api.out("cuLibraryGetModule", c_void_p, lib)
 
     def library_get_kernel(self, lib: int, name: str) -> int:
-        k = self.d._out("cuLibraryGetKernel", c_void_p, lib, name.encode())
+        k = self.api.out("cuLibraryGetKernel", c_void_p, lib, name.encode())
         self.kernels.add(k)
         return k
 
     def kernel_get_function(self, kernel: int) -> int:
-        return self.d._out("cuKernelGetFunction", c_void_p, kernel)
+        return self.api.out("cuKernelGetFunction", c_void_p, kernel)
 
     def library_get_global(self, lib: int, name: str) -> list:
         ptr, size = c_ulonglong(), c_size_t()
@@ -135,7 +135,6 @@ class RealCode:
 
     # ---- links (numba-cuda's path) ---------------------------------------------------
     def link_create(self, options: dict | None = None) -> int:
-        from .real import JitOptions
         jit = JitOptions(options)
         state = c_void_p()
         self.api("cuLinkCreate_v2", jit.n, jit.keys, jit.values, byref(state))
@@ -143,7 +142,6 @@ class RealCode:
         return state.value
 
     def link_add_data(self, link: int, kind: int, name: str, options: dict | None, data) -> None:
-        from .real import address
         keep = bytes(data)                          # the driver may read it until cuLinkComplete
         self.links.setdefault(link, []).append(keep)
         self.api("cuLinkAddData_v2", link, kind, address(keep), len(keep), name.encode(), 0, None, None,
@@ -180,7 +178,6 @@ class RealCode:
         ``cublas``: the session's cuBLAS table (``libs/cublas_records.c``), whose GEMM records run there too."""
         if self._batch is None:
             return None
-        from .real import address
         p, c = c_size_t(pos), c_ulonglong((1 << 64) - 1 if ctx is None else ctx)
         rc = self._walk(*self._batch_fns, address(records), len(records), byref(p), byref(c), cublas)
         return p.value, c.value, rc
@@ -193,7 +190,6 @@ class RealCode:
             raise CudaDriverError(rc, f"cuLaunchKernel: {self.api.error_name(rc)}")
 
     def launch(self, func: int, grid, block, shared: int, stream: int, attrs, args) -> None:
-        from .real import address
         keep = bytes(args)
         if not attrs:
             return self.launch_at(func, *grid, *block, shared, stream, address(keep) if keep else 0, len(keep))
@@ -207,7 +203,7 @@ class RealCode:
         self.api("cuLaunchKernelEx", byref(cfg), func, None, self._extra if keep else None)
 
     def occupancy_max_active_blocks(self, func: int, block: int, shared: int, flags: int = 0) -> int:
-        return self.d._out("cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", c_int, self._function(func),
+        return self.api.out("cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", c_int, self._function(func),
                            block, shared, flags)
 
     def occupancy_max_potential_block_size(self, func: int, shared: int, limit: int, flags: int = 0) -> list:
@@ -215,97 +211,3 @@ class RealCode:
         self.api("cuOccupancyMaxPotentialBlockSizeWithFlags", byref(grid), byref(block), self._function(func),
                  None, shared, limit, flags)
         return [grid.value, block.value]
-
-    # ---- streams, events, capture, graphs --------------------------------------------
-    def stream_create(self, flags: int, priority: int) -> int:
-        return self.d._out("cuStreamCreateWithPriority", c_void_p, flags, priority)
-
-    def stream_destroy(self, stream: int) -> None:
-        self.api("cuStreamDestroy_v2", stream)
-
-    def stream_synchronize(self, stream: int) -> None:
-        self.api("cuStreamSynchronize", stream)
-
-    def stream_query(self, stream: int) -> None:
-        self.api("cuStreamQuery", stream)
-
-    def stream_get_flags(self, stream: int) -> int:
-        v = c_uint()
-        self.api("cuStreamGetFlags", stream, byref(v))
-        return v.value
-
-    def stream_get_priority(self, stream: int) -> int:
-        v = c_int()
-        self.api("cuStreamGetPriority", stream, byref(v))
-        return v.value
-
-    def stream_wait_event(self, stream: int, event: int, flags: int) -> None:
-        self.api("cuStreamWaitEvent", stream, event, flags)
-
-    def event_create(self, flags: int) -> int:
-        return self.d._out("cuEventCreate", c_void_p, flags)
-
-    def event_destroy(self, event: int) -> None:
-        self.api("cuEventDestroy_v2", event)
-
-    def event_record(self, event: int, stream: int, flags: int = 0) -> None:
-        if flags:
-            self.api("cuEventRecordWithFlags", event, stream, flags)
-        else:
-            self.api("cuEventRecord", event, stream)
-
-    def event_synchronize(self, event: int) -> None:
-        self.api("cuEventSynchronize", event)
-
-    def event_query(self, event: int) -> None:
-        self.api("cuEventQuery", event)
-
-    def event_elapsed_time(self, start: int, end: int) -> float:
-        v = c_float()
-        name = "cuEventElapsedTime_v2" if self.api.has("cuEventElapsedTime_v2") else "cuEventElapsedTime"
-        self.api(name, byref(v), start, end)
-        return v.value
-
-    def stream_begin_capture(self, stream: int, mode: int) -> None:
-        self.api("cuStreamBeginCapture_v2", stream, mode)
-
-    def stream_end_capture(self, stream: int) -> int:
-        g = c_void_p()
-        self.api("cuStreamEndCapture", stream, byref(g))
-        return g.value
-
-    def stream_is_capturing(self, stream: int) -> int:
-        v = c_int()
-        self.api("cuStreamIsCapturing", stream, byref(v))
-        return v.value
-
-    def stream_get_capture_info(self, stream: int) -> list:
-        """[status, capture id, graph, [nodes the next captured work depends on]] (edge data stays here)."""
-        status, cid, graph, deps, edges, n = c_int(), c_ulonglong(), c_void_p(), c_void_p(), c_void_p(), c_size_t()
-        # edges asked for too: without them the driver refuses a lossy query when an edge carries data
-        self.api("cuStreamGetCaptureInfo_v3", stream, byref(status), byref(cid), byref(graph), byref(deps),
-                 byref(edges), byref(n))
-        nodes = ctypes.cast(deps, ctypes.POINTER(c_void_p)) if deps.value else None
-        return [status.value, cid.value, graph.value or 0, [nodes[i] or 0 for i in range(n.value)] if nodes else []]
-
-    def graph_get_nodes(self, graph: int) -> list:
-        n = c_size_t()
-        self.api("cuGraphGetNodes", graph, None, byref(n))
-        nodes = (c_void_p * max(1, n.value))()
-        self.api("cuGraphGetNodes", graph, nodes, byref(n))
-        return [nodes[i] or 0 for i in range(n.value)]
-
-    def graph_instantiate(self, graph: int, flags: int) -> int:
-        return self.d._out("cuGraphInstantiateWithFlags", c_void_p, graph, flags)
-
-    def graph_launch(self, exec_: int, stream: int) -> None:
-        self.api("cuGraphLaunch", exec_, stream)
-
-    def graph_upload(self, exec_: int, stream: int) -> None:
-        self.api("cuGraphUpload", exec_, stream)
-
-    def graph_exec_destroy(self, exec_: int) -> None:
-        self.api("cuGraphExecDestroy", exec_)
-
-    def graph_destroy(self, graph: int) -> None:
-        self.api("cuGraphDestroy", graph)
