@@ -34,6 +34,17 @@ from .stopping import REASON as STOPPING, Stopping, StopSignal
 log = logging.getLogger("rgpu.server.worker")
 
 
+# CUDA errors that leave the process's context unusable (sticky: every later call fails the same way): the
+# session ends with a BYE naming it, once its client has the failed op's ERROR; other sessions' workers (their
+# own processes and contexts) go on
+FATAL_DEVICE = ("device-side assert triggered", "an illegal memory access was encountered", "unspecified launch failure",
+                "misaligned address", "an illegal instruction was encountered")
+
+
+class FatalDeviceError(Exception):
+    """An op's CUDA error after which this session cannot go on (one of ``FATAL_DEVICE``)."""
+
+
 def error_meta(exc: BaseException, seq: int) -> dict:
     op = getattr(exc, "op", None)
     return {"seq": seq, "op": op, "type": type(exc).__name__, "message": str(exc) or type(exc).__name__}
@@ -73,6 +84,10 @@ def serve_session(transport, session: Session, transports: list, resume: dict | 
         _say_bye(transport, f"protocol error: {exc}", error=type(exc).__name__)
     except ConnectionLost:
         pass
+    except FatalDeviceError as exc:
+        log.warning("session %s: %s; ending it", session.id, exc)
+        _say_bye(transport, f"a fatal CUDA error ended this session (the GPU's context of its worker is unusable; "
+                 f"other sessions go on): {exc}", error="FatalDeviceError")
     except Exception as exc:  # a bug here ends this session with a reason, never silently
         log.exception("session %s failed", session.id)
         _say_bye(transport, f"internal error in the server: {type(exc).__name__}: {exc}")
@@ -188,6 +203,9 @@ def _send_failure(transport, session: Session, seq: int, exc: BaseException, app
     if session.settings.debug and not isinstance(exc, RgpuError):
         log.debug("op failed:\n%s", "".join(traceback.format_exception(exc)))
     transport.send(transport.frame_parts(_ERROR, seq, applied, error_meta(exc, seq), []))
+    text = str(exc)
+    if any(m in text for m in FATAL_DEVICE):
+        raise FatalDeviceError(f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}")
 
 
 def _say_bye(transport, reason: str, error: str | None = None) -> None:

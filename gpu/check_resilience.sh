@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Resilience on the GPU host, in under 5 minutes: `rgpu bench resilience` (the authenticated handshake under a
+# flood of 256 strangers beside none, a resume after a drop beside a plain reconnect, the replay log's cost on
+# 256 posts of 4 KiB and on a 1,000-op stream beside a session that cannot resume) and the GPU-marked test of
+# one session's device-side assert while another trains (tests/test_resilience_gpu.py).
+#
+#   OUT=/some/folder bash gpu/check_resilience.sh      (the device tool sets $OUT)
+#
+# Writes $OUT/summary.txt (the bench's rows, one line each, and the test's tail) and $OUT/resilience.tar.gz
+# (bench_resilience.json: the rows; gpu_test.json: pytest's output; a .err and .rc per step: gpu/steps.sh).
+BUDGET=${BUDGET:-290}
+. "$(dirname "$0")/steps.sh"
+stamp install
+python3 -m pip install --no-deps --no-build-isolation -q "$REPO" >"$OUT/install.log" 2>&1
+step gpu_test 120 python3 -m pytest -q -p no:cacheprovider -rs "$REPO/tests/test_resilience_gpu.py"
+step bench_resilience 160 python3 -m rgpu bench resilience --json --repeats 5
+summarize bench_resilience
+{ echo "== gpu_test (rc $(cat "$OUT/gpu_test.rc"))"; tail -15 "$OUT/gpu_test.json"; } >>"$OUT/summary.txt" 2>&1
+cat "$OUT/summary.txt"
+pack resilience.tar.gz
