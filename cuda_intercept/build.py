@@ -22,7 +22,8 @@ from . import cgen, header, model
 from .annotations import C_ONLY
 
 HERE = Path(__file__).resolve().parent
-C_SOURCES = ("shim.c", "shim_ctx.c", "shim_launch.c", "shim_ptr.c", "shim_capture.c", "shim_queue.c", "shim_libs.c")
+C_SOURCES = ("shim.c", "export_tables.c", "shim_ctx.c", "shim_launch.c", "shim_ptr.c", "shim_capture.c", "shim_queue.c",
+             "shim_libs.c")
 MODULE = "_rgpu_libcuda"
 
 # What Python may call in the C half (shim*.c); the rest of the cdef is the header's types.
@@ -99,7 +100,8 @@ def build_key(api: model.Api) -> str:
     import cffi
 
     return native.key(api.header.text, sys.version, cffi.__version__, native.compiler_identity(native.compiler()),
-                      *(HERE / f for f in C_SOURCES + ("cgen.py", "build.py", "annotations.py", "model.py")), protocol.HEADER)
+                      *(HERE / f for f in C_SOURCES + ("export_tables.h", "cgen.py", "build.py", "annotations.py", "model.py")),
+                      protocol.HEADER)
 
 
 def build(out_dir: str | os.PathLike | None = None, *, cuda_home: str | None = None, force: bool = False) -> Path:
@@ -137,7 +139,7 @@ def _compile(api: model.Api, staging: Path) -> None:
         cgen.wrappers(api),
     ])
     ffi.set_source(MODULE, source, libraries=["pthread", "dl"], library_dirs=[libdir, _dev_link(str(staging), libpython)],
-                   include_dirs=[str(protocol.HEADER_DIR)],
+                   include_dirs=[str(protocol.HEADER_DIR), str(HERE)],
                    extra_compile_args=["-O2", "-Wno-unused-function", "-Wno-unused-variable"],
                    extra_link_args=[f"-Wl,-rpath,{libdir}", "-Wl,-soname,libcuda.so.1"])
     with native.capturing("building libcuda.so.1"):

@@ -180,9 +180,10 @@ static CUresult rgpu_fast_cuDeviceGetAttribute(int *pi, CUdevice_attribute attr,
     return CUDA_SUCCESS;
 }
 
-/* ---- cuGetExportTable: refused, naming the library that asked ------------------------------- */
-/* The driver's private tables are integrity-checked and cannot cross a network; the libraries that ask
- * for them carry their own runtime, so the useful message names the library and what it does. */
+/* ---- cuGetExportTable: the private tables a static runtime needs, else refused naming the asker ---------- */
+/* export_tables.c serves the tables a static CUDA runtime asks for (nvcc's default `-cudart static`, CuPy's
+ * wheels).  The libraries below are refused even those: the stock runtime and math libraries mean the
+ * redirection failed, and the ones rgpu leaves stock stay inert, failing with a line that names them. */
 static const struct { const char *lib, *what; } rgpu_askers[] = {
     {"libcusparse", "sparse ops are not supported over rgpu"},
     {"libcufft", "FFTs (cuFFT) are not supported over rgpu"},
@@ -190,11 +191,12 @@ static const struct { const char *lib, *what; } rgpu_askers[] = {
     {"libcusolver", "linear-algebra solvers (cuSOLVER) are not supported over rgpu"},
     {"libnccl", "collectives (NCCL) are not supported over rgpu"},
     {"libcupti", "profiling (CUPTI) is not supported over rgpu"},
-    {"libnvrtc", "the stock NVRTC's runtime needs the driver's tables: not supported over rgpu"},
     {"libcudart", "the stock CUDA runtime was loaded, not rgpu's libcudart.so.13: run through `rgpu intercept run`"},
     {"libcublas", "the stock cuBLAS was loaded, not rgpu's: run through `rgpu intercept run`"},
     {"libcudnn", "the stock cuDNN was loaded, not rgpu's: run through `rgpu intercept run`"},
 };
+
+static void **rgpu_export_slots(const CUuuid *id);      /* export_tables.c */
 
 /* Always inlined into the exported wrapper, so the return address is the caller's, in its library. */
 static inline __attribute__((always_inline)) CUresult rgpu_fast_cuGetExportTable(const void **table, const CUuuid *id) {
@@ -203,20 +205,27 @@ static inline __attribute__((always_inline)) CUresult rgpu_fast_cuGetExportTable
     Dl_info info;
     const char *path = dladdr(__builtin_return_address(0), &info) && info.dli_fname ? info.dli_fname : "";
     const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
-    /* Anything else carries its own CUDA runtime, linked statically (nvcc's default, CuPy's wheels). */
-    const char *what = "it carries the CUDA runtime linked statically (nvcc's default `-cudart static`; CuPy's wheels), "
-                       "which needs the driver's private tables, and those cannot cross a network: rgpu runs programs "
-                       "built with the shared runtime (`nvcc -cudart shared`)";
-    (void)id;
-    if (table) *table = NULL;
+    const char *what = NULL;
+    void **slots = rgpu_export_slots(id);
+    char uuid[40] = "";
+    if (!table) return CUDA_ERROR_INVALID_VALUE;
+    *table = NULL;
     if (!*base) base = "a library";
     for (size_t i = 0; i < sizeof rgpu_askers / sizeof *rgpu_askers; i++)
         if (!strncmp(base, rgpu_askers[i].lib, strlen(rgpu_askers[i].lib))) { what = rgpu_askers[i].what; break; }
+    if (slots && !what) {
+        *table = slots;
+        return CUDA_SUCCESS;
+    }
+    if (id)
+        for (int i = 0; i < 16; i++) snprintf(uuid + 2 * i, 3, "%02x", (unsigned char)id->bytes[i]);
+    if (!what)
+        what = "rgpu does not know that table (a runtime newer than rgpu's tables?): file an issue with this line";
     pthread_mutex_lock(&rgpu_lock);
     int seen = 0;
     for (int i = 0; i < nsaid && !seen; i++) seen = !strncmp(said[i], base, sizeof said[i] - 1);
     if (!seen && nsaid < 64) snprintf(said[nsaid++], sizeof said[0], "%s", base);
     pthread_mutex_unlock(&rgpu_lock);
-    if (!seen) fprintf(stderr, "rgpu: %s asked for the driver's private tables: %s\n", base, what);
+    if (!seen) fprintf(stderr, "rgpu: %s asked for the driver's private tables: %s (table %s)\n", base, what, uuid);
     return CUDA_ERROR_NOT_SUPPORTED;
 }

@@ -170,6 +170,9 @@ class FakeCode(Code):
 
     def module_load(self, options: dict | None, image: bytes) -> list:
         self.driver._need_ctx()
+        return self._load(image)
+
+    def _load(self, image: bytes) -> list:
         ptx = ptx_text(image)
         entries = parse_entries(ptx)
         globals_ = {name: (self.driver.mem.alloc(size), size) for name, size in parse_globals(ptx).items()}
@@ -231,7 +234,8 @@ class FakeCode(Code):
         self._entry(func)
 
     def library_load(self, options: dict | None, image: bytes) -> int:
-        mod = self.module_load(options, image)[0]
+        # no current context needed, as the driver's: a static CUDA runtime loads its fatbins before it has one
+        mod = self._load(image)[0]
         h = self.driver._new()
         self.libraries[h] = mod
         return h
