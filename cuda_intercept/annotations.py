@@ -12,7 +12,7 @@ C_ONLY = frozenset({
     "cuGetErrorName", "cuGetErrorString", "cuGetProcAddress", "cuGetProcAddress_v2",
     "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2", "cuCtxSetCurrent", "cuCtxGetCurrent", "cuCtxGetDevice",
     "cuThreadExchangeStreamCaptureMode",
-    "cuGetExportTable",                   # refused in C, naming the library that asked (dladdr of the caller)
+    "cuGetExportTable",                   # the static runtime's tables, in C (export_tables.c); others refused
 })
 
 # Answered in C when C can (after cuInit; a launch whose function layout is
@@ -61,7 +61,8 @@ REFUSED = {
     "cuLaunchHostFunc": "host functions would run on the server, not in this process",
     "cuIpcGetMemHandle": "IPC handles name memory on the server's host",
     "cuIpcOpenMemHandle": "IPC handles name memory on the server's host",
-    "cuGetExportTable": "the driver's private export tables cannot cross a network (the runtime layer replaces them)",
+    "cuGetExportTable": "the tables a static CUDA runtime asks for are served in C (see the export tables below); "
+                        "others are refused, naming the library that asked",
     "cuGraphicsMapResources": "graphics interop needs a local display",
 }
 

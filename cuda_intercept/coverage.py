@@ -111,6 +111,34 @@ def libraries_markdown() -> list[str]:
     return out
 
 
+def export_tables_markdown() -> list[str]:
+    """The driver's private tables libcuda.so.1 serves (cuda_intercept/export_tables.c), for static runtimes."""
+    return ["", "# The driver's private export tables (`cuGetExportTable`)", "",
+            "A program carrying the CUDA runtime linked statically (nvcc's default `-cudart static`; CuPy's wheels) "
+            "asks the driver for private tables of functions by UUID. rgpu's `libcuda.so.1` serves them in C "
+            "(`cuda_intercept/export_tables.c`; the layout is what the ZLUDA project reverse-engineered), each slot "
+            "mapped onto rgpu's own driver calls. A slot not written below fails with `CUDA_ERROR_NOT_SUPPORTED` and "
+            "a line naming its table and slot; a table not listed is refused with a line naming the library that "
+            "asked and the UUID. The libraries rgpu leaves stock (cuFFT, cuSPARSE, cuRAND, cuSOLVER, NCCL, CUPTI) "
+            "and stock copies of the five it replaces are refused every table, naming themselves. CUDA 13's static "
+            "runtime loads its fatbins with the public `cuLibraryLoadData` when it starts (content-addressed: the "
+            "server keeps each image once), not through these tables.", "",
+            "| table | UUID | slots served |", "|---|---|---|",
+            "| CUDART_INTERFACE | `6bd5fb6c-5bf4-e74a-8987-d93912fd9df9` | 1, 6, 8: a module from a fatbin "
+            "(`cuModuleLoadData`); 2: the device's primary context (retained once); 7: a notification, ignored; "
+            "12: load the JIT compilers (the server's driver has them) |",
+            "| TOOLS_RUNTIME_CALLBACK_HOOKS | `a094798c-2e74-2e74-93f2-0800200c0a66` | 2, 6: buffers the runtime "
+            "writes tool hooks into (no tool reads them) |",
+            "| CONTEXT_LOCAL_STORAGE | `c693336e-1121-df11-a8c3-68f355d89593` | 0 put, 1 delete, 2 get: per "
+            "(context, key), in C (the destructors are never run: rgpu's contexts end with the session) |",
+            "| INTEGRITY_CHECK | `d4082055-bde6-704b-8d34-ba123c66e1f2` | 1: the hash of the runtime's version, a "
+            "time, process, thread, the tables' addresses, `cuDriverGetVersion` and each device's UUID and PCI "
+            "location (held to ZLUDA's test vectors) |",
+            "| CONTEXT_CHECKS | `263e8860-7cd2-6143-92f6-bbd5006dfa7e` | 2, 3: no flags set |",
+            "| TOOLS_TLS, CTX_CREATE_BYPASS, HEAP_ACCESS, DEVICE_EXTENDED_RT | (in export_tables.c) | none: every "
+            "slot fails by name |"]
+
+
 def markdown() -> str:
     api = model.parse(header.load())
     rows = [(name, *status(name)) for name in sorted(api.functions, key=str.lower)]
@@ -125,4 +153,5 @@ def markdown() -> str:
     out += [f"| `{name}` | {kind} | {note} |" for name, kind, note in rows]
     out += runtime_markdown()
     out += libraries_markdown()
+    out += export_tables_markdown()
     return "\n".join(out) + "\n"

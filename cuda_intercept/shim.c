@@ -220,7 +220,8 @@ static inline __attribute__((always_inline)) CUresult rgpu_fast_cuGetExportTable
     if (id)
         for (int i = 0; i < 16; i++) snprintf(uuid + 2 * i, 3, "%02x", (unsigned char)id->bytes[i]);
     if (!what)
-        what = "rgpu does not know that table (a runtime newer than rgpu's tables?): file an issue with this line";
+        what = "rgpu does not serve that table (CUDA 13's static runtime carries on without the one it asks for "
+               "here); if the program fails after this line, file an issue with it";
     pthread_mutex_lock(&rgpu_lock);
     int seen = 0;
     for (int i = 0; i < nsaid && !seen; i++) seen = !strncmp(said[i], base, sizeof said[i] - 1);

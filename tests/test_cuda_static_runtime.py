@@ -167,7 +167,7 @@ def test_a_slot_rgpu_does_not_implement_fails_naming_the_table_and_slot(tmp_path
     assert done.stdout.split() == [str(32 * ctypes.sizeof(ctypes.c_void_p)), "801", "801", "801"], done.stderr
     said = "rgpu: the driver's private table CUDART_INTERFACE, slot 3, was called: rgpu does not implement it"
     assert done.stderr.count(said) == 1, done.stderr
-    assert "libstaticapp.so asked for the driver's private tables: rgpu does not know that table" in done.stderr
+    assert "libstaticapp.so asked for the driver's private tables: rgpu does not serve that table" in done.stderr
     assert "(table 01020300000000000000000000000000)" in done.stderr
 
 
