@@ -36,6 +36,7 @@ class ShmOffer:
         self.ticket = os.urandom(32)
         self.efds: list[int] = []
         self.conn: socket.socket | None = None
+        self.listener: socket.socket | None = None   # the one-use Unix socket, until the client connects
         self.control = Segment.create(0, CONTROL_BYTES, "rgpu-shm-control")
         try:
             CTL_HEAD.pack_into(self.control.mm, 0, CTL_MAGIC, CTL_VERSION, RING_BYTES, SLOTS)
@@ -78,9 +79,8 @@ class ShmOffer:
         for fd in self.efds:
             os.close(fd)
         self.efds = []
-        listener = getattr(self, "listener", None)
-        if listener is not None:
-            listener.close()
+        if self.listener is not None:
+            self.listener.close()
         if self.conn is not None:
             self.conn.close()
             self.conn = None
