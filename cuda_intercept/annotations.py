@@ -30,6 +30,8 @@ C_ANSWERED = frozenset({
     "cuStreamWaitEvent", "cuStreamWaitEvent_ptsz", "cuMemFree_v2", "cuMemFreeAsync", "cuMemFreeAsync_ptsz",
     "cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync_v2_ptsz",                # up to 64 KiB (QUEUED_COPY_BYTES)
     "cuGraphLaunch", "cuGraphLaunch_ptsz",
+    # answered in C when the server has just shown the stream (context) idle and nothing was sent since
+    "cuStreamSynchronize", "cuStreamSynchronize_ptsz", "cuStreamQuery", "cuStreamQuery_ptsz", "cuCtxSynchronize",
 })
 
 # Calls whose effect shows only at a later synchronisation: posted in batches,

@@ -49,6 +49,8 @@ void rgpu_capture_forget(uint64_t stream);
 char *rgpu_queue_take(size_t *len, size_t *count);
 void rgpu_queue_free(char *q);
 void rgpu_queue_limit(size_t bytes);
+uint64_t rgpu_work_note(void);
+void rgpu_idle_note(uint64_t ctx, uint64_t stream, uint64_t gen);
 extern "Python" CUresult _py_rgpu_flush(void);
 extern "Python" CUresult _py_rgpu_lib_call(uint32_t call, uint64_t stream, uint64_t handle, const void *payload,
                                            size_t n, void *out, size_t cap, int64_t *status, size_t *got);

@@ -233,6 +233,7 @@ def cu_ctx_synchronize():
     if not c.ctx():
         return CUDA_ERROR_INVALID_CONTEXT
     c.call("ctx_synchronize", sync=True)
+    c.idle(None)
     return CUDA_SUCCESS
 
 
@@ -305,6 +306,7 @@ def cu_ctx_synchronize_v2(ctx):
     if not h:
         return CUDA_ERROR_INVALID_CONTEXT
     c.call("ctx_synchronize", sync=True, ctx=h)
+    c.idle(None, ctx=h)
     return CUDA_SUCCESS
 
 

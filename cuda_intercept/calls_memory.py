@@ -148,6 +148,8 @@ def dtoh(dst, src: int, n: int, stream: int | None) -> int:
             if bufs[0] is not into:           # landed in a pool buffer: copy it over
                 into[:] = bufs[0]
             reply.release()
+    if stream is not None and n:
+        c.idle(stream)                        # the server synchronised the stream before it replied
     return CUDA_SUCCESS
 
 

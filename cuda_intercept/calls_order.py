@@ -48,13 +48,17 @@ def cu_stream_destroy(stream):
 
 @implements("cuStreamSynchronize", "cuStreamSynchronize_ptsz", stream=0)
 def cu_stream_synchronize(stream):
-    client.get().call("stream_synchronize", h(stream), sync=True)
+    c = client.get()
+    c.call("stream_synchronize", h(stream), sync=True)
+    c.idle(h(stream))
     return CUDA_SUCCESS
 
 
 @implements("cuStreamQuery", "cuStreamQuery_ptsz", stream=0)
 def cu_stream_query(stream):
-    client.get().call("stream_query", h(stream), sync=True)
+    c = client.get()
+    c.call("stream_query", h(stream), sync=True)     # not ready: raised, so no proof
+    c.idle(h(stream))
     return CUDA_SUCCESS
 
 
@@ -194,7 +198,11 @@ def cu_graph_get_nodes(graph, nodes, pcount):
     c = client.get()
     if pcount == c.ffi.NULL:
         return CUDA_ERROR_INVALID_VALUE
-    found, _ = c.call("graph_get_nodes", h(graph))
+    try:
+        found, _ = c.call("graph_get_nodes", h(graph))
+    except CudaCallError as exc:             # name the graph: a handle the server does not know is the usual cause
+        raise CudaCallError(exc.code, f"cuGraphGetNodes(graph {h(graph):#x}, nodes "
+                                      f"{'NULL' if nodes == c.ffi.NULL else 'given'}, *count {int(pcount[0])}): {exc}")
     if nodes == c.ffi.NULL:
         pcount[0] = len(found)
         return CUDA_SUCCESS

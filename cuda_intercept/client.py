@@ -12,6 +12,8 @@ import os
 import threading
 from collections import Counter
 
+from rgpu.protocol.cuda import NO_STREAM
+
 from .registry import CUDA_SUCCESS, CudaCallError, say_once
 
 API_VERSION = 13000      # the driver API this interceptor implements (cuda.h's CUDA_VERSION)
@@ -42,6 +44,7 @@ class Client:
         self.server_version = API_VERSION
         self.keep: dict[str, dict] = {}      # cffi memory handed to the program, by kind and address
         self.waits: Counter = Counter()       # answered calls (round trips) by name: RGPU_CUDA_WAIT_REPORT
+        self.sent = threading.local()         # .gen: the generation this thread's last call went out at (C's proofs)
 
     # ---- connection ------------------------------------------------------------------
     def connection(self):
@@ -111,6 +114,7 @@ class Client:
         conn = self.connection()
         with self.lock:
             self.drain()
+            self.lib.rgpu_work_note()         # new work may follow: no stream is known idle (shim_queue.c)
             conn.post([op, self.ctx() if ctx is None else ctx, *args], buffers)
 
     def call(self, op: str, *args, buffers=(), into=None, sync: bool = False, ctx: int | None = None):
@@ -124,6 +128,7 @@ class Client:
             self.waits[op] += 1
         with self.lock:
             self.drain()
+            self.sent.gen = self.lib.rgpu_work_note()
             fut = conn.request([op, self.ctx() if ctx is None else ctx, *args], buffers, reply_into=into)
         reply = fut.result()
         code, value, deferred = reply.meta
@@ -146,6 +151,13 @@ class Client:
             say_once(f"{op} failed on the server (reported at the next synchronisation): {message}")
             if not self.pending:
                 self.pending = code
+
+    def idle(self, stream: int | None, ctx: int | None = None) -> None:
+        """The reply to this thread's last call showed ``stream`` (None: the whole context) idle: C may answer
+        the next synchronisation of it while nothing new is sent (shim_queue.c says the rule)."""
+        if not self.pending:
+            self.lib.rgpu_idle_note(self.ctx() if ctx is None else ctx,
+                                    NO_STREAM if stream is None else stream, self.sent.gen)
 
     def sync_point(self) -> None:
         """For synchronising calls answered locally: report a pending failure."""

@@ -89,10 +89,26 @@ cudaError_t rt_ctx(void) {
     return cudaSuccess;
 }
 
+/* A thread's first runtime call: CUDA's runtime makes the primary context of the thread's device current
+ * on it when that context exists (torch's autograd thread asks the driver for the current context, then
+ * runs cuBLAS, having called nothing else that binds it).  The runtime's own lazy binding is rt_ctx's. */
+static __thread int rt_thread_seen;
+static void rt_thread_first(void) {
+    CUcontext cur = NULL, p;
+    if (!rt_inited) return;              /* before cuInit: rt_ctx binds at the first call that needs it */
+    rt_thread_seen = 1;
+    if (rt_init_error || rt_dev >= rt_ndev) return;
+    pthread_mutex_lock(&rt_lock);
+    p = rt_prim[rt_dev];
+    pthread_mutex_unlock(&rt_lock);
+    if (p && cuCtxGetCurrent(&cur) == CUDA_SUCCESS && !cur && cuCtxSetCurrent(p) == CUDA_SUCCESS) rt_bound = p;
+}
+
 /* The device of the current context when the program made one current itself, else the thread's. */
 int rt_device(void) {
     CUcontext cur = NULL;
     CUdevice d;
+    if (!rt_thread_seen) rt_thread_first();
     if (rt_inited && cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur && cur != rt_bound && cuCtxGetDevice(&d) == CUDA_SUCCESS)
         return d;
     return rt_dev;
@@ -102,6 +118,7 @@ int rt_device_count(void) { return rt_init() ? 0 : rt_ndev; }
 
 /* ---- errors ------------------------------------------------------------------------------ */
 RT_API cudaError_t cudaGetLastError(void) {
+    if (!rt_thread_seen) rt_thread_first();
     cudaError_t e = rt_last;
     rt_last = rt_sticky_error;            /* a sticky error never clears */
     return e;

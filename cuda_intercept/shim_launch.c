@@ -17,6 +17,7 @@ static struct rgpu_layout *rgpu_funcs;  /* open addressing, key 0 = empty */
 static size_t rgpu_funcs_cap, rgpu_funcs_len;
 static char *rgpu_q;
 static size_t rgpu_q_len, rgpu_q_cap, rgpu_q_count, rgpu_q_limit = 256 << 10;
+static uint64_t rgpu_work_gen;     /* moved on by every record and every message sent (rgpu_lock): shim_queue.c */
 
 static struct rgpu_layout *rgpu_find(uint64_t func) {
     if (!rgpu_funcs_cap) return NULL;
@@ -84,6 +85,7 @@ static char *rgpu_q_reserve(size_t size) {
 
 /* The reserved record is written (rgpu_lock held): whether the queue is now full enough to post. */
 static int rgpu_q_commit(size_t size) {
+    rgpu_work_gen++;                 /* new work: no stream is known idle any more (shim_queue.c) */
     rgpu_q_len += size;
     rgpu_q_count++;
     return rgpu_q_len >= rgpu_q_limit;

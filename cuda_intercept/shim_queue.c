@@ -110,3 +110,55 @@ static CUresult rgpu_graph_launch(CUgraphExec g, uint64_t stream) {
 
 static CUresult rgpu_fast_cuGraphLaunch(CUgraphExec g, CUstream s) { return rgpu_graph_launch(g, RGPU_S(s)); }
 static CUresult rgpu_fast_cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) { return rgpu_graph_launch(g, RGPU_PT(s)); }
+
+/* ---- synchronisations answered here, with no round trip -------------------------------------------
+ * The rule: the server answers a stream-ordered copy to the host (memcpy_dtoh on a stream: the copy, then
+ * cuStreamSynchronize of that stream, before the reply), a stream synchronisation and a context one only once
+ * the work they wait for is done.  Python notes that proof here with the generation it was sent at; every
+ * record queued and every message Python sends moves the generation on.  While it has not moved, nothing can
+ * have been given to the GPU since (on any stream: the legacy default stream's implicit waits need no
+ * thought), so a second synchronisation of the same stream (or query: it is complete), or of the same context,
+ * is answered CUDA_SUCCESS here.  An earlier queued call's failure is never lost: it came with the proving
+ * reply, which raised it, and a proof is noted only when no failure is pending.  Anything else goes to Python.
+ */
+struct rgpu_idle { uint64_t ctx, stream, gen; };
+static struct rgpu_idle rgpu_idle_s, rgpu_idle_c; /* the stream, and the context, last shown idle (ctx 0: none) */
+
+/* Python sends a message: the generation it goes out at. */
+static uint64_t rgpu_work_note(void) {
+    pthread_mutex_lock(&rgpu_lock);
+    uint64_t g = ++rgpu_work_gen;
+    pthread_mutex_unlock(&rgpu_lock);
+    return g;
+}
+
+/* The server showed `stream` of `ctx` idle (RGPU_NO_STREAM: the whole context) in the reply to a message
+ * sent at generation `gen`. */
+static void rgpu_idle_note(uint64_t ctx, uint64_t stream, uint64_t gen) {
+    pthread_mutex_lock(&rgpu_lock);
+    if (gen == rgpu_work_gen && ctx) {
+        if (stream == RGPU_NO_STREAM) rgpu_idle_c = (struct rgpu_idle){ctx, stream, gen};
+        else rgpu_idle_s = (struct rgpu_idle){ctx, stream, gen};
+    }
+    pthread_mutex_unlock(&rgpu_lock);
+}
+
+/* CUDA_SUCCESS when `stream` (RGPU_NO_STREAM: the context) of the current context is known idle, else RGPU_PY. */
+static CUresult rgpu_idle(uint64_t stream) {
+    if (!rgpu_queueing()) return RGPU_PY;
+    uint64_t ctx = rgpu_ctx_current();
+    pthread_mutex_lock(&rgpu_lock);
+    int s = rgpu_idle_s.ctx == ctx && rgpu_idle_s.stream == stream && rgpu_idle_s.gen == rgpu_work_gen;
+    /* the whole context idle: its legacy and per-thread default streams too (other streams' contexts are
+     * not known here) */
+    int c = rgpu_idle_c.ctx == ctx && rgpu_idle_c.gen == rgpu_work_gen &&
+            (stream == RGPU_NO_STREAM || stream == 0 || stream == RGPU_S(RGPU_STREAM_PER_THREAD));
+    pthread_mutex_unlock(&rgpu_lock);
+    return s || c ? CUDA_SUCCESS : RGPU_PY;
+}
+
+static CUresult rgpu_fast_cuStreamSynchronize(CUstream s) { return rgpu_idle(RGPU_S(s)); }
+static CUresult rgpu_fast_cuStreamSynchronize_ptsz(CUstream s) { return rgpu_idle(RGPU_PT(s)); }
+static CUresult rgpu_fast_cuStreamQuery(CUstream s) { return rgpu_idle(RGPU_S(s)); }
+static CUresult rgpu_fast_cuStreamQuery_ptsz(CUstream s) { return rgpu_idle(RGPU_PT(s)); }
+static CUresult rgpu_fast_cuCtxSynchronize(void) { return rgpu_idle(RGPU_NO_STREAM); }
