@@ -141,3 +141,19 @@ def test_the_runtimes_item_pattern_waits_once_and_a_new_thread_sees_the_primary_
     report = next(line for line in done.stderr.splitlines() if "answered calls" in line)
     assert "memcpy_dtoh 5" in report and "stream_synchronize" not in report, report
     assert "ctx_synchronize 1" in report, report      # the second context sync was answered in C
+
+
+def test_an_empty_captured_graph_has_no_nodes_and_a_bad_graph_is_named(cu, stream, caplog):
+    """Inductor's CUDA-graph trees count a graph's nodes (NULL array) and then fetch them; an empty graph is
+    fine both ways, and a failure names the graph the server was asked about."""
+    g, count, nodes = c_void_p(), c_size_t(7), (c_void_p * 4)()
+    assert cu.cuStreamBeginCapture_v2(stream, 1) == 0              # thread-local mode, as the trees capture
+    assert cu.cuStreamEndCapture(stream, byref(g)) == 0 and g.value
+    assert cu.cuGraphGetNodes(g, None, byref(count)) == 0 and count.value == 0
+    count.value = 4
+    assert cu.cuGraphGetNodes(g, nodes, byref(count)) == 0 and count.value == 0
+    assert cu.cuGraphGetNodes(g, nodes, None) == 1                  # no count: INVALID_VALUE, as the driver says
+    assert cu.cuGraphDestroy(g) == 0
+    with caplog.at_level(logging.WARNING, logger="rgpu.cuda"):
+        assert cu.cuGraphGetNodes(c_void_p(0xBAD0), None, byref(count)) != 0
+    assert "cuGraphGetNodes(graph 0xbad0, nodes NULL" in caplog.text, caplog.text
