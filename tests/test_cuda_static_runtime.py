@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import json
+import os
+import sys
 import subprocess
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import clean_env
@@ -157,7 +161,6 @@ def _asker(tmp_path, shim, name):
 def _call(lib, *calls):
     script = f"import ctypes; a = ctypes.CDLL({str(lib)!r}); a.table_size.restype = ctypes.c_long; " \
              f"print(*[getattr(a, c)() for c in {list(calls)!r}])"
-    import sys
     return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=clean_env())
 
 
@@ -176,3 +179,54 @@ def test_a_library_rgpu_leaves_stock_is_refused_even_a_table_rgpu_serves(tmp_pat
     done = _call(lib, "table_size")
     assert done.stdout.split() == ["-1"], done.stderr
     assert "rgpu: libcufft.so.12 asked for the driver's private tables: FFTs (cuFFT) are not supported" in done.stderr
+
+
+# ---- CuPy (its wheels carry the runtime statically), when this machine has it ---------------------------------
+# The fake driver runs kernels it knows by name (server/cuda/fake_kernels.py), not PTX: the RawKernels here are
+# real CUDA C under two of those names (saxpy; block_sum, a shared-memory reduction) and the arrays are copied
+# in, so the fake computes what a GPU would.  NVRTC compiles on the client, to PTX (the fake reads no cubin).
+CUPY_PY = textwrap.dedent("""
+    import json
+    import numpy as np
+    import cupy as cp
+    x_host = np.arange(1000, dtype=np.float32) * np.float32(0.25) - np.float32(3)
+    x, y = cp.asarray(x_host), cp.asarray(np.ones(1000, dtype=np.float32))
+    saxpy = cp.RawKernel(r'''extern "C" __global__ void saxpy(float a, const float* x, float* y, int n) {
+        int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) y[i] = a * x[i] + y[i]; }''', "saxpy")
+    saxpy((4,), (256,), (cp.float32(1.5), x, y, cp.int32(1000)))
+    block_sum = cp.RawKernel(r'''extern "C" __global__ void block_sum(const float* src, float* out, int n) {
+        extern __shared__ float s[];
+        int i = blockIdx.x * blockDim.x + threadIdx.x;
+        s[threadIdx.x] = i < n ? src[i] : 0.0f;
+        __syncthreads();
+        for (int k = blockDim.x / 2; k > 0; k /= 2) {
+            if (threadIdx.x < k) s[threadIdx.x] += s[threadIdx.x + k];
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) out[blockIdx.x] = s[0]; }''', "block_sum")
+    parts = cp.zeros(4, dtype=cp.float32)
+    block_sum((4,), (256,), (x, parts, cp.int32(1000)), shared_mem=256 * 4)
+    print(json.dumps({"x": cp.asnumpy(x).tolist(), "y": cp.asnumpy(y).tolist(), "parts": cp.asnumpy(parts).tolist()}))
+""")
+
+
+def test_cupy_raw_kernels_and_copies_run_through_rgpu_with_numpys_values(rgpu_server, tmp_path):
+    build_shim_or_skip()
+    probe = subprocess.run([sys.executable, "-c", "import cupy; from cupy_backends.cuda.libs import nvrtc; nvrtc.getVersion()"],
+                           capture_output=True, text=True, env=clean_env())
+    if probe.returncode:
+        pytest.skip(f"CuPy (with NVRTC) is not importable here: {probe.stderr.strip().splitlines()[-1:]}")
+    script = tmp_path / "cupy_check.py"
+    script.write_text(CUPY_PY)
+    env = {"CUPY_COMPILE_WITH_PTX": "1"}
+    if "CUDA_PATH" not in os.environ:               # CuPy looks for the toolkit's headers there
+        from rgpu.cuda_intercept import header
+        env["CUDA_PATH"] = str(Path(header.find_include_dir()).parent)
+    done = run([sys.executable, script], rgpu_server, timeout=240, env=env)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    x = np.arange(1000, dtype=np.float32) * np.float32(0.25) - np.float32(3)
+    np.testing.assert_array_equal(np.array(got["x"], dtype=np.float32), x)
+    np.testing.assert_allclose(np.array(got["y"], dtype=np.float32), np.float32(1.5) * x + np.float32(1), rtol=1e-6)
+    parts = np.pad(x, (0, 24)).reshape(4, 256).sum(axis=1, dtype=np.float64)
+    np.testing.assert_allclose(np.array(got["parts"]), parts, rtol=1e-5, atol=1e-4)

@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# Programs on the *static* CUDA runtime on a GPU host: nvcc's default `-cudart static` and CuPy (its wheels
+# link the runtime statically), native against `rgpu intercept run`, same host, same programs.  The
+# runtime inside them asks rgpu's libcuda.so.1 for the driver's private tables (cuda_intercept/export_tables.c).
+#
+#   OUT=/some/folder bash gpu/check_cuda_static.sh      (the device tool sets $OUT; under 5 minutes)
+#
+# Steps: install rgpu and the cffi wheels (.whl/), build the library set; start `rgpu serve --cuda-driver real`;
+# build the five test programs (tests/cuda_programs, nvcc -cudart static, sm_90), run each natively and through
+# rgpu, outputs compared line by line and with numpy; then CuPy (the first Python that imports it): elementwise,
+# reductions, a RawKernel, an ElementwiseKernel, natively and through rgpu, compared bitwise.  What runs where:
+# CuPy's NVRTC compiles on the client (its maps show libnvrtc), the kernels run on the server's GPU.
+# Results: $OUT/summary.txt and $OUT/cuda_static.tar.gz (cuda_static.json inside, one log per step).
+BUDGET=280
+cd "$(dirname "$0")/.."
+. gpu/steps.sh
+
+stamp wheels
+python3 -m pip install --no-index --no-deps -q .whl/*.whl >"$OUT/wheels.log" 2>&1
+stamp install
+python3 -m pip install --no-deps --no-build-isolation -q "$REPO" >"$OUT/install.log" 2>&1
+step libs 120 python3 -c "from rgpu.cuda_intercept import libraries; print(libraries.build())"
+LIBDIR=$(tail -n 1 "$OUT/libs.json")
+
+export RGPU_TOKEN=gpu-check-$RANDOM$RANDOM
+(cd /tmp && exec python3 -m rgpu serve --port 0 --cuda-driver "${CHECK_DRIVER:-real}" --preload "") >"$OUT/server.log" 2>&1 &
+SERVER_PID=$!
+for _ in $(seq 150); do grep -q "listening on" "$OUT/server.log" && break; sleep 0.2; done
+export RGPU_SERVER=$(grep -o "listening on [^;]*" "$OUT/server.log" | head -1 | awk '{print $3}')
+stamp "server $RGPU_SERVER (pid $SERVER_PID), libraries in $LIBDIR"
+
+# ---- the nvcc programs, -cudart static: native vs rgpu ---------------------------------------------
+cat >"$OUT/programs.py" <<'EOF'
+"""Build tests/cuda_programs with -cudart static (sm_90), run each natively and through rgpu; JSON rows."""
+import json, os, re, subprocess, sys, tempfile
+sys.path.insert(0, os.path.join(sys.argv[1], "tests"))
+from cuda_programs import HERE, PROGRAMS, check, nvcc
+timing = re.compile(r"^elapsed\S* .*$", re.M)
+native_env = {k: v for k, v in os.environ.items() if not k.startswith("RGPU_")}
+folder, rows = tempfile.mkdtemp(), []
+for name in PROGRAMS:
+    row = {"program": name, "runtime": "static", "arch": "sm_90"}
+    try:
+        exe = os.path.join(folder, name)
+        subprocess.run([nvcc(), "-cudart", "static", "-O2", "-gencode", "arch=compute_90,code=sm_90", f"-I{HERE}",
+                        "-o", exe, str(HERE / f"{name}.cu")], check=True, capture_output=True, text=True)
+        row["links_libcudart"] = "libcudart" in subprocess.run(["ldd", exe], capture_output=True, text=True).stdout
+        native = subprocess.run([exe], capture_output=True, text=True, timeout=60, env=native_env)
+        ours = subprocess.run([sys.executable, "-m", "rgpu", "intercept", "run", "--", exe],
+                              capture_output=True, text=True, timeout=120)
+        row.update(native_rc=native.returncode, rgpu_rc=ours.returncode, rgpu_err=ours.stderr[-1500:],
+                   same=timing.sub("", native.stdout) == timing.sub("", ours.stdout))
+        for side, out in (("native", native.stdout), ("rgpu", ours.stdout)):
+            try:
+                check(name, out)
+                row[side + "_numpy"] = True
+            except Exception as exc:
+                row[side + "_numpy"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        if not row["same"]:
+            row["native_out"], row["rgpu_out"] = native.stdout[:800], ours.stdout[:800]
+    except subprocess.CalledProcessError as exc:
+        row["error"] = f"nvcc: {exc.stderr[-800:]}"
+    except Exception as exc:
+        row["error"] = f"{type(exc).__name__}: {str(exc)[:800]}"
+    row["ok"] = row.get("same") is True and row.get("native_rc") == 0 and row.get("rgpu_rc") == 0
+    rows.append(row)
+print(json.dumps(rows, indent=1))
+sys.exit(0 if all(r["ok"] for r in rows) else 1)
+EOF
+step programs 120 python3 "$OUT/programs.py" "$REPO"
+
+# ---- CuPy: elementwise, reductions, RawKernel, ElementwiseKernel ------------------------------------
+cat >"$OUT/cupy_check.py" <<'EOF'
+"""CuPy on cuda: each result as its bytes' sha256, so the native and the rgpu runs compare bitwise."""
+import hashlib, json
+res = {}
+try:
+    import cupy as cp
+    res["cupy"] = cp.__version__
+    h = lambda a: hashlib.sha256(cp.asnumpy(a).tobytes()).hexdigest()[:16]
+    x = cp.arange(100_000, dtype=cp.float32) * 0.25 - 3
+    y = cp.sin(x) * 2 + cp.sqrt(cp.abs(x))
+    scale = cp.RawKernel(r"""extern "C" __global__ void scale(const float* a, float* b, float k, int n) {
+        int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) b[i] = a[i] * k + 1.0f; }""", "scale")
+    z = cp.empty_like(x)
+    scale(((x.size + 255) // 256,), (256,), (x, z, cp.float32(1.5), cp.int32(x.size)))
+    ew = cp.ElementwiseKernel("float32 a, float32 b", "float32 c", "c = a * b - 0.5f", "mulsub")
+    res["digests"] = {"elementwise": h(y), "sum": h(y.sum()), "max": h(cp.max(x)),
+                      "mean_axis": h(y.reshape(100, -1).mean(axis=1)), "rawkernel": h(z),
+                      "elementwise_kernel": h(ew(x, y)), "cumsum": h(cp.cumsum(x[:4096]))}
+    res["device"] = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    cp.cuda.Device().synchronize()
+except Exception as exc:
+    res["error"] = f"{type(exc).__name__}: {str(exc)[:1500]}"
+res["maps"] = sorted({l.split()[-1] for l in open("/proc/self/maps")
+                      if any(k in l for k in ("libcuda", "libcudart", "libnvrtc", "libcublas"))})
+print(json.dumps(res))
+EOF
+CPY=""
+for p in "${CUPY_PYTHON:-}" /opt/torch/.venv/bin/python python3; do
+  [ -n "$p" ] && "$p" -c "import cupy" 2>/dev/null && { CPY=$p; break; }
+done
+stamp "cupy python: ${CPY:-none}"
+if [ -n "$CPY" ] && [ "$CPY" != python3 ]; then   # rgpu (and cffi) must import in the program's own Python
+  { "$CPY" -m pip install --no-index --no-deps .whl/*.whl
+    "$CPY" -m pip install --no-deps --no-build-isolation "$REPO"; } >"$OUT/cupy_install.log" 2>&1
+fi
+if [ -n "$CPY" ]; then
+  step cupy_native 90 env -u LD_LIBRARY_PATH "$CPY" "$OUT/cupy_check.py"
+  step cupy_rgpu 120 "$CPY" -m rgpu intercept run -- "$CPY" "$OUT/cupy_check.py"
+fi
+
+kill "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null
+stamp summary
+python3 - "$OUT" <<'EOF' | tee "$OUT/summary.txt"
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+def load(name):
+    try:
+        text = (out / f"{name}.json").read_text()
+        return json.loads(text.strip().splitlines()[-1] if name.startswith("cupy") else text)
+    except Exception as exc:
+        err = (out / f"{name}.err").read_text(errors="replace")[-2000:] if (out / f"{name}.err").exists() else ""
+        return {"unreadable": f"{type(exc).__name__}: {exc}", "stderr": err}
+s = {"programs": load("programs"), "cupy_native": load("cupy_native"), "cupy_rgpu": load("cupy_rgpu")}
+cn, cr = s["cupy_native"], s["cupy_rgpu"]
+if isinstance(cn, dict) and isinstance(cr, dict):
+    s["cupy_ok"] = not cn.get("error") and not cr.get("error") and bool(cn.get("digests")) \
+        and cn.get("digests") == cr.get("digests")
+    s["cupy_equal"] = {k: cn.get("digests", {}).get(k) == v for k, v in cr.get("digests", {}).items()}
+    s["cupy_rgpu_driver_is_rgpus"] = any("rgpu" in m and "libcuda.so" in m for m in cr.get("maps", []))
+    s["cupy_nvrtc_on_client"] = any("libnvrtc" in m for m in cr.get("maps", []))
+s["rc"] = {p.stem: p.read_text().strip() for p in out.glob("*.rc")}
+s["server_log_tail"] = (out / "server.log").read_text(errors="replace")[-3000:]
+(out / "cuda_static.json").write_text(json.dumps(s, indent=1))
+for r in s["programs"] if isinstance(s["programs"], list) else []:
+    print(f"static program {r['program']:9s} ok={r['ok']} same={r.get('same')} numpy native={r.get('native_numpy')} "
+          f"rgpu={r.get('rgpu_numpy')} libcudart linked={r.get('links_libcudart')} {r.get('error', '')}")
+print("cupy ok:", s.get("cupy_ok"), "equal:", s.get("cupy_equal"), "| rgpu driver:", s.get("cupy_rgpu_driver_is_rgpus"),
+      "| nvrtc on client:", s.get("cupy_nvrtc_on_client"), "| rgpu run:", cr.get("error") if isinstance(cr, dict) else cr)
+print("rc:", s["rc"])
+EOF
+pack cuda_static.tar.gz
