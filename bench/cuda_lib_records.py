@@ -155,13 +155,11 @@ class _NoDriver:
         """The executor's Python path for a launch (no C walker): the stand-in's, as the walker would."""
         self.lib.standin_launch(ctypes.c_void_p(func), *grid, *block, shared, ctypes.c_void_p(stream), None, None)
 
-    def launch_records(self, records, pos, ctx, cublas=None):
+    def launch_records(self, base, length, pos, ctx, cublas=None):
         if self.walk is None:
             return None
-        buf = (ctypes.c_char * len(records)).from_buffer(records) if not records.readonly else bytes(records)
         p, c = ctypes.c_size_t(pos), ctypes.c_uint64((1 << 64) - 1 if ctx is None else ctx)
-        rc = self.walk(*self.fns, ctypes.addressof(buf) if not isinstance(buf, bytes) else buf, len(records),
-                       ctypes.byref(p), ctypes.byref(c), cublas)
+        rc = self.walk(*self.fns, base, length, ctypes.byref(p), ctypes.byref(c), cublas)
         return p.value, c.value, rc
 
 
@@ -175,7 +173,7 @@ def rows(args) -> list[dict]:
         result = harness.compare(lambda: session.batched(name, handle, stream, payload, n),
                                  lambda: session.per_record(name, handle, stream, payload, n),
                                  repeats=harness.repeats_of(args, 5))
-        out.append(harness.row("cuda_lib_records", None, "time", len(payload), result,
+        out.append(harness.row(f"lib record {kind}", None, "time", len(payload), result,
                                "Libraries.run per record", unit="us", record=kind, batch=n))
     session.libs.close()
     return out

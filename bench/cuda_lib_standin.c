@@ -64,7 +64,11 @@ int cublasSetPointerMode_v2(void *h, int m) { pmode_ = m; return CALL("pointer %
 #define G_FMT "%llx %d %d %d %d %d %llx"
 #define G_VALS U(h), ta, tb, m, n, k, sc(al)
 int cublasSgemm_v2(G_ARGS, const void *A, int lda, const void *B, int ldb, const void *be, void *C, int ldc) {
-    if (lda < m) return CALL("sgemm refused: lda %d < m %d\n", lda, m), 7;   /* CUBLAS_STATUS_INVALID_VALUE */
+    if (lda < m) {
+        calls_++;
+        logf_("sgemm refused: lda %d < m %d\n", lda, m);
+        return 7; /* CUBLAS_STATUS_INVALID_VALUE */
+    }
     return CALL("sgemm " G_FMT " %llx %d %llx %d %llx %llx %d\n", G_VALS, U(A), lda, U(B), ldb, sc(be), U(C), ldc);
 }
 int cublasDgemm_v2(G_ARGS, const void *A, int lda, const void *B, int ldb, const void *be, void *C, int ldc) {

@@ -29,7 +29,7 @@ def test_every_executor_op_is_a_method_of_both_drivers_and_every_code_call_is_im
 def test_a_fake_drivers_code_calls_are_its_codes():
     drv = fake.FakeDriver()
     drv.set_current(drv.primary_ctx_retain(0))
-    assert drv.launch_at is None and drv.launch_records(memoryview(b""), 0, None) is None
+    assert drv.launch_at is None and drv.launch_records(0, 0, 0, None) is None
     ptx = b".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry noop()\n{\n ret;\n}\n"
     mod = drv.module_load(None, ptx)[0]
     assert drv.module_get_function(mod, "noop") == drv.code.module_get_function(mod, "noop")

@@ -165,9 +165,11 @@ class Driver:
     # The real driver's launch of a record's packed arguments where they lie (its hot path), or None.
     launch_at = None
 
-    def launch_records(self, records, pos: int, ctx: int | None, cublas: int | None = None):
-        """Walk queued records from ``pos`` in C: ``(pos, current ctx, rc)``, or None where this driver has
-        no walker (the executor walks them in Python). ``cublas``: the session's cuBLAS table, or None."""
+    def launch_records(self, base: int, length: int, pos: int, ctx: int | None, cublas: int | None = None):
+        """Walk the queued records at address ``base`` (``length`` bytes, kept alive by the caller) from
+        ``pos`` in C: ``(pos, current ctx, rc)``, rc 0 when all ran, -1 at a malformed record, else the
+        record at pos is the executor's to run (another kind, or a failure to explain); None where this
+        driver has no walker (the executor walks them in Python). ``cublas``: the session's cuBLAS table."""
         return None
 
     # ---- the Code's calls, handed to ``self.code`` (documented on ``Code``) ---------------------

@@ -167,8 +167,12 @@ class Executor(BaseExecutor):
         pos, end = 0, records.nbytes
         batch = self.driver.launch_records if batch else None       # None where the driver has no walker
         cublas = self.libs.records_table() if batch else None
+        # where the records lie, found once (it costs more than a walk of a few records); the real driver
+        # walks them there, and launches each record's packed arguments there (no slicing, no copy)
+        launch_at = self.driver.launch_at
+        base = np.frombuffer(records, dtype=np.uint8).ctypes.data if (batch or launch_at) and end else 0
         while batch is not None and pos + RECORD_HEAD.size <= end:
-            done = batch(records, pos, self.current, cublas)   # the real driver walks the records in C
+            done = batch(base, end, pos, self.current, cublas)   # the real driver walks the records in C
             if done is None:
                 break
             pos, ctx, rc = done
@@ -181,9 +185,6 @@ class Executor(BaseExecutor):
                 pos = self._queued_one(records, pos, end)
             else:
                 pos = self._launch_one(records, pos)      # the one that failed: retried and explained here
-        # the real driver takes each record's packed arguments where they lie (no slicing, no copy)
-        launch_at = self.driver.launch_at
-        base = np.frombuffer(records, dtype=np.uint8).ctypes.data if launch_at and end else 0
         launch = self.driver.launch
         while pos + RECORD_HEAD.size <= end:
             if RECORD_HEAD.unpack_from(records, pos)[1] in queued.KINDS:

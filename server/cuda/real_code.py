@@ -172,14 +172,14 @@ class RealCode(Code):
         if rc:
             raise CudaDriverError(rc, f"cuLaunchKernel: {self.api.error_name(rc)}")
 
-    def launch_records(self, records, pos: int, ctx: int | None, cublas: int | None = None):
-        """Launch records from ``pos`` in C until the end or the first failure: (pos, current ctx, CUresult).
-
-        ``cublas``: the session's cuBLAS table (``libs/cublas_records.c``), whose GEMM records run there too."""
+    def launch_records(self, base: int, length: int, pos: int, ctx: int | None, cublas: int | None = None):
+        """Launch the records at address ``base`` (``length`` bytes) from ``pos`` in C until the end or the
+        first failure: (pos, current ctx, CUresult). ``cublas``: the session's cuBLAS table
+        (``libs/cublas_records.c``), whose GEMM records run there too."""
         if self._batch is None:
             return None
         p, c = c_size_t(pos), c_ulonglong((1 << 64) - 1 if ctx is None else ctx)
-        rc = self._walk(*self._batch_fns, address(records), len(records), byref(p), byref(c), cublas)
+        rc = self._walk(*self._batch_fns, base, length, byref(p), byref(c), cublas)
         return p.value, c.value, rc
 
     def _launch_params(self, func, gx, gy, gz, bx, by, bz, shared, stream, args_addr: int) -> None:
