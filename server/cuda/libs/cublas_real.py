@@ -69,6 +69,25 @@ PROTOTYPES = {
 }
 
 
+def _gemm_args(types=False, strided=False, tail=(), ex=()) -> tuple[str, ...]:
+    """A GEMM's fields in its prototype's order, after the handle (the payload's names)."""
+    t = (lambda x: (x,)) if types else (lambda x: ())
+    s = (lambda x: (x,)) if strided else (lambda x: ())
+    return ("transa", "transb", "m", "n", "k", "alpha", "A", *t("atype"), "lda", *s("stride_a"), "B", *t("btype"),
+            "ldb", *s("stride_b"), "beta", "C", *t("ctype"), "ldc", *s("stride_c"), *tail, *ex)
+
+
+_EX = ("compute_type", "algo")
+GEMM_ARGS = {   # made once: a call's arguments are then one pass over its fields
+    "cublasSgemm_v2": _gemm_args(), "cublasDgemm_v2": _gemm_args(), "cublasSgemmEx": _gemm_args(types=True),
+    "cublasGemmEx": _gemm_args(types=True, ex=_EX),
+    "cublasSgemmStridedBatched": _gemm_args(strided=True, tail=("batch",)),
+    "cublasDgemmStridedBatched": _gemm_args(strided=True, tail=("batch",)),
+    "cublasGemmStridedBatchedEx": _gemm_args(types=True, strided=True, tail=("batch",), ex=_EX),
+    "cublasGemmBatchedEx": _gemm_args(types=True, tail=("batch",), ex=_EX),
+}
+
+
 class Handle:
     """A client handle's real handle and the state last applied to it (a new handle's own state)."""
 
@@ -218,17 +237,10 @@ class Library:
                     c_void_p(int.from_bytes(f["beta"][:8], "little")))
         return ctypes.create_string_buffer(bytes(f["alpha"]), 16), ctypes.create_string_buffer(bytes(f["beta"]), 16)
 
-    def _gemm(self, name, handle, stream, f, ex=(), types=False, strided=False, tail=()):
+    def _gemm(self, name, handle, stream, f):
         real, mode = self._use(name, handle, stream, f)
-        alpha, beta = self._scalars(mode, f)
-        t = (lambda x: (f[x],)) if types else (lambda x: ())
-        s = (lambda x: (f[x],)) if strided else (lambda x: ())
-        args = [c_void_p(real), f["transa"], f["transb"], f["m"], f["n"], f["k"], alpha,
-                c_void_p(f["A"]), *t("atype"), f["lda"], *s("stride_a"),
-                c_void_p(f["B"]), *t("btype"), f["ldb"], *s("stride_b"), beta,
-                c_void_p(f["C"]), *t("ctype"), f["ldc"], *s("stride_c"), *(f[x] for x in tail),
-                *(f[x] for x in ex)]
-        return self._call(name, *args)
+        f["alpha"], f["beta"] = self._scalars(mode, f)
+        return self._call(name, real, *[f[k] for k in GEMM_ARGS[name]])
 
     def cublasSgemm_v2(self, handle, stream, tail, **f):
         return self._gemm("cublasSgemm_v2", handle, stream, f)
@@ -237,24 +249,22 @@ class Library:
         return self._gemm("cublasDgemm_v2", handle, stream, f)
 
     def cublasSgemmEx(self, handle, stream, tail, **f):
-        return self._gemm("cublasSgemmEx", handle, stream, f, types=True)
+        return self._gemm("cublasSgemmEx", handle, stream, f)
 
     def cublasGemmEx(self, handle, stream, tail, **f):
-        return self._gemm("cublasGemmEx", handle, stream, f, ("compute_type", "algo"), types=True)
+        return self._gemm("cublasGemmEx", handle, stream, f)
 
     def cublasSgemmStridedBatched(self, handle, stream, tail, **f):
-        return self._gemm("cublasSgemmStridedBatched", handle, stream, f, strided=True, tail=("batch",))
+        return self._gemm("cublasSgemmStridedBatched", handle, stream, f)
 
     def cublasDgemmStridedBatched(self, handle, stream, tail, **f):
-        return self._gemm("cublasDgemmStridedBatched", handle, stream, f, strided=True, tail=("batch",))
+        return self._gemm("cublasDgemmStridedBatched", handle, stream, f)
 
     def cublasGemmStridedBatchedEx(self, handle, stream, tail, **f):
-        return self._gemm("cublasGemmStridedBatchedEx", handle, stream, f, ("compute_type", "algo"), types=True,
-                          strided=True, tail=("batch",))
+        return self._gemm("cublasGemmStridedBatchedEx", handle, stream, f)
 
     def cublasGemmBatchedEx(self, handle, stream, tail, **f):    # A, B, C: device arrays of pointers
-        return self._gemm("cublasGemmBatchedEx", handle, stream, f, ("compute_type", "algo"), types=True,
-                          tail=("batch",))
+        return self._gemm("cublasGemmBatchedEx", handle, stream, f)
 
     def _gemv(self, name, handle, stream, f):
         real, mode = self._use(name, handle, stream, f)
