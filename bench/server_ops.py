@@ -10,7 +10,7 @@ the whole cost per message on the C++ op path and on the Python one, and the C++
 decode (msgpack alone), to stack (the wire's values to the op's boxed arguments, the handle
 table's views and fresh outputs included), the aten call (dispatcher and kernel launch), bind
 (outputs bound to their ids, written arguments checked) and the rest (the executor's Python
-around ``FastOps.run``: the message's dispatch, its frees, the op's lookup). Baseline: the
+around ``FastOps.op``: the message's dispatch, its frees, the op's lookup). Baseline: the
 same adds in local eager on the server's device (the native dispatch + launch). Each figure
 is the median of interleaved runs; ``spread`` is [min, max].
 """
@@ -142,7 +142,7 @@ def rows(args=None) -> list[dict]:
         _row(f"{split_of}: the other values to the op's stack", (med["stack"] - med["table"],), name, base, where),
         _row(f"{split_of}: aten call (dispatcher + kernel launch)", (med["call"],), name, base, where),
         _row(f"{split_of}: bind outputs, check written arguments", (med["bind"],), name, base, where),
-        _row(f"{split_of}: rest (executor's Python around FastOps.run, frees)", (rest,), name, base, where),
+        _row(f"{split_of}: rest (executor's Python around FastOps.op, frees)", (rest,), name, base, where),
         {**_row("ops the C++ path ran per run", (med["ran"],), "op messages", CHAIN, where), "unit": "count"},
     ]
     return out

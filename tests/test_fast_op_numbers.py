@@ -14,7 +14,7 @@ from rgpu.protocol.ops import Msg
 from rgpu.server.ops import fast_op
 from rgpu.server.ops.codec import CODE_BY_DTYPE
 from rgpu.server.ops.executor import Executor
-from rgpu.server.route import Session
+from rgpu.server.route import OpFailed, Session
 
 aten = torch.ops.aten
 pytestmark = pytest.mark.skipif(fast_op.load() is None, reason=f"no C++ op path here: {fast_op.why_not()}")
@@ -94,5 +94,21 @@ def test_the_server_microbench_chain_runs_every_add_in_cpp_with_the_chains_value
         _, bufs = ex.handle([Msg.DOWNLOAD, [], [150, 16, 6, [4], [1], 0, 0]], [], True)
         assert torch.equal(torch.frombuffer(bytearray(bufs[0]), dtype=torch.float32), torch.full((4,), 51.0))
         assert len(ex.table.entries) == 3  # x and the last two results: every other one freed
+    finally:
+        ex.close()
+
+
+def test_an_index_redefined_as_a_refused_op_no_longer_runs_on_the_cpp_path():
+    ex = Executor(Session(id="t", route="ops", settings=config.settings(environ={}, device="cpu", server_c=True)))
+    try:
+        x = torch.ones(3)
+        ex.handle([Msg.UPLOAD, [], _desc(10, x)], [memoryview(x.view(torch.uint8).numpy())], False)
+        ex.handle([Msg.DEFINE, 1, "add.Tensor", str(aten.add.Tensor._schema)], [], False)
+        ex.handle([Msg.OP, [], 1, [{"t": _desc(10, x)}, 1.0], {}, [_desc(11, x)]], [], False)
+        assert ex.fast.ran == 1
+        ex.handle([Msg.DEFINE, 1, "save.default", "aten::save(...)"], [], False)
+        with pytest.raises(OpFailed, match="refused"):
+            ex.handle([Msg.OP, [], 1, [{"t": _desc(10, x)}, 1.0], {}, [_desc(12, x)]], [], False)
+        assert ex.fast.ran == 1
     finally:
         ex.close()
