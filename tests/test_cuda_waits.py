@@ -157,3 +157,40 @@ def test_an_empty_captured_graph_has_no_nodes_and_a_bad_graph_is_named(cu, strea
     with caplog.at_level(logging.WARNING, logger="rgpu.cuda"):
         assert cu.cuGraphGetNodes(c_void_p(0xBAD0), None, byref(count)) != 0
     assert "cuGraphGetNodes(graph 0xbad0, nodes NULL" in caplog.text, caplog.text
+
+
+TORCH_STEP = textwrap.dedent(r"""
+    import json, sys, torch
+    def waits():
+        c = getattr(sys.modules.get("rgpu.cuda_intercept.client"), "_client", None)
+        return dict(c.waits) if c is not None else {}
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(16, 32, generator=g), torch.randn(32, 32, generator=g) / 32
+    dx, dw = x.cuda(), w.cuda()
+    steps = []
+    for i in range(3):                         # the fake runs no torch kernel of its own: GEMMs, then item()
+        before, y = waits(), dx
+        for _ in range(4):
+            y = y @ dw
+        value = y[0, 0].item()
+        steps.append({k: v - before.get(k, 0) for k, v in waits().items() if v != before.get(k, 0)})
+    ref = x
+    for _ in range(4):
+        ref = ref @ w
+    print(json.dumps({"steps": steps, "value": value, "ref": ref[0, 0].item()}))
+""")
+
+
+def test_stock_torchs_step_ending_in_item_waits_once(tmp_path, fake_server):
+    """Stock torch 2.11+cu130 through ``rgpu intercept run``: a steady step's only wait is the loss's copy."""
+    import json
+    import os
+    python = os.environ.get("RGPU_TEST_CUDA_TORCH_PYTHON")
+    if not python:
+        pytest.skip("set RGPU_TEST_CUDA_TORCH_PYTHON to a Python with stock torch 2.11+cu130 and rgpu importable")
+    (tmp_path / "step.py").write_text(TORCH_STEP)
+    done = run([python, tmp_path / "step.py"], fake_server, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["steps"][1:] == [{"memcpy_dtoh": 1}] * 2, out["steps"]
+    assert abs(out["value"] - out["ref"]) <= 1e-6 * max(1.0, abs(out["ref"]))   # the CPU's GEMMs, in another order
