@@ -65,11 +65,13 @@ def _torch_has_cuda() -> bool:
 
 
 def _row(metric, unit, vals, base_vals, baseline_name, size=0) -> dict:
+    """A row; ``baseline_name`` None: a count with no native figure (not "no GPU here", which says a GPU was missing)."""
     value = statistics.median(vals)
     base = statistics.median(base_vals) if base_vals else None
+    name = baseline_name if base_vals else ("none (no GPU here)" if baseline_name else "none (rgpu's own count)")
     return {"bench": "cuda", "transport": os.environ.get("RGPU_TRANSPORT", "auto"), "metric": metric,
-            "unit": unit, "size": size, "value": value, "baseline_name": baseline_name if base_vals else
-            "none (no GPU here)", "baseline": base, "ratio": value / base if base else None,
+            "unit": unit, "size": size, "value": value, "baseline_name": name, "baseline": base,
+            "ratio": value / base if base else None,
             "spread": [min(vals), max(vals)]}
 
 
@@ -99,15 +101,15 @@ def rows(args, env: dict, native: bool) -> list[dict]:
                         [g["loop_ms"] for g in got["native"]], base, 1000))
         rts = [g["round_trips_per_loop"] for g in got["rgpu"] if g["round_trips_per_loop"] is not None]
         if rts:
-            out.append(_row("torch: round trips per loop", "count", rts, [], base))
+            out.append(_row("torch: round trips per loop", "count", rts, [], None))
         images = [g["images_at_first_use"] for g in got["rgpu"] if g.get("images_at_first_use")]
         if images:
             # the server's image store is warm after the first run: the first run is what a new server costs
             out.append(_row("torch: MB of module images uploaded at first use (new server)", "MB",
-                            [images[0]["bytes_uploaded"] / 1e6], [], base))
+                            [images[0]["bytes_uploaded"] / 1e6], [], None))
             out.append(_row("torch: MB of module images before trimming to the server's GPU", "MB",
-                            [images[0]["bytes_before_trim"] / 1e6], [], base))
+                            [images[0]["bytes_before_trim"] / 1e6], [], None))
         sent = [g["bytes_out_at_first_use"] / 1e6 for g in got["rgpu"] if g["bytes_out_at_first_use"] is not None]
         if sent:
-            out.append(_row("torch: MB sent at first use (images + data)", "MB", sent, [], base))
+            out.append(_row("torch: MB sent at first use (images + data)", "MB", sent, [], None))
     return out

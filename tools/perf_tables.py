@@ -20,11 +20,12 @@ GPU = ROOT / "docs" / "perf" / "gpu"
 H200 = "one NVIDIA H200, 16 cores, torch 2.11.0+cu130, Python 3.12"
 
 # the runs the tables read: folder -> (date, machine)
-RUNS = {"run14": ("2026-12-01", H200), "run12": ("2026-11-30", H200), "run3": ("2026-11-30", H200)}
+RUNS = {"run19": ("2026-12-02", H200), "run14": ("2026-12-01", H200), "run12": ("2026-11-30", H200), "run3": ("2026-11-30", H200)}
 
 T14 = "run14/call5-transports.tar.gz:transports/"
 STEP14 = "run14/call3-step_start.tar.gz:step_start/step_start.tar.gz:"
 MiB = 1 << 20
+B19 = "run19/callA-baseline.tar.gz:a/bench_cuda.json"
 
 STEP_CMD = ("run14: `rgpu bench train --pin --repeats 5`, TF32 on, by `bash gpu/run_all.sh step_start` "
             "(a one-off check since removed, in git history; `gpu/check_fast_path.sh` measures the same step)")
@@ -62,11 +63,18 @@ PAGES: dict[str, tuple[str, list[tuple]]] = {
         ("max |loss - native loss|, 3 warm-up steps, shm", STEP14 + "shm.json", "shm",
          "max |loss - native loss| over 3 warm-up steps", None, "", ""),
     ]),
-    "cuda_route": ("`bash gpu/run_all.sh cuda_route` (`gpu/check_cuda_route.sh`: `rgpu bench cuda --json`)", [
-        ("round-trip call (cuMemGetInfo)", "run3/cuda_route.json", "auto", "round-trip call (cuMemGetInfo)", None, "", ""),
-        ("2000 launches + synchronise", "run3/cuda_route.json", "auto", "2000 launches + synchronise", None, "", ""),
-        ("64 MiB host-to-device copy (pageable)", "run3/cuda_route.json", "auto",
-         "64 MiB host-to-device copy (pageable)", None, "", ""),
+    "cuda_route": ("`rgpu bench cuda --json --repeats 3` (run19: `docs/perf/gpu/run19/README.md`; "
+                   "`gpu/check_cuda_route.sh` runs the same)", [
+        ("round-trip call (cuMemGetInfo)", B19, "auto", "round-trip call (cuMemGetInfo)", None, "", ""),
+        ("2000 launches + synchronise", B19, "auto", "2000 launches + synchronise", None, "", ""),
+        ("64 MiB host-to-device copy (pageable)", B19, "auto", "64 MiB host-to-device copy (pageable)", None, "", ""),
+        ("cudaGetDevice, answered in C (vs stock libcudart)", B19, "auto", "cudaGetDevice (answered in C)", None, "",
+         "<= 200 ns"),
+        ("stock torch: 1,000 small adds + .cpu()", B19, "auto", "torch: 1000 small adds + .cpu()", None, "", "<= 1.5"),
+        ("stock torch: round trips per loop", B19, "auto", "torch: round trips per loop", None, "",
+         "the syncing calls"),
+        ("stock torch: MB sent at first use (images + data)", B19, "auto",
+         "torch: MB of module images uploaded at first use (new server)", None, "", "<= 25 MB"),
     ]),
 }
 
@@ -110,7 +118,7 @@ def table(page: str) -> str:
             raise SystemExit(f"{page}: {label}: {len(match)} rows of {src} match (want 1)")
         r = match[0]
         unit = "" if r["unit"] in ("count", "abs") else " " + r["unit"]
-        base = f"{_num(r['baseline'])}{unit} ({r['baseline_name']})" if r.get("baseline_name") else "—"
+        base = f"{_num(r['baseline'])}{unit} ({r['baseline_name']})" if r.get("baseline") is not None else "—"
         ratio = f"**{r['ratio']:.3f}**" if r.get("ratio") is not None else "—"
         out.append(f"| {label} | {_num(r['value'])}{unit} | {base} | {ratio} | {target or '—'} | "
                    f"`{src.split(':')[0]}` |".replace("|loss", "\\|loss").replace("loss|", "loss\\|"))
