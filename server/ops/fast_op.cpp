@@ -9,8 +9,8 @@
 //
 // The Python executor stays the reference and the rest: run() answers false, having changed
 // nothing the Python path would not do the same way, for anything it does not take (a tagged value
-// other than a tensor, dtype, device, layout or memory format; a number where the schema says
-// Tensor; an unknown keyword), and an op with an argument type it does not know, a substitute without
+// other than a tensor, dtype, device, layout or memory format; a complex number where the schema
+// says Tensor; an unknown keyword), and an op with an argument type it does not know, a substitute without
 // a recipe in fast_substitutes.h, a CPU adaptation or a generator on the CPU is never defined here. Whatever is unusual after the op
 // ran (a written view whose layout changed, an output in another layout than the client's, one that
 // aliases an input) goes back to the executor's own Python for that part.
