@@ -9,7 +9,8 @@
 #             round trips, warm-up losses vs native
 #   upload    rgpu bench upload (1 GiB up from pinned and from ordinary memory, and down, each beside its
 #             native copy), shm, later tcp
-#   ops       rgpu bench ops (client cost per streamed op vs native CUDA enqueue)
+#   ops       rgpu bench ops (client cost per streamed op vs native CUDA enqueue; the 1,000-add chain vs native)
+#   server_ops rgpu bench server_ops (the server's cost per op message in-process, split: decode, table, call, bind)
 #   rtt       rgpu bench rtt: a chain of 200 ops and one wait behind a simulated round trip vs 0 ms + 1 RTT
 #   profile   python -m rgpu.bench.client_profile over shm, then tcp: a streamed op's time by thread and process
 #   train_compiled  RGPU_TRANSPORT=tcp rgpu bench train --compile: the eager step over tcp, the compiled
@@ -63,6 +64,7 @@ print(json.dumps({"torch": torch.__version__, "build_and_import_s": built, "firs
 step train 80 python3 -m rgpu.bench.train --json --repeats 5 $Q
 step upload 60 python3 -m rgpu.bench.upload --json --repeats 5 $Q
 step ops 60 python3 -m rgpu.bench.ops --json --repeats 5 $Q
+step server_ops 60 python3 -m rgpu.bench.server_ops --json --repeats 5 $Q   # the server's cost per op message, split
 step rtt 40 python3 -m rgpu.bench.rtt --json --sim-rtt 1,10,30 --repeats 7 $Q
 step profile 40 python3 -m rgpu.bench.client_profile --json --ops 5000
 step profile_tcp 40 env RGPU_TRANSPORT=tcp python3 -m rgpu.bench.client_profile --json --ops 5000
@@ -109,6 +111,8 @@ summary = [
     line("compiled step (reduce-overhead, small preset) / native eager", "",
          pick("train_reduce_overhead", "training step, torch.compile"), "train_reduce_overhead"),
     line("client cost per streamed op / native CUDA enqueue", "<= 1.0", pick("ops", "client cost per streamed op"), "ops"),
+    line("server cost per op message, C++ path", "", pick("server_ops", "server cost per op message, C++ op path"), "server_ops"),
+    line("chain of 1000 adds ending in .cpu() / native", "<= 1.5", pick("ops", "chain of 1000 adds"), "ops"),
     line("1 GiB upload into GPU memory / pinned host-to-device copy", ">= 0.50",
          pick("upload", "upload from pinned memory"), "upload"),
     line("1 GiB upload from ordinary memory / pageable host-to-device copy", "recorded",
