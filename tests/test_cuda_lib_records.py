@@ -2,11 +2,16 @@
 calls, arguments and setters as the Python path, malformed or failing records refused with a clear error.
 
 No GPU: NVIDIA's libraries are the bench's stand-in (bench/cuda_lib_standin.c), which logs every call it gets.
+Each test runs in a forked child: the server loads the libraries RTLD_GLOBAL, and the stand-in's cuBLAS and
+cuDNN symbols would then shadow the mock libraries other tests load into this process.
 """
 from __future__ import annotations
 
+import functools
+import multiprocessing
 import shutil
 import struct
+import traceback
 
 import pytest
 
@@ -17,6 +22,28 @@ from rgpu.protocol.cuda_libs import BY_NAME
 pytestmark = pytest.mark.skipif(not shutil.which("cc") and not shutil.which("gcc"),
                                 reason="no C compiler (builds the stand-in library)")
 CTX, S1, S2 = 0x7, 0x5100, 0x5200
+
+
+def isolated(test):
+    """Run ``test`` in a forked child (its fixtures made here first); its failure is this test's."""
+    @functools.wraps(test)
+    def run(*args, **kwargs):
+        ctx = multiprocessing.get_context("fork")
+        done = ctx.Queue()
+
+        def child():
+            try:
+                test(*args, **kwargs)
+                done.put(None)
+            except BaseException:       # noqa: BLE001 (the child's failure, whatever it is, goes back)
+                done.put(traceback.format_exc())
+        p = ctx.Process(target=child)
+        p.start()
+        p.join(240)
+        assert not p.is_alive() and p.exitcode == 0, f"the child ended with {p.exitcode}"
+        error = done.get(timeout=5)
+        assert error is None, error
+    return run
 DEFAULT = (1 << 64) - 1
 
 
@@ -75,6 +102,7 @@ def _run(session, records: bytes, monkeypatch) -> tuple[list[str], int]:
     return session.std.standin_take().decode().splitlines(), len(seen)
 
 
+@isolated
 def test_the_c_walker_and_the_python_path_make_the_same_calls(folder, monkeypatch):
     logs = {}
     for native in ("auto", "off"):
@@ -97,6 +125,7 @@ def test_the_c_walker_and_the_python_path_make_the_same_calls(folder, monkeypatc
     assert step[2] == f"sgemm {h} 0 1 128 128 128 {one:x} a000 128 b000 128 0 c000 128"   # host scalars by value
 
 
+@isolated
 def test_malformed_unknown_and_failing_records_are_refused_with_clear_errors(folder, monkeypatch):
     for native in ("auto", "off"):
         session = _session(folder, monkeypatch, native)
@@ -123,9 +152,15 @@ def test_malformed_unknown_and_failing_records_are_refused_with_clear_errors(fol
 
 def test_the_c_table_refuses_short_payloads_and_unknown_calls_itself(folder, monkeypatch):
     from rgpu.server.cuda import real_batch
-    c = real_batch.library()
-    if c is None:
+    if real_batch.library() is None:
         pytest.skip("the server's C part does not build here")
+    _table_refuses(folder, monkeypatch)
+
+
+@isolated
+def _table_refuses(folder, monkeypatch):
+    from rgpu.server.cuda import real_batch
+    c = real_batch.library()
     session = _session(folder, monkeypatch, "auto")
     table = session.libs.records_table()
     payload = bench.pack("cublasGemmEx", **bench.EX, workspace_size=DEFAULT)
@@ -139,6 +174,7 @@ def test_the_c_table_refuses_short_payloads_and_unknown_calls_itself(folder, mon
     session.libs.close()
 
 
+@isolated
 def test_the_bench_gives_its_rows(folder, monkeypatch):
     monkeypatch.setenv("RGPU_CUDA_LIB_DIR", folder)
     rows = bench.rows(bench.harness.parser(bench.__doc__).parse_args(["--quick", "--repeats", "1"]))
@@ -146,6 +182,7 @@ def test_the_bench_gives_its_rows(folder, monkeypatch):
     assert all(r["value"] > 0 and r["baseline"] > 0 for r in rows)
 
 
+@isolated
 def test_a_matmuls_state_is_parsed_once_and_its_bias_pointer_set_when_it_changes(folder, monkeypatch):
     session = _session(folder, monkeypatch, "auto")
 
