@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from ctypes import POINTER, c_char_p, c_int, c_size_t, c_uint32, c_uint64, c_void_p
+from ctypes import POINTER, c_char_p, c_int, c_int32, c_size_t, c_uint32, c_uint64, c_void_p
 from pathlib import Path
 
 from rgpu import native, protocol
 
 NAME = "launch_records"
 HERE = Path(__file__).resolve().parent
-SOURCES = [HERE / "launch_records.c", HERE / "libs" / "cublas_records.c"]
+SOURCES = [HERE / "launch_records.c", HERE / "libs" / "cublas_records.c", HERE / "libs" / "cublaslt_records.c"]
 _WALK = [c_void_p, c_void_p, c_void_p, c_size_t, POINTER(c_size_t), POINTER(c_uint64)]
 SIGNATURES = {   # name -> (argument types, result type)
     "rgpu_launch_records": (_WALK, c_int),
@@ -33,6 +33,15 @@ SIGNATURES = {   # name -> (argument types, result type)
     "rgpu_cublas_use": ([c_void_p, c_uint64, c_uint64, c_char_p, c_size_t, POINTER(c_uint64)], c_int),
     "rgpu_cublas_runs": ([c_void_p, c_uint32], c_int),
     "rgpu_cublas_record": ([c_void_p, c_uint32, c_uint64, c_uint64, c_void_p, c_size_t], c_int),
+    "rgpu_cublas_set_lt": ([c_void_p, c_void_p], None),
+    "rgpu_cublaslt_new": ([c_void_p, c_void_p], c_void_p),
+    "rgpu_cublaslt_free": ([c_void_p], None),
+    "rgpu_cublaslt_forget": ([c_void_p], None),
+    "rgpu_cublaslt_states": ([c_void_p], c_size_t),
+    "rgpu_cublaslt_state": ([c_void_p, c_char_p, c_size_t, POINTER(c_uint64), c_int32, c_size_t, POINTER(c_int32),
+                             POINTER(c_uint64)], c_int),
+    "rgpu_cublaslt_pointers": ([c_void_p, c_uint64, c_size_t, POINTER(c_int32), POINTER(c_uint64)], c_int),
+    "rgpu_cublaslt_record": ([c_void_p, c_void_p, c_uint64, c_uint64, c_void_p, c_size_t], c_int),
 }
 
 

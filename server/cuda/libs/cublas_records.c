@@ -41,8 +41,14 @@ typedef struct {
     int32_t math_mode, pointer_mode;
 } handle_t;
 
+struct rgpu_cublas;
+struct rgpu_cublaslt;  /* cublaslt_records.c: its matmuls, handed on from here (the walker's one table) */
+int rgpu_cublaslt_record(struct rgpu_cublaslt *t, struct rgpu_cublas *cublas, uint64_t client, uint64_t stream,
+                         const char *p, size_t len);
+
 typedef struct rgpu_cublas {
     void *fn[NFUNCS];
+    struct rgpu_cublaslt *lt;  /* set by cublaslt_real.py, not owned: cleared before it is freed */
     handle_t *h;
     size_t n, cap;
     char error[160];  /* why the last call failed here (a setter), for Python's message */
@@ -63,6 +69,8 @@ int rgpu_cublas_bind(rgpu_cublas_t *t, int slot, void *fn) {
 }
 
 const char *rgpu_cublas_error(rgpu_cublas_t *t) { return t->error; }
+
+void rgpu_cublas_set_lt(rgpu_cublas_t *t, struct rgpu_cublaslt *lt) { t->lt = lt; }
 
 static handle_t *find(rgpu_cublas_t *t, uint64_t client) {
     for (size_t i = 0; i < t->n; i++)
@@ -173,6 +181,8 @@ int rgpu_cublas_runs(rgpu_cublas_t *t, uint32_t call) {
  * MALFORMED (a payload shorter than the call's fixed part).  `stream` is the record's
  * (RGPU_CUDA_NO_STREAM: the legacy stream); host scalars are read where they lie in the payload. */
 int rgpu_cublas_record(rgpu_cublas_t *t, uint32_t call, uint64_t client, uint64_t stream, const char *p, size_t len) {
+    if (call == RGPU_LIB_cublasLtMatmul)
+        return t && t->lt ? rgpu_cublaslt_record(t->lt, t, client, stream, p, len) : NOT_HERE;
     size_t need;
     int slot = slot_of(call, &need);
     if (!t || slot < 0 || !rgpu_cublas_runs(t, call)) return NOT_HERE;

@@ -9,13 +9,19 @@ parses nothing. The handle is torch's cuBLAS handle (``cublas_real.Library.handl
 arrive by value and are passed from a buffer of ours (cuBLASLt reads them during the call); device
 scalars and matrices are the server's addresses and pass through. The prototypes are cublasLt.h's
 (CUDA 13), written out here.
+
+Where cuBLAS's C table exists (``cublas_records.c``), a matmul runs in C (``cublaslt_records.c``, ``self.fast``):
+each state parsed here is handed to it once, and the executor's C walker then runs queued matmuls of that state
+on a cuBLAS handle without coming here; the addresses last set on each real descriptor live there, so the calls
+that still come here (a new state, a cublasLtCreate handle, the heuristic) set them through it too.
 """
 from __future__ import annotations
 
 import ctypes
-from ctypes import POINTER, c_int, c_size_t, c_uint64, c_int64, c_void_p
+from ctypes import POINTER, c_int, c_int32, c_size_t, c_uint64, c_int64, c_void_p
 
 from rgpu.protocol import lib_cublaslt as P
+from rgpu.protocol.cuda_libs import BY_NAME
 
 from . import LibError
 from .loading import LibraryMissing, load
@@ -49,6 +55,9 @@ KINDS = {  # kind -> (create, destroy, set attribute, the attributes create take
 MAX_KEPT = 4096                 # real descriptors kept per kind; past it the oldest go (they are host objects)
 MATMUL_STATE = (P.KIND_DESC,) + (P.KIND_LAYOUT,) * 4
 MAX_REQUESTED = 1024
+ALLOC_FAILED = 3                # CUBLAS_STATUS_ALLOC_FAILED
+NOT_HERE = -2                   # the C table's answer for a state or handle it does not know
+MATMUL = BY_NAME["cublasLtMatmul"].format      # the record's fixed fields, repacked for the C table
 
 
 class Library:
@@ -62,6 +71,7 @@ class Library:
         self._scalars = ctypes.create_string_buffer(32)
         self._algo = ctypes.create_string_buffer(P.ALGO)
         self._matmul = None                        # cublasLtMatmul, bound at the library's load
+        self.c = self.fast = self._cublas = None   # with cuBLAS's C table: the C library, ours, cuBLAS's
         self._lib = None
         self._missing: str | None = None
 
@@ -76,6 +86,12 @@ class Library:
     def close(self) -> None:
         if self._lib is None:
             return
+        if self.fast:
+            cublas, table = self._cublas
+            if cublas.fast == table:             # still open: its walker must not reach ours once freed
+                self.c.rgpu_cublas_set_lt(table, None)
+            self.c.rgpu_cublaslt_free(self.fast)
+            self.c = self.fast = self._cublas = None
         for kind, kept in self.kept.items():
             destroy = self.fn(KINDS[kind][1])
             for real in kept.values():
@@ -101,7 +117,27 @@ class Library:
                 f = getattr(lib, fname)
                 f.argtypes, f.restype = args, c_int
             self._lib, self._matmul = lib, lib.cublasLtMatmul
+            self._table(lib)
         return getattr(self._lib, name)
+
+    def _table(self, lib) -> None:
+        """Our C table, hung on cuBLAS's (the walker's entry), where the server's C part is built."""
+        from ..real_batch import library
+        c = library()
+        if c is None:
+            return
+        cublas = self.owner.library("cublas")
+        try:
+            cublas.fn("cublasCreate_v2")            # loaded: its C table made (torch's handles are its)
+        except LibError:
+            return
+        table = cublas.records_table()
+        if not table:
+            return
+        self.c, self._cublas = c, (cublas, table)
+        self.fast = c.rgpu_cublaslt_new(ctypes.cast(lib.cublasLtMatmul, c_void_p),
+                                        ctypes.cast(lib.cublasLtMatmulDescSetAttribute, c_void_p))
+        c.rgpu_cublas_set_lt(table, self.fast)
 
     def _check(self, status: int, what: str) -> None:
         if status:
@@ -152,13 +188,22 @@ class Library:
                 gone = kept.pop(next(iter(kept)))
                 self.fn(destroy)(c_void_p(gone))
                 self.pointers.pop(gone, None)
-                self.resolved.clear()            # its states may name the one destroyed
+                self._forget()                   # its states may name the one destroyed
             kept[key] = real
         return real
 
+    def _forget(self) -> None:
+        self.resolved.clear()
+        if self.fast:
+            self.c.rgpu_cublaslt_forget(self.fast)
+
     def _pointers(self, real: int, pointers: tuple) -> None:
         """A matmul descriptor's device addresses (bias, scales, ...), set when they differ from the last set."""
-        if pointers and self.pointers.get(real) != pointers:
+        if pointers and self.fast:               # the C table holds what was last set
+            attrs, values = pointers
+            self._check(int(self.c.rgpu_cublaslt_pointers(self.fast, real, len(attrs), attrs, values)),
+                        "cublasLtMatmulDescSetAttribute (a device address)")
+        elif pointers and self.pointers.get(real) != pointers:
             for attr, value in pointers:
                 self._set(KINDS[P.KIND_DESC][2], real, attr, value)
             self.pointers[real] = pointers
@@ -173,11 +218,26 @@ class Library:
             pointers = tuple((a, desc.attrs[a]) for a in sorted(P.DESC_POINTERS & desc.attrs.keys()))
             got = (tuple(self._real(o) for o in objs), desc.int(P.DESC_POINTER_MODE), pointers)
             if len(self.resolved) >= MAX_KEPT:
-                self.resolved.clear()
+                self._forget()
+            if self.fast:
+                got = got[:2] + (self._to_c(key, got, kinds),)
             self.resolved[key] = got
         reals, mode, pointers = got
         self._pointers(reals[0], pointers)
         return reals, mode
+
+    def _to_c(self, key: bytes, got: tuple, kinds: tuple[int, ...]):
+        """A state handed to the C table (a matmul's), and its addresses as the C table takes them."""
+        reals, mode, pointers = got
+        bad = [a for a, v in pointers if len(v) != 8]
+        if bad:
+            raise LibError(P.INVALID_VALUE, f"matmul descriptor attributes {bad}: a device address is 8 bytes")
+        attrs = (c_int32 * len(pointers))(*(a for a, _ in pointers))
+        values = (c_uint64 * len(pointers))(*(int.from_bytes(v, "little") for _, v in pointers))
+        if kinds == MATMUL_STATE and self.c.rgpu_cublaslt_state(self.fast, key, len(key), (c_uint64 * 5)(*reals),
+                                                               mode, len(pointers), attrs, values):
+            raise LibError(ALLOC_FAILED, "the C table refused a matmul state (no memory)")
+        return (attrs, values) if pointers else ()
 
     def _make(self, obj: P.Obj, create: str, set_attr: str, args: tuple[int, ...]) -> int:
         missing = [a for a in args if a not in obj.attrs]
@@ -230,6 +290,13 @@ class Library:
                        workspace_size, algo, has_algo):
         real = self._handle(handle)
         (desc, ad, bd, cd, dd), mode = self._resolve(tail, MATMUL_STATE)
+        if self.fast:                                # the C table knows this state now: it runs it
+            payload = MATMUL.pack(alpha, beta, alpha_ptr, beta_ptr, a, b, c, d, workspace, workspace_size, algo,
+                                  has_algo) + bytes(tail)
+            status = self.c.rgpu_cublaslt_record(self.fast, self._cublas[1], handle, stream or 0, payload,
+                                                 len(payload))
+            if status != NOT_HERE:                   # NOT_HERE: a cublasLtCreate handle, run below
+                return status
         # cublasLtPointerMode_t: 0 both host; 1, 2 both device; 3 alpha device, beta unread; 4 alpha device, beta host
         scalars = self._scalars                      # ours, read by the library during the call
         ctypes.memmove(scalars, alpha, 16)
