@@ -20,7 +20,6 @@ const char *standin_take(void) {
     len_ = 0;
     return out;
 }
-void standin_record(int on) { record_ = on; len_ = 0; }
 unsigned long long standin_calls(void) { return calls_; }
 
 static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -133,6 +132,13 @@ int cublasDotEx(void *h, int n, const void *x, int xt, int incx, const void *y, 
 static char objs_[1 << 16];
 static size_t next_;
 static void *obj(void) { return &objs_[next_++ % sizeof objs_]; }
+static int dmode_[sizeof objs_];  /* each matmul descriptor's pointer mode (attribute 2), for the log */
+/* a new log, and the objects' addresses from the start again (the last session's are gone), so two sessions'
+ * logs compare equal */
+void standin_record(int on) {
+    record_ = on, len_ = 0, next_ = 0;
+    memset(dmode_, 0, sizeof dmode_);
+}
 int cublasLtCreate(void **h) { *h = obj(); return CALL("lt_create\n"); }
 int cublasLtDestroy(void *h) { return CALL("lt_destroy %llx\n", U(h)); }
 int cublasLtMatmulDescCreate(void **d, int compute, int scale) { *d = obj(); return CALL("desc %d %d\n", compute, scale); }
@@ -140,6 +146,7 @@ int cublasLtMatmulDescDestroy(void *d) { (void)d; return CALL("desc_destroy\n");
 int cublasLtMatmulDescSetAttribute(void *d, int a, const void *v, size_t n) {
     unsigned long long x = 0;
     memcpy(&x, v, n < 8 ? n : 8);
+    if (a == 2) dmode_[(char *)d - objs_] = (int)x;
     return CALL("desc_set %llx %d %llx %zu\n", U(d), a, x, n);
 }
 int cublasLtMatrixLayoutCreate(void **l, int t, uint64_t r, uint64_t c, int64_t ld) {
@@ -167,8 +174,15 @@ int cublasLtMatmulAlgoGetHeuristic(void *h, void *d, void *a, void *b, void *c, 
 int cublasLtMatmul(void *h, void *desc, const void *al, const void *A, void *ad, const void *B, void *bd,
                    const void *be, const void *C, void *cd, void *D, void *dd, const void *algo, void *w, size_t wn,
                    void *s) {
-    return CALL("lt_matmul %llx %llx %llx %llx %llx %llx %llx %llx %llx %llx %llx %llx %d %llx %zu %llx\n", U(h),
-                U(desc), sc(al), U(A), U(ad), U(B), U(bd), sc(be), U(C), U(cd), U(D), U(dd), algo != 0, U(w), wn,
+    /* host scalars (pointer mode 0; beta also in 4) as their first 8 bytes, else the device address; the algo's
+     * first word */
+    int mode = dmode_[(char *)desc - objs_];
+    unsigned long long a8 = U(al), b8 = U(be), g = 0;
+    if (mode == 0 && al) memcpy(&a8, al, 8);
+    if ((mode == 0 || mode == 4) && be) memcpy(&b8, be, 8);
+    if (algo) memcpy(&g, algo, 8);
+    return CALL("lt_matmul %llx %llx %llx %llx %llx %llx %llx %llx %llx %llx %llx %llx %d %llx %llx %zu %llx\n",
+                U(h), U(desc), a8, U(A), U(ad), U(B), U(bd), b8, U(C), U(cd), U(D), U(dd), algo != 0, g, U(w), wn,
                 U(s));
 }
 
