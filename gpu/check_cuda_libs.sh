@@ -44,10 +44,7 @@ step libs 120 python3 -c "from rgpu.cuda_intercept import libraries; print(libra
 LIBDIR=$(tail -n 1 "$OUT/libs.json")
 
 export RGPU_TOKEN=gpu-check-$RANDOM$RANDOM
-(cd /tmp && exec python3 -m rgpu serve --port 0 --cuda-driver "${CHECK_DRIVER:-real}" --preload "") >"$OUT/server.log" 2>&1 &   # from /tmp: ./rgpu would shadow the installed package
-SERVER_PID=$!
-for _ in $(seq 150); do grep -q "listening on" "$OUT/server.log" && break; sleep 0.2; done
-export RGPU_SERVER=$(grep -o "listening on [^;]*" "$OUT/server.log" | head -1 | awk '{print $3}')
+serve_cuda "$OUT/server.log"; SERVER_PID=$SERVED_PID; export RGPU_SERVER=$SERVED
 stamp "server $RGPU_SERVER (pid $SERVER_PID), libraries in $LIBDIR"
 # the native runs: no rgpu library in the loader's paths, no RGPU_* variable (a server address among them)
 NATIVE=(env -u LD_LIBRARY_PATH -u LD_AUDIT -u LD_PRELOAD)
@@ -94,11 +91,7 @@ ladder rgpu $(( BUDGET - ($(date +%s) - T0) - BENCH_S - RECORD_S - 10 )) "$RUNGS
   "${BENCH[@]}"
 
 if [ "${RECORD:-0}" = 1 ]; then   # a second server records every math-library call and the GEMMs' bytes
-  (cd /tmp && RGPU_CUDA_LIB_RECORD="$OUT/lib_traces" exec python3 -m rgpu serve --port 0 \
-    --cuda-driver "${CHECK_DRIVER:-real}" --preload "") >"$OUT/record_server.log" 2>&1 &
-  REC_PID=$!
-  for _ in $(seq 150); do grep -q "listening on" "$OUT/record_server.log" && break; sleep 0.2; done
-  REC_SERVER=$(grep -o "listening on [^;]*" "$OUT/record_server.log" | head -1 | awk '{print $3}')
+  serve_cuda "$OUT/record_server.log" RGPU_CUDA_LIB_RECORD="$OUT/lib_traces"; REC_PID=$SERVED_PID; REC_SERVER=$SERVED
   for r in $(echo "${RECORD_RUNGS:-R4,R9}" | tr , ' '); do   # a process, so a trace file, per rung
     ladder "rgpu_record_$r" 30 "$r" env RGPU_SERVER="$REC_SERVER" "$TPY" -m rgpu intercept run --
   done

@@ -26,10 +26,7 @@ LIBDIR=$(tail -n 1 "$OUT/libs.json")
 readelf --dyn-syms -W "$LIBDIR/libcudart.so.13" | grep -c '@@libcudart.so.13' >"$OUT/cudart_exports.txt" 2>&1
 
 export RGPU_TOKEN=gpu-check-$RANDOM$RANDOM
-(cd /tmp && exec python3 -m rgpu serve --port 0 --cuda-driver "${CHECK_DRIVER:-real}" --preload "") >"$OUT/server.log" 2>&1 &   # from /tmp: ./rgpu would shadow the installed package
-SERVER_PID=$!
-for _ in $(seq 150); do grep -q "listening on" "$OUT/server.log" && break; sleep 0.2; done
-export RGPU_SERVER=$(grep -o "listening on [^;]*" "$OUT/server.log" | head -1 | awk '{print $3}')
+serve_cuda "$OUT/server.log"; SERVER_PID=$SERVED_PID; export RGPU_SERVER=$SERVED
 stamp "server $RGPU_SERVER (pid $SERVER_PID), libraries in $LIBDIR"
 
 # ---- the nvcc programs: native vs rgpu ------------------------------------------------------------
@@ -124,34 +121,9 @@ if [ -n "$TPY" ]; then
 fi
 
 # ---- CuPy: elementwise, a reduction and a RawKernel (NVRTC compiles on the client) -----------------
-cat >"$OUT/cupy_check.py" <<'EOF'
-"""CuPy on cuda: each result as its bytes' sha256, so the native and the rgpu runs compare bitwise."""
-import hashlib, json
-res = {}
-try:
-    import cupy as cp
-    res["cupy"] = cp.__version__
-    h = lambda a: hashlib.sha256(cp.asnumpy(a).tobytes()).hexdigest()[:16]
-    x = cp.arange(100_000, dtype=cp.float32) * 0.25 - 3
-    y = cp.sin(x) * 2 + cp.sqrt(cp.abs(x))
-    scale = cp.RawKernel(r"""extern "C" __global__ void scale(const float* a, float* b, float k, int n) {
-        int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) b[i] = a[i] * k + 1.0f; }""", "scale")
-    z = cp.empty_like(x)
-    scale(((x.size + 255) // 256,), (256,), (x, z, cp.float32(1.5), cp.int32(x.size)))
-    ew = cp.ElementwiseKernel("float32 a, float32 b", "float32 c", "c = a * b - 0.5f", "mulsub")
-    res["digests"] = {"elementwise": h(y), "sum": h(y.sum()), "max": h(cp.max(x)),
-                      "mean_axis": h(y.reshape(100, -1).mean(axis=1)), "rawkernel": h(z),
-                      "elementwise_kernel": h(ew(x, y)), "cumsum": h(cp.cumsum(x[:4096]))}
-    cp.cuda.Device().synchronize()
-except Exception as exc:
-    res["error"] = f"{type(exc).__name__}: {str(exc)[:1500]}"
-res["maps"] = sorted({l.split()[-1] for l in open("/proc/self/maps")
-                      if any(k in l for k in ("libcuda", "libcudart", "libnvrtc", "libcublas"))})
-print(json.dumps(res))
-EOF
 if [ -n "$TPY" ] && "$TPY" -c "import cupy" 2>/dev/null; then
-  step cupy_native 120 env -u LD_LIBRARY_PATH "$TPY" "$OUT/cupy_check.py"
-  step cupy_rgpu 180 "$TPY" -m rgpu intercept run -- "$TPY" "$OUT/cupy_check.py"
+  step cupy_native 120 env -u LD_LIBRARY_PATH "$TPY" "$REPO/gpu/cupy_check.py"
+  step cupy_rgpu 180 "$TPY" -m rgpu intercept run -- "$TPY" "$REPO/gpu/cupy_check.py"
 fi
 
 kill "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null

@@ -23,10 +23,7 @@ step libs 120 python3 -c "from rgpu.cuda_intercept import libraries; print(libra
 LIBDIR=$(tail -n 1 "$OUT/libs.json")
 
 export RGPU_TOKEN=gpu-check-$RANDOM$RANDOM
-(cd /tmp && exec python3 -m rgpu serve --port 0 --cuda-driver "${CHECK_DRIVER:-real}" --preload "") >"$OUT/server.log" 2>&1 &
-SERVER_PID=$!
-for _ in $(seq 150); do grep -q "listening on" "$OUT/server.log" && break; sleep 0.2; done
-export RGPU_SERVER=$(grep -o "listening on [^;]*" "$OUT/server.log" | head -1 | awk '{print $3}')
+serve_cuda "$OUT/server.log"; SERVER_PID=$SERVED_PID; export RGPU_SERVER=$SERVED
 stamp "server $RGPU_SERVER (pid $SERVER_PID), libraries in $LIBDIR"
 
 # ---- the nvcc programs, -cudart static: native vs rgpu ---------------------------------------------
@@ -70,32 +67,6 @@ EOF
 step programs 120 python3 "$OUT/programs.py" "$REPO"
 
 # ---- CuPy: elementwise, reductions, RawKernel, ElementwiseKernel ------------------------------------
-cat >"$OUT/cupy_check.py" <<'EOF'
-"""CuPy on cuda: each result as its bytes' sha256, so the native and the rgpu runs compare bitwise."""
-import hashlib, json
-res = {}
-try:
-    import cupy as cp
-    res["cupy"] = cp.__version__
-    h = lambda a: hashlib.sha256(cp.asnumpy(a).tobytes()).hexdigest()[:16]
-    x = cp.arange(100_000, dtype=cp.float32) * 0.25 - 3
-    y = cp.sin(x) * 2 + cp.sqrt(cp.abs(x))
-    scale = cp.RawKernel(r"""extern "C" __global__ void scale(const float* a, float* b, float k, int n) {
-        int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) b[i] = a[i] * k + 1.0f; }""", "scale")
-    z = cp.empty_like(x)
-    scale(((x.size + 255) // 256,), (256,), (x, z, cp.float32(1.5), cp.int32(x.size)))
-    ew = cp.ElementwiseKernel("float32 a, float32 b", "float32 c", "c = a * b - 0.5f", "mulsub")
-    res["digests"] = {"elementwise": h(y), "sum": h(y.sum()), "max": h(cp.max(x)),
-                      "mean_axis": h(y.reshape(100, -1).mean(axis=1)), "rawkernel": h(z),
-                      "elementwise_kernel": h(ew(x, y)), "cumsum": h(cp.cumsum(x[:4096]))}
-    res["device"] = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
-    cp.cuda.Device().synchronize()
-except Exception as exc:
-    res["error"] = f"{type(exc).__name__}: {str(exc)[:1500]}"
-res["maps"] = sorted({l.split()[-1] for l in open("/proc/self/maps")
-                      if any(k in l for k in ("libcuda", "libcudart", "libnvrtc", "libcublas"))})
-print(json.dumps(res))
-EOF
 CPY=""
 for p in "${CUPY_PYTHON:-}" /opt/torch/.venv/bin/python python3; do
   [ -n "$p" ] && "$p" -c "import cupy" 2>/dev/null && { CPY=$p; break; }
@@ -106,8 +77,8 @@ if [ -n "$CPY" ] && [ "$CPY" != python3 ]; then   # rgpu (and cffi) must import 
     "$CPY" -m pip install --no-deps --no-build-isolation "$REPO"; } >"$OUT/cupy_install.log" 2>&1
 fi
 if [ -n "$CPY" ]; then
-  step cupy_native 90 env -u LD_LIBRARY_PATH "$CPY" "$OUT/cupy_check.py"
-  step cupy_rgpu 120 "$CPY" -m rgpu intercept run -- "$CPY" "$OUT/cupy_check.py"
+  step cupy_native 90 env -u LD_LIBRARY_PATH "$CPY" "$REPO/gpu/cupy_check.py"
+  step cupy_rgpu 120 "$CPY" -m rgpu intercept run -- "$CPY" "$REPO/gpu/cupy_check.py"
 fi
 
 kill "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null

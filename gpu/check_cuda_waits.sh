@@ -20,10 +20,7 @@ fi
 TPY=${TORCH_PYTHON:-python3}
 step libs 120 python3 -c "from rgpu.cuda_intercept import libraries; print(libraries.build())"
 export RGPU_TOKEN=gpu-check-$RANDOM$RANDOM
-(cd /tmp && exec python3 -m rgpu serve --port 0 --cuda-driver "${CHECK_DRIVER:-real}" --preload "") >"$OUT/server.log" 2>&1 &
-SERVER_PID=$!
-for _ in $(seq 150); do grep -q "listening on" "$OUT/server.log" && break; sleep 0.2; done
-export RGPU_SERVER=$(grep -o "listening on [^;]*" "$OUT/server.log" | head -1 | awk '{print $3}')
+serve_cuda "$OUT/server.log"; SERVER_PID=$SERVED_PID; export RGPU_SERVER=$SERVED
 stamp "server $RGPU_SERVER"
 RGPU_CUDA_WAIT_REPORT=1 step probe 240 python3 -m rgpu intercept run -- "$TPY" "$REPO/gpu/cuda_waits_probe.py"
 kill "$SERVER_PID" 2>/dev/null

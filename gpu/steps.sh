@@ -1,6 +1,6 @@
 # Sourced by the gpu/ scripts that run benches in timed steps and bring back one tarball.
 #
-#   BUDGET=540; . gpu/steps.sh       then: install_rgpu; step NAME LIMIT_S COMMAND...; summarize NAME...; pack FILE
+#   BUDGET=540; . gpu/steps.sh       then: install_rgpu; step NAME LIMIT_S COMMAND...; serve_cuda LOG; summarize NAME...; pack FILE
 #
 # $OUT (the caller's, where the device tool collects) becomes $FINAL; $OUT is then a scratch folder that
 # pack() tars into $FINAL/FILE beside summary.txt (the device tool returns at most 8 files a call).
@@ -32,6 +32,16 @@ install_rgpu() {  # rgpu from this tree, and every native part built against the
   stamp install
   python3 -m pip install --no-deps --no-build-isolation -q "$REPO" >"$OUT/install.log" 2>&1
   step build 240 python3 -m rgpu build   # a line per part (built, cached, skipped: why); exit 1 when one fails
+}
+
+serve_cuda() {  # serve_cuda LOG [VAR=VALUE...]: `rgpu serve --cuda-driver ${CHECK_DRIVER:-real}` in the background
+  # (RGPU_TOKEN exported first), from /tmp so ./rgpu never shadows the installed package; once it listens, its
+  # address is in $SERVED and its pid in $SERVED_PID
+  local log=$1; shift
+  (cd /tmp && exec env "$@" python3 -m rgpu serve --port 0 --cuda-driver "${CHECK_DRIVER:-real}" --preload "") >"$log" 2>&1 &
+  SERVED_PID=$!
+  for _ in $(seq 150); do grep -q "listening on" "$log" && break; sleep 0.2; done
+  SERVED=$(grep -o "listening on [^;]*" "$log" | head -1 | awk '{print $3}')
 }
 
 summarize() {  # summarize NAME...: each step's bench rows, one line each, into $OUT/summary.txt
