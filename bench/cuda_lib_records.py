@@ -112,8 +112,8 @@ class Session:
                                                        answered=True)
         assert run("cublasCreate_v2", HANDLE, client_version=130100)[1] == 0
         assert run("cudnnCreate", DNN_HANDLE, client_version=91000) == [0, None]
-        assert run("cudnnBackendCreateDescriptor", PLAN, type=14) == [0, None]
-        assert run("cudnnBackendCreateDescriptor", PACK, type=13) == [0, None]
+        assert run("cudnnBackendCreateDescriptor", PLAN, type=5) == [0, None]      # an execution plan
+        assert run("cudnnBackendCreateDescriptor", PACK, type=16) == [0, None]     # a variant pack
 
     def per_record(self, name: str, handle: int, stream: int, payload: bytes, n: int) -> float:
         """µs per record through ``Libraries.run``, called once per record."""

@@ -18,7 +18,7 @@ from rgpu import native, protocol
 
 NAME = "launch_records"
 HERE = Path(__file__).resolve().parent
-SOURCES = [HERE / "launch_records.c", HERE / "libs" / "cublas_records.c", HERE / "libs" / "cublaslt_records.c"]
+SOURCES = [HERE / "launch_records.c", *(HERE / "libs" / f"{lib}_records.c" for lib in ("cublas", "cublaslt", "cudnn"))]
 _WALK = [c_void_p, c_void_p, c_void_p, c_size_t, POINTER(c_size_t), POINTER(c_uint64)]
 SIGNATURES = {   # name -> (argument types, result type)
     "rgpu_launch_records": (_WALK, c_int),
@@ -42,6 +42,14 @@ SIGNATURES = {   # name -> (argument types, result type)
                              POINTER(c_uint64)], c_int),
     "rgpu_cublaslt_pointers": ([c_void_p, c_uint64, c_size_t, POINTER(c_int32), POINTER(c_uint64)], c_int),
     "rgpu_cublaslt_record": ([c_void_p, c_void_p, c_uint64, c_uint64, c_void_p, c_size_t], c_int),
+    "rgpu_cublas_set_dnn": ([c_void_p, c_void_p], None),
+    "rgpu_cudnn_new": ([c_void_p, c_void_p], c_void_p),
+    "rgpu_cudnn_free": ([c_void_p], None),
+    "rgpu_cudnn_add": ([c_void_p, c_int, c_uint64, c_uint64], c_int),
+    "rgpu_cudnn_remove": ([c_void_p, c_int, c_uint64], None),
+    "rgpu_cudnn_count": ([c_void_p, c_int], c_size_t),
+    "rgpu_cudnn_stream": ([c_void_p, c_uint64, c_uint64], c_int),
+    "rgpu_cudnn_record": ([c_void_p, c_uint64, c_uint64, c_void_p, c_size_t], c_int),
 }
 
 

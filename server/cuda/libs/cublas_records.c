@@ -42,13 +42,17 @@ typedef struct {
 } handle_t;
 
 struct rgpu_cublas;
-struct rgpu_cublaslt;  /* cublaslt_records.c: its matmuls, handed on from here (the walker's one table) */
+/* cublaslt_records.c's matmuls and cudnn_records.c's executes, handed on from here (the walker's one table) */
+struct rgpu_cublaslt;
+struct rgpu_cudnn;
 int rgpu_cublaslt_record(struct rgpu_cublaslt *t, struct rgpu_cublas *cublas, uint64_t client, uint64_t stream,
                          const char *p, size_t len);
+int rgpu_cudnn_record(struct rgpu_cudnn *t, uint64_t client, uint64_t stream, const char *p, size_t len);
 
 typedef struct rgpu_cublas {
     void *fn[NFUNCS];
     struct rgpu_cublaslt *lt;  /* set by cublaslt_real.py, not owned: cleared before it is freed */
+    struct rgpu_cudnn *dnn;    /* the same, by cudnn_real.py */
     handle_t *h;
     size_t n, cap;
     char error[160];  /* why the last call failed here (a setter), for Python's message */
@@ -71,6 +75,7 @@ int rgpu_cublas_bind(rgpu_cublas_t *t, int slot, void *fn) {
 const char *rgpu_cublas_error(rgpu_cublas_t *t) { return t->error; }
 
 void rgpu_cublas_set_lt(rgpu_cublas_t *t, struct rgpu_cublaslt *lt) { t->lt = lt; }
+void rgpu_cublas_set_dnn(rgpu_cublas_t *t, struct rgpu_cudnn *dnn) { t->dnn = dnn; }
 
 static handle_t *find(rgpu_cublas_t *t, uint64_t client) {
     for (size_t i = 0; i < t->n; i++)
@@ -183,6 +188,8 @@ int rgpu_cublas_runs(rgpu_cublas_t *t, uint32_t call) {
 int rgpu_cublas_record(rgpu_cublas_t *t, uint32_t call, uint64_t client, uint64_t stream, const char *p, size_t len) {
     if (call == RGPU_LIB_cublasLtMatmul)
         return t && t->lt ? rgpu_cublaslt_record(t->lt, t, client, stream, p, len) : NOT_HERE;
+    if (call == RGPU_LIB_cudnnBackendExecute)
+        return t && t->dnn ? rgpu_cudnn_record(t->dnn, client, stream, p, len) : NOT_HERE;
     size_t need;
     int slot = slot_of(call, &need);
     if (!t || slot < 0 || !rgpu_cublas_runs(t, call)) return NOT_HERE;

@@ -6,6 +6,8 @@ are device addresses and pass through). The stream travels with each call and is
 handle only when it changed. A Finalize (and a Get that fills the caller's descriptors) answers with
 the readable attributes of the descriptors it made readable (``READABLE``), so the client answers the
 frontend's later Gets itself. Every call runs on the session's thread with its context current.
+With cuBLAS's C table, executes run in C (``cudnn_records.c``, ``self.fast``): told of each handle, variant pack
+and plain plan (no by-value tensors: its first execute here) as they come and go, it owns the handles' streams.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from . import LibError
 BAD_PARAM, NOT_INITIALIZED, VERSION_MISMATCH, NOT_SUPPORTED = 2000, 1001, 1002, 3000
 DOUBLE = 1                              # CUDNN_DATA_DOUBLE: its scalars are doubles, every other type's floats
 VARIANT_PACK = 16                       # CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR
+HANDLE, PACK, PLAN, ALLOC_FAILED = 0, 1, 2, 4001   # a client id's kind in the C table; CUDNN_STATUS_ALLOC_FAILED
 STATUS = {0: "CUDNN_STATUS_SUCCESS", 1001: "CUDNN_STATUS_NOT_INITIALIZED", 2000: "CUDNN_STATUS_BAD_PARAM",
           2002: "CUDNN_STATUS_BAD_PARAM_NULL_POINTER", 2004: "CUDNN_STATUS_BAD_PARAM_NOT_FINALIZED",
           2010: "CUDNN_STATUS_BAD_PARAM_ATTRIBUTE_TYPE", 2012: "CUDNN_STATUS_BAD_PARAM_DESCRIPTOR_TYPE",
@@ -148,12 +151,13 @@ def _bind(lib) -> None:
 
 class Library:
     def __init__(self, driver, owner):
-        self.driver = driver
+        self.driver, self.owner = driver, owner
         self.lib = None
         self.handles: dict[int, list] = {}         # client id -> [real handle, the stream set on it]
         self.descs: dict[int, list] = {}           # client id -> [real descriptor, its type]
         self.tensors: dict[int, list] = {}         # client id -> [real tensor descriptor, its data type]
         self.by_value = ByValue()
+        self.c = self.fast = self._cublas = None   # with cuBLAS's C table: the C library, ours, cuBLAS's
 
     # ---- the contract --------------------------------------------------------------------------
     def status_name(self, status: int) -> str:
@@ -164,6 +168,12 @@ class Library:
     def close(self) -> None:
         if self.lib is None:
             return
+        if self.fast:
+            cublas, table = self._cublas
+            if cublas.fast == table:             # still open: its walker must not reach ours once freed
+                self.c.rgpu_cublas_set_dnn(table, None)
+            self.c.rgpu_cudnn_free(self.fast)
+            self.c = self.fast = self._cublas = None
         for real, _ in self.descs.values():
             self.lib.cudnnBackendDestroyDescriptor(real)
         for real, _ in self.tensors.values():
@@ -188,7 +198,9 @@ class Library:
         if h is None:
             raise LibError(BAD_PARAM, f"{name}: {handle:#x} is not a cuDNN handle of this session")
         stream = stream or 0
-        if h[1] != stream:                        # the session's stream, set only when it changed
+        if self.fast:                             # the C table holds the stream set on it
+            self._check(name, self.c.rgpu_cudnn_stream(self.fast, handle, stream))
+        elif h[1] != stream:                        # the session's stream, set only when it changed
             self._check(name, self.lib.cudnnSetStream(h[0], stream))
             h[1] = stream
         return h[0]
@@ -222,11 +234,13 @@ class Library:
         real = _P()
         self._check("cudnnCreate", self.lib.cudnnCreate(byref(real)))
         self.handles[handle] = [real, 0]
+        self._fast("add", HANDLE, handle, real.value)
         return 0
 
     def cudnnDestroy(self, handle, stream, tail):
         real = self._handle("cudnnDestroy", handle)
         del self.handles[handle]
+        self._fast("remove", HANDLE, handle)
         return self._check("cudnnDestroy", self.lib.cudnnDestroy(real))
 
     # ---- the backend graph API -----------------------------------------------------------------
@@ -240,6 +254,27 @@ class Library:
             except (LibraryMissing, AttributeError) as exc:
                 raise LibError(NOT_INITIALIZED, str(exc)) from None
             self.lib = lib
+            self._table(lib)
+
+    def _table(self, lib) -> None:
+        """Our C table, hung on cuBLAS's (the walker's entry), where the server's C part is built."""
+        from ..real_batch import library
+        c, table = library(), None
+        cublas = self.owner.library("cublas") if c is not None else None
+        try:
+            table = cublas and cublas.fn("cublasCreate_v2") and cublas.records_table()
+        except LibError:                          # no cuBLAS here: Python runs every execute
+            pass
+        if table:
+            self.c, self._cublas = c, (cublas, table)
+            self.fast = c.rgpu_cudnn_new(ctypes.cast(lib.cudnnBackendExecute, _P), ctypes.cast(lib.cudnnSetStream, _P))
+            c.rgpu_cublas_set_dnn(table, self.fast)
+
+    def _fast(self, verb: str, kind: int, client: int, real=None) -> None:
+        """Tell the C table of a client id (HANDLE, PACK, PLAN) made (``add``, its real object) or gone."""
+        if self.fast and (self.c.rgpu_cudnn_add(self.fast, kind, client, real) if verb == "add"
+                          else self.c.rgpu_cudnn_remove(self.fast, kind, client)):
+            raise LibError(ALLOC_FAILED, f"the C table refused {client:#x} (no memory)")
 
     def cudnnBackendCreateDescriptor(self, handle, stream, tail, type):
         self._need_lib()
@@ -248,12 +283,16 @@ class Library:
         real = _P()
         self._check("cudnnBackendCreateDescriptor", self.lib.cudnnBackendCreateDescriptor(type, byref(real)))
         self.descs[handle] = [real, type]
+        if type == VARIANT_PACK:
+            self._fast("add", PACK, handle, real.value)
         return 0
 
     def cudnnBackendDestroyDescriptor(self, handle, stream, tail):
         real, _ = self._desc("cudnnBackendDestroyDescriptor", handle)
         del self.descs[handle]
         self.by_value.forget(handle)
+        self._fast("remove", PACK, handle)
+        self._fast("remove", PLAN, handle)
         return self._check("cudnnBackendDestroyDescriptor", self.lib.cudnnBackendDestroyDescriptor(real))
 
     def _elements(self, name: str, type: int, count: int, tail):
@@ -277,6 +316,7 @@ class Library:
         self._check("cudnnBackendSetAttribute",
                     self.lib.cudnnBackendSetAttribute(real, name, type, count, ctypes.cast(elements, _P)))
         self.by_value.set(handle, name, type, count, tail)
+        self._fast("remove", PLAN, handle)       # a plan changed: plain again only at its next execute here
         return 0
 
     def _get(self, real, name: int, type: int):
@@ -322,6 +362,7 @@ class Library:
             out = bytearray(struct.pack("<q", count.value))
             for i in ids[:min(requested, count.value)]:
                 self.by_value.filled(i, handle)
+                self._fast("remove", PLAN, i)
                 d = self.readable(i) if i else b""
                 out += struct.pack("<I", len(d)) + d
             return 0, bytes(out)
@@ -345,6 +386,7 @@ class Library:
             return status           # a frontend's next engine: its status alone (the client says each once)
         self._check("cudnnBackendFinalize", status)
         self.by_value.finalized(handle)
+        self._fast("remove", PLAN, handle)
         if type_ == VARIANT_PACK:
             return 0, b""
         return 0, self.readable(handle) + dump(self.by_value.entry(handle))
@@ -359,6 +401,7 @@ class Library:
         p, _ = self._desc(n, plan)
         v, _ = self._desc(n, pack)
         if not len(tail) and not self.by_value.of.get(plan):
+            self._fast("add", PLAN, plan, p.value)     # plain: the C table runs its next executes
             return self._check(n, self.lib.cudnnBackendExecute(h, p, v))
         # by-value tensors: the same pack, rebuilt with the client's bytes where its host pointers were
         attrs, keep = self.by_value.patched(plan, pack, tail)
