@@ -50,11 +50,14 @@ SAMPLES = {
     "RGPU_MAX_UNAUTH": ("100", 100),
     "RGPU_MAX_UNAUTH_PER_SOURCE": ("8", 8),
     "RGPU_MAX_SESSION_BYTES": ("1G", 1 << 30),
+    "RGPU_MAX_SESSIONS_PER_TOKEN": ("4", 4),
+    "RGPU_MAX_FRAMES_IN_FLIGHT": ("1000", 1000),
     "RGPU_SESSION_GRACE": ("120", 120.0),
     "RGPU_REPLAY_BYTES": ("16M", 16 << 20),
     "RGPU_DEBUG": ("on", True),
     "RGPU_CUDA_WAIT_REPORT": ("1", True),
     "RGPU_CUDA_LIB_TRACE": ("yes", True),
+    "RGPU_CUDA_LIB_RECORD": ("/tmp/lib-traces", "/tmp/lib-traces"),
 }
 
 BAD = {
