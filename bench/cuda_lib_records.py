@@ -108,6 +108,7 @@ class Session:
         self.executor.current, self.executor.deferred = 0, []
         from rgpu.server.cuda.libs import Libraries
         self.executor.libs = self.libs = Libraries(self.executor.driver)
+        self.executor.driver.lib.standin_reset()        # this session's objects at the same addresses as the last's
         run = lambda name, handle, **f: self.libs.run(BY_NAME[name].id, handle, 0, memoryview(pack(name, **f)),  # noqa: E731
                                                        answered=True)
         assert run("cublasCreate_v2", HANDLE, client_version=130100)[1] == 0

@@ -133,10 +133,10 @@ static char objs_[1 << 16];
 static size_t next_;
 static void *obj(void) { return &objs_[next_++ % sizeof objs_]; }
 static int dmode_[sizeof objs_];  /* each matmul descriptor's pointer mode (attribute 2), for the log */
-/* a new log, and the objects' addresses from the start again (the last session's are gone), so two sessions'
- * logs compare equal */
-void standin_record(int on) {
-    record_ = on, len_ = 0, next_ = 0;
+void standin_record(int on) { record_ = on, len_ = 0; }
+/* the objects' addresses from the start again (the last session's are gone): two sessions' logs compare equal */
+void standin_reset(void) {
+    next_ = 0;
     memset(dmode_, 0, sizeof dmode_);
 }
 int cublasLtCreate(void **h) { *h = obj(); return CALL("lt_create\n"); }
