@@ -156,6 +156,7 @@ def forget_module(h: int) -> None:
         del LAYOUTS[f]
     for key in [k for k in ATTRS if k[0] in gone]:
         del ATTRS[key]
+    FETCHED.difference_update({k for k in FETCHED if k[0] in gone})
     SET.clear()        # kernels of a library are not in LAYOUTS until launched: forget every set value
 
 
@@ -236,14 +237,18 @@ def cu_func_get_module(pmod, f):
 
 
 # Attribute reads are cached: a function's attributes change only through a set that passes here
-# (runtimes ask before launches: cuBLASLt ~100 cuKernelGetAttribute per training step).
+# (runtimes ask before launches: cuBLASLt ~100 cuKernelGetAttribute per training step); a function's first
+# read fetches all of them at once.
 ATTRS: dict[tuple[int, int, int], int] = {}       # (handle, attribute, device or -1) -> value
+FETCHED: set[tuple[int, int]] = set()             # (handle, device or -1) whose attributes came in one reply
 
 
 @implements("cuFuncGetAttribute")
 def cu_func_get_attribute(pi, attr, f):
     key = (handle(client.get().ffi, f), int(attr), -1)
     if key not in ATTRS:
+        _all_attributes(key, "func_get_attributes", key[0])
+    if key not in ATTRS:                 # one the driver refused among the rest: its own call says why
         ATTRS[key], _ = client.get().call("func_get_attribute", int(attr), key[0])
     pi[0] = ATTRS[key]
     return CUDA_SUCCESS
@@ -253,9 +258,24 @@ def cu_func_get_attribute(pi, attr, f):
 def cu_kernel_get_attribute(pi, attr, kernel, dev):
     key = (handle(client.get().ffi, kernel), int(attr), int(dev))
     if key not in ATTRS:
+        _all_attributes(key, "kernel_get_attributes", key[0], key[2])
+    if key not in ATTRS:
         ATTRS[key], _ = client.get().call("kernel_get_attribute", int(attr), key[0], int(dev))
     pi[0] = ATTRS[key]
     return CUDA_SUCCESS
+
+
+def _all_attributes(key: tuple, op: str, *args) -> None:
+    """Cache every attribute of the function (or kernel on a device) of ``key`` from one reply: a first
+    cudaFuncGetAttributes reads ten, each would be a round trip. Not one asked after a set: a set forgets only
+    the attribute it changed, and the others stay cached."""
+    if (key[0], key[2]) in FETCHED:
+        return
+    FETCHED.add((key[0], key[2]))
+    got, _ = client.get().call(op, *args)
+    for a, v in enumerate(got):
+        if v is not None:
+            ATTRS.setdefault((key[0], a, key[2]), v)
 
 
 def _forget_attrs(h: int, attr: int) -> None:

@@ -6,22 +6,55 @@ straight to cuModuleLoadData).
 """
 from __future__ import annotations
 
+import itertools
+
+from rgpu import config
+
 from . import client
 from .calls_code import (LAYOUTS, _read, forget_module, image_bytes, jit_options, layout, load_image, note_function,
                          write_logs)
 from .calls_device import handle
-from .registry import CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS, implements
+from .registry import CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS, CudaCallError, implements
 
 LINKS: dict[int, dict] = {}
 
 
-# ---- libraries (the CUDA 12 loading API; cuda.core uses it) ---------------------------
+# ---- libraries (the CUDA 12 loading API; cuda.core and the CUDA runtimes use it) ----------
+# A library's load brings back every kernel's handle and parameter layout ("library_kernels"), so a
+# kernel's look-up is answered here. With RGPU_CUDA_LAZY_LIBRARIES the load itself waits for the library's
+# first use: a static CUDA runtime loads every image of the program when it starts, and most programs use
+# a few; the program then holds a handle minted here until then.
+LIBRARIES: dict[int, dict] = {}     # the program's handle -> {"server", "kernels" (None: ask), "image" (lazy)}
+_MINTED = itertools.count(0x5247_5055_0000_0001)      # far from any pointer or fake handle
+
+
+def _library(scalar: dict, data: bytes) -> int:
+    if config.settings().cuda_lazy_libraries:
+        h = next(_MINTED)
+        LIBRARIES[h] = {"server": None, "kernels": None, "image": (scalar, data)}
+        return h
+    h, kernels = load_image("library_kernels", scalar, data)
+    LIBRARIES[h] = {"server": h, "kernels": kernels, "image": None}
+    return h
+
+
+def _server(h: int) -> int:
+    """The server's handle of library ``h``, loading it there now if its load was put off."""
+    lib = LIBRARIES.get(h)
+    if lib is None:
+        return h                         # not loaded through here: the server says what is wrong with it
+    if lib["server"] is None:
+        scalar, data = lib["image"]
+        lib["server"], lib["kernels"] = load_image("library_kernels", scalar, data)
+        lib["image"] = None
+    return lib["server"]
+
+
 @implements("cuLibraryLoadData")
 def cu_library_load_data(plib, code, jit_opts, jit_vals, njit, lib_opts, lib_vals, nlib):
     c = client.get()
     scalar, _ = jit_options(njit, jit_opts, jit_vals)
-    lib = load_image("library", scalar, image_bytes(code))
-    plib[0] = c.ffi.cast("CUlibrary", lib)
+    plib[0] = c.ffi.cast("CUlibrary", _library(scalar, image_bytes(code)))
     return CUDA_SUCCESS
 
 
@@ -29,8 +62,7 @@ def cu_library_load_data(plib, code, jit_opts, jit_vals, njit, lib_opts, lib_val
 def cu_library_load_from_file(plib, path, jit_opts, jit_vals, njit, lib_opts, lib_vals, nlib):
     c = client.get()
     scalar, _ = jit_options(njit, jit_opts, jit_vals)
-    lib = load_image("library", scalar, _read(path))
-    plib[0] = c.ffi.cast("CUlibrary", lib)
+    plib[0] = c.ffi.cast("CUlibrary", _library(scalar, _read(path)))
     return CUDA_SUCCESS
 
 
@@ -38,14 +70,17 @@ def cu_library_load_from_file(plib, path, jit_opts, jit_vals, njit, lib_opts, li
 def cu_library_unload(lib):
     h = handle(client.get().ffi, lib)
     forget_module(h)
-    client.get().post("library_unload", h)
+    known = LIBRARIES.pop(h, None)
+    if known is not None and known["server"] is None:
+        return CUDA_SUCCESS              # never used, never loaded
+    client.get().post("library_unload", known["server"] if known else h)
     return CUDA_SUCCESS
 
 
 @implements("cuLibraryGetModule")
 def cu_library_get_module(pmod, lib):
     c = client.get()
-    mod, _ = c.call("library_get_module", handle(c.ffi, lib))
+    mod, _ = c.call("library_get_module", _server(handle(c.ffi, lib)))
     pmod[0] = c.ffi.cast("CUmodule", mod)
     return CUDA_SUCCESS
 
@@ -54,7 +89,14 @@ def cu_library_get_module(pmod, lib):
 def cu_library_get_kernel(pkernel, lib, name):
     c = client.get()
     text, h = c.ffi.string(name).decode(), handle(c.ffi, lib)
-    (k, lay), _ = c.call("library_get_kernel_layout", h, text)
+    server = _server(h)
+    kernels = LIBRARIES.get(h, {}).get("kernels")
+    if kernels is None:                  # a driver that cannot list them (before CUDA 12.4), or too many
+        (k, lay), _ = c.call("library_get_kernel_layout", server, text)
+    elif text in kernels:
+        k, lay = kernels[text]
+    else:
+        raise CudaCallError(CUDA_ERROR_NOT_FOUND, f"cuLibraryGetKernel: no kernel named {text!r} in library {h:#x}")
     note_function(k, text, h, lay)
     pkernel[0] = c.ffi.cast("CUkernel", k)
     return CUDA_SUCCESS
@@ -75,7 +117,7 @@ def cu_kernel_get_function(pf, kernel):
 @implements("cuLibraryGetGlobal")
 def cu_library_get_global(pdptr, psize, lib, name):
     c = client.get()
-    (ptr, size), _ = c.call("library_get_global", handle(c.ffi, lib), c.ffi.string(name).decode())
+    (ptr, size), _ = c.call("library_get_global", _server(handle(c.ffi, lib)), c.ffi.string(name).decode())
     if pdptr != c.ffi.NULL:
         pdptr[0] = ptr
     if psize != c.ffi.NULL:

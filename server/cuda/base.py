@@ -95,6 +95,11 @@ class Code:
         """A CUlibrary loaded from ``image`` (context-independent, the runtime's path)."""
         raise NotImplementedError
 
+    def library_kernels(self, lib: int) -> dict | None:
+        """``{name: [kernel, param layout]}`` of every kernel of ``lib``, without loading any into a context;
+        None where this driver cannot enumerate them (the client then asks kernel by kernel)."""
+        return None
+
     def library_unload(self, lib: int) -> None:
         raise NotImplementedError
 
@@ -209,6 +214,9 @@ class Driver:
     def library_load(self, options: dict | None, image) -> int:
         return self.code.library_load(options, image)
 
+    def library_kernels(self, lib: int) -> dict | None:
+        return self.code.library_kernels(lib)
+
     def library_unload(self, lib: int) -> None:
         return self.code.library_unload(lib)
 
@@ -254,6 +262,26 @@ class Driver:
     def module_get_function_layout(self, mod: int, name: str) -> list:
         f = self.module_get_function(mod, name)
         return [f, self.param_layout(f)]
+
+    # Every attribute the client may cache, in one reply (cudaFuncGetAttributes reads ten; cuBLASLt asks
+    # several per kernel): the values of CUfunction_attribute 0..9 by number, None for one the driver
+    # refuses (the client asks it alone, and that call says why).
+    FUNC_ATTRIBUTES = 10
+
+    def func_get_attributes(self, handle: int) -> list:
+        return self._attributes(lambda a: self.func_get_attribute(a, handle))
+
+    def kernel_get_attributes(self, handle: int, dev: int) -> list:
+        return self._attributes(lambda a: self.kernel_get_attribute(a, handle, dev))
+
+    def _attributes(self, read) -> list:
+        out = []
+        for a in range(self.FUNC_ATTRIBUTES):
+            try:
+                out.append(read(a))
+            except CudaDriverError:
+                out.append(None)
+        return out
 
     def close(self) -> None:
         """Release everything this session created."""

@@ -9,10 +9,12 @@ Wire format (msgpack meta, raw buffers):
     post     ["launches", 0]  + [records] the interceptor's C queue: launches (LAUNCH) and, in the same order, its
                                           memsets, event records, waits, frees, small copies, graph launches
                                           (OP, cuda/records.py)
-    request  ["image_load", ctx, "module" | "library", options, sha256, size] [+ the image's bytes]
+    request  ["image_load", ctx, "module" | "library" | "library_kernels", options, sha256, size] [+ the bytes]
                               content-addressed loading: with no bytes, a known image loads from the
                               server's store and an unknown one answers value {"send": true}, after which
-                              the client repeats the request with the bytes (images.py)
+                              the client repeats the request with the bytes (images.py); "library_kernels"
+                              answers [library, {name: [kernel, layout]} or None]: each kernel's look-up
+                              is then the client's
     request  ["lib_call", ctx, call, handle, stream] [+ payload]   a math library's call (cuBLAS, cuBLASLt,
                               cuDNN: rgpu.protocol.cuda_libs, run by libs/), answered: value [status, message]
                               (+ the call's output as the buffer); queued ones come in the launch records
@@ -55,7 +57,7 @@ event_create event_destroy event_record event_synchronize event_query event_elap
 stream_begin_capture stream_end_capture stream_is_capturing graph_instantiate graph_launch graph_upload
 graph_exec_destroy graph_destroy graph_get_nodes stream_get_capture_info kernel_get_attribute kernel_set_attribute
 mem_alloc_async mem_free_async device_get_default_mem_pool mem_pool_set_attribute mem_pool_get_attribute mem_pool_trim_to
-library_get_kernel_layout module_get_function_layout
+library_get_kernel_layout module_get_function_layout func_get_attributes kernel_get_attributes
 lib_call lib_record
 """.split())
 
@@ -135,9 +137,11 @@ class Executor(BaseExecutor):
 
     def _image_load(self, what: str, options, digest: str, size: int, data=None):
         """Load a module or library by its sha256: from the store, else from ``data`` (checked against it)."""
-        load = {"module": self.driver.module_load, "library": self.driver.library_load}.get(what)
+        load = {"module": self.driver.module_load, "library": self.driver.library_load,
+                "library_kernels": self._library_with_kernels}.get(what)
         if load is None or not valid_digest(digest) or not isinstance(size, int) or size < 0:
-            raise CudaDriverError(CUDA_ERROR_INVALID_VALUE, "image_load: expected module|library, a sha256, a size")
+            raise CudaDriverError(CUDA_ERROR_INVALID_VALUE, "image_load: expected module|library|library_kernels, "
+                                                            "a sha256, a size")
         if data is None:
             image = self.images.get(digest)
             if image is None:
@@ -148,6 +152,11 @@ class Executor(BaseExecutor):
                                                                 f"match sha256 {digest[:12]}... of {size} bytes")
             image = self.images.put(digest, data)
         return load(options, image)
+
+    def _library_with_kernels(self, options, image) -> list:
+        """``[library, {name: [kernel, layout]} or None]``: the client then finds a kernel without a round trip."""
+        lib = self.driver.library_load(options, image)
+        return [lib, self.driver.library_kernels(lib)]
 
     def _code(self, op: str, exc: Exception) -> tuple[int, str]:
         if isinstance(exc, CudaDriverError):

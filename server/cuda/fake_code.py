@@ -240,6 +240,11 @@ class FakeCode(Code):
         self.libraries[h] = mod
         return h
 
+    def library_kernels(self, lib: int) -> dict:
+        mod = self.library_get_module(lib)
+        return {name: [self.module_get_function(mod, name), [[p.offset, p.size] for p in entry.params]]
+                for name, entry in self.modules[mod].entries.items()}
+
     def library_unload(self, lib: int) -> None:
         check(lib in self.libraries, CUDA_ERROR_INVALID_VALUE, f"library {lib:#x} does not exist")
         self.module_unload(self.libraries.pop(lib))

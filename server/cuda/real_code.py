@@ -13,6 +13,7 @@ from .base import CUDA_ERROR_INVALID_IMAGE, CUDA_ERROR_INVALID_VALUE, Code, Cuda
 from .images import image_problem
 from .real_api import JitOptions, address
 
+MAX_ENUMERATED = 4096      # kernels of one library sent with its load; more: the client asks one by one
 CU_LAUNCH_PARAM_END, CU_LAUNCH_PARAM_BUFFER_POINTER, CU_LAUNCH_PARAM_BUFFER_SIZE = 0, 1, 2
 
 
@@ -20,6 +21,12 @@ def _check_image(image) -> None:
     problem = image_problem(image)
     if problem:
         raise CudaDriverError(CUDA_ERROR_INVALID_IMAGE, problem)
+
+
+def _typed(lib, name: str, argtypes: list) -> None:
+    """Argument types for a call real_api.SIGNATURES does not list (64-bit handles would be truncated)."""
+    fn = getattr(lib, name)
+    fn.argtypes, fn.restype = argtypes, c_int
 
 
 class LaunchConfig(ctypes.Structure):
@@ -113,6 +120,28 @@ class RealCode(Code):
         lib = c_void_p()
         self.api("cuLibraryLoadData", byref(lib), address(image), None, None, 0, None, None, 0)
         return lib.value
+
+    def library_kernels(self, lib: int) -> dict | None:
+        # CUDA 12.4+: the kernels' handles, names and parameter layouts come from the library's metadata;
+        # none is loaded into a context (lazy loading stays lazy until a kernel's first launch).
+        fns = ("cuLibraryGetKernelCount", "cuLibraryEnumerateKernels", "cuKernelGetName", "cuKernelGetParamInfo")
+        if not all(self.api.has(f) for f in fns):
+            return None
+        _typed(self.api.lib, "cuLibraryGetKernelCount", [c_void_p, c_void_p])
+        _typed(self.api.lib, "cuLibraryEnumerateKernels", [c_void_p, c_uint, c_void_p])
+        _typed(self.api.lib, "cuKernelGetName", [c_void_p, c_void_p])
+        n = self.api.out("cuLibraryGetKernelCount", c_uint, lib)
+        if n > MAX_ENUMERATED:
+            return None                  # a reply that big costs more than asking for the few kernels used
+        handles = (c_void_p * max(n, 1))()
+        self.api("cuLibraryEnumerateKernels", handles, n, lib)
+        out = {}
+        for k in handles[:n]:
+            name = ctypes.c_char_p()
+            self.api("cuKernelGetName", byref(name), k)
+            self.kernels.add(k)
+            out[name.value.decode()] = [k, self.param_layout(k)]
+        return out
 
     def library_unload(self, lib: int) -> None:
         self.api("cuLibraryUnload", lib)

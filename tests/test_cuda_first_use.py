@@ -1,0 +1,157 @@
+"""A kernel's first use costs few round trips: layouts come with the library, attributes in one reply, and
+(RGPU_CUDA_LAZY_LIBRARIES) a library the program never uses is never loaded.
+
+Counted on the loopback's round trips (the shim in this process, fake driver) and, for nvcc's static
+runtime, by the program's ``RGPU_CUDA_WAIT_REPORT``; values against numpy and the PTX's own declarations.
+"""
+from __future__ import annotations
+
+import ctypes
+import re
+from ctypes import byref, c_float, c_int, c_size_t, c_uint, c_void_p
+
+import numpy as np
+import pytest
+
+from cuda_programs import build, check, kernels_fatbin
+from test_cuda_images import cu, route  # noqa: F401  (fixtures)
+
+CUDA_ERROR_NOT_FOUND = 500
+
+
+def trips() -> int:
+    from rgpu.cuda_intercept import client
+    return client.get().conn.stats["round_trips"]
+
+
+def load(cu, image: bytes) -> c_void_p:
+    lib = c_void_p()
+    assert cu.cuLibraryLoadData(byref(lib), ctypes.c_char_p(image), None, None, 0, None, None, 0) == 0
+    return lib
+
+
+def saxpy_values(cu, k) -> None:
+    """Launch ``saxpy(a, x, y, n)`` (graph.cu's: y = a*x + y) and check it against numpy."""
+    n = 64
+    x, y = np.arange(n, dtype=np.float32), np.full(n, 1, np.float32)
+    dx, dy = ctypes.c_uint64(), ctypes.c_uint64()
+    for d, host in ((dx, x), (dy, y)):
+        assert cu.cuMemAlloc_v2(byref(d), c_size_t(4 * n)) == 0
+        assert cu.cuMemcpyHtoD_v2(d, host.ctypes.data_as(c_void_p), c_size_t(4 * n)) == 0
+    a, cnt = c_float(3), c_int(n)
+    params = (c_void_p * 4)(*[ctypes.cast(byref(v), c_void_p) for v in (a, dx, dy, cnt)])
+    assert cu.cuLaunchKernel(k, c_uint(1), 1, 1, c_uint(64), 1, 1, 0, None, params, None) == 0
+    out = np.empty_like(y)
+    assert cu.cuMemcpyDtoH_v2(out.ctypes.data_as(c_void_p), dy, c_size_t(4 * n)) == 0
+    assert np.array_equal(out, 3 * x + 1)
+    for d in (dx, dy):
+        assert cu.cuMemFree_v2(d) == 0
+
+
+# ---- the server: a library's kernels with its load ------------------------------------------------------
+def test_a_librarys_load_brings_every_kernels_handle_and_the_layout_its_ptx_declares(route):
+    import hashlib
+    ex, ctx = route()
+    image = kernels_fatbin(build("graph"))
+    meta = ["image_load", ctx, "library_kernels", {}, hashlib.sha256(image).hexdigest(), len(image)]
+    code, value, _ = ex.handle(meta, [memoryview(image)], True)[0]
+    assert code == 0, value
+    lib, kernels = value
+    assert sorted(kernels) == ["saxpy", "scale_shift"]
+    # saxpy(float a, const float *x, float *y, int n): 4 bytes, then 8-aligned pointers, then the int
+    assert kernels["saxpy"][1] == [[0, 4], [8, 8], [16, 8], [24, 4]]
+    for name, (k, layout) in kernels.items():     # the same kernel the per-name look-up finds
+        assert ex.handle(["library_get_kernel_layout", ctx, lib, name], [], True)[0][:2] == [0, [k, layout]]
+
+
+def test_all_attributes_in_one_reply_equal_each_asked_alone(route):
+    import hashlib
+    ex, ctx = route()
+    image = kernels_fatbin(build("graph"))
+    meta = ["image_load", ctx, "library", {}, hashlib.sha256(image).hexdigest(), len(image)]
+    lib = ex.handle(meta, [memoryview(image)], True)[0][1]
+    k = ex.handle(["library_get_kernel", ctx, lib, "saxpy"], [], True)[0][1]
+    assert ex.handle(["kernel_set_attribute", ctx, 8, 70000, k, 0], [], True)[0][0] == 0
+    code, got, _ = ex.handle(["kernel_get_attributes", ctx, k, 0], [], True)[0]
+    assert code == 0 and len(got) == 10 and None not in got and got[8] == 70000
+    for attr, value in enumerate(got):
+        assert ex.handle(["kernel_get_attribute", ctx, attr, k, 0], [], True)[0][:2] == [0, value]
+        assert ex.handle(["func_get_attribute", ctx, attr, k], [], True)[0][:2] == [0, value]
+    assert ex.handle(["func_get_attributes", ctx, k], [], True)[0][1] == got
+
+
+# ---- through rgpu's libcuda.so.1 ------------------------------------------------------------------------
+def test_a_kernel_look_up_is_answered_here_after_the_librarys_load(cu):
+    lib = load(cu, kernels_fatbin(build("graph")))
+    before = trips()
+    k, missing = c_void_p(), c_void_p()
+    assert cu.cuLibraryGetKernel(byref(k), lib, b"saxpy") == 0
+    assert cu.cuLibraryGetKernel(byref(missing), lib, b"no_such_kernel") == CUDA_ERROR_NOT_FOUND
+    offset, size = c_size_t(), c_size_t()
+    assert cu.cuKernelGetParamInfo(k, 3, byref(offset), byref(size)) == 0 and (offset.value, size.value) == (24, 4)
+    assert trips() == before                        # none: the load's reply carried them
+    saxpy_values(cu, k)
+    assert cu.cuLibraryUnload(lib) == 0
+
+
+def test_cudaFuncGetAttributes_ten_reads_cost_one_round_trip(cu):
+    lib = load(cu, kernels_fatbin(build("graph")))
+    k = c_void_p()
+    assert cu.cuLibraryGetKernel(byref(k), lib, b"scale_shift") == 0
+    before, v = trips(), c_int()
+    values = {}
+    for attr in range(10):                          # what cudart_code.c's cudaFuncGetAttributes reads
+        assert cu.cuKernelGetAttribute(byref(v), attr, k, 0) == 0
+        values[attr] = v.value
+    assert trips() == before + 1
+    assert values[0] == 1024 and values[4] == 32    # the fake's MAX_THREADS_PER_BLOCK and NUM_REGS
+    assert cu.cuKernelSetAttribute(8, 50000, k, 0) == 0          # a set forgets only its own attribute
+    before = trips()
+    assert cu.cuKernelGetAttribute(byref(v), 8, k, 0) == 0 and v.value == 50000
+    assert cu.cuKernelGetAttribute(byref(v), 4, k, 0) == 0 and v.value == 32
+    assert trips() == before + 1
+    assert cu.cuLibraryUnload(lib) == 0
+
+
+def test_a_lazy_library_loads_at_its_first_use_and_an_unused_one_never(cu, monkeypatch):
+    from rgpu.cuda_intercept import client
+    from rgpu.cuda_intercept.calls_code import IMAGES
+    monkeypatch.setenv("RGPU_CUDA_LAZY_LIBRARIES", "1")
+    stats = client.get().conn.stats
+    before, loads = dict(stats), IMAGES["loads"]
+    used, unused = load(cu, kernels_fatbin(build("graph"))), load(cu, kernels_fatbin(build("streams")))
+    assert stats["messages"] == before["messages"] and IMAGES["loads"] == loads     # nothing crossed
+    k = c_void_p()
+    assert cu.cuLibraryGetKernel(byref(k), used, b"saxpy") == 0
+    assert 1 <= stats["round_trips"] - before["round_trips"] <= 2 and IMAGES["loads"] == loads + 1
+    lib_back = c_void_p()
+    assert cu.cuKernelGetLibrary(byref(lib_back), k) == 0 and lib_back.value == used.value
+    saxpy_values(cu, k)
+    mid = dict(stats)
+    assert cu.cuLibraryUnload(unused) == 0                      # never loaded: nothing to tell the server
+    assert stats["messages"] == mid["messages"] and IMAGES["loads"] == loads + 1
+    assert cu.cuLibraryUnload(used) == 0
+    assert stats["messages"] > mid["messages"]                  # its unload is posted (after the queued frees)
+    assert cu.cuLibraryGetKernel(byref(k), unused, b"scale_shift") != 0     # unloaded: a handle no one knows
+
+
+# ---- nvcc's static runtime: the waits of a program's first launch ---------------------------------------
+def waits_of(done) -> dict:
+    line = next((x for x in done.stderr.splitlines() if "answered calls" in x), "")
+    return {name: int(n) for name, n in re.findall(r"(\w+) (\d+)", line.split("the most:")[-1])} if line else {}
+
+
+@pytest.mark.parametrize("lazy", ["0", "1"])
+def test_a_static_runtime_programs_first_launch_waits(lazy, rgpu_server, tmp_path_factory):
+    from test_cuda_programs import run
+    from test_cuda_static_runtime import build_static
+    from test_cuda_support import build_shim_or_skip
+    build_shim_or_skip()
+    exe = build_static("saxpy", tmp_path_factory.mktemp("first-use"))
+    done = run([exe], rgpu_server, env={"RGPU_CUDA_WAIT_REPORT": "1", "RGPU_CUDA_LAZY_LIBRARIES": lazy})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr
+    check("saxpy", done.stdout)
+    waits = waits_of(done)
+    # the one image loads once (a lazy load waits for its first kernel) and no kernel is looked up remotely
+    assert waits.get("image_load", 0) <= 2 and "library_get_kernel_layout" not in waits, waits
+    assert "kernel_get_attribute" not in waits and "func_get_attribute" not in waits, waits
