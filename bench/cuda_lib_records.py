@@ -6,7 +6,8 @@ that does nothing (``cuda_lib_standin.c``, loaded by ``server/cuda/libs/loading.
 server's work between a record's bytes and the library's function: unpacking, handle mapping, setters.
 
 Each row is one record kind, ``batch`` records in one buffer, timed per record through the executor's
-door for queued records (``Executor._launches``: the C walker where it is built, else Python), beside
+door for queued records (``Executor._launches``: the C walker where it is built, which runs the GEMMs, the
+cuBLASLt matmuls and the cuDNN executes after each state's or plan's first, else Python), beside
 ``Libraries.run`` called per record (the Python path a queued record took before the C walker ran
 them). ``metric`` is ``time`` in microseconds per record.
 """
