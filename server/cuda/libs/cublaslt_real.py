@@ -234,8 +234,9 @@ class Library:
             raise LibError(P.INVALID_VALUE, f"matmul descriptor attributes {bad}: a device address is 8 bytes")
         attrs = (c_int32 * len(pointers))(*(a for a, _ in pointers))
         values = (c_uint64 * len(pointers))(*(int.from_bytes(v, "little") for _, v in pointers))
-        if kinds == MATMUL_STATE and self.c.rgpu_cublaslt_state(self.fast, key, len(key), (c_uint64 * 5)(*reals),
-                                                               mode, len(pointers), attrs, values):
+        real = (c_uint64 * 5)(*(r or 0 for r in reals))           # a null descriptor: 0, as Python passes it
+        if kinds == MATMUL_STATE and self.c.rgpu_cublaslt_state(self.fast, key, len(key), real, mode, len(pointers),
+                                                               attrs, values):
             raise LibError(ALLOC_FAILED, "the C table refused a matmul state (no memory)")
         return (attrs, values) if pointers else ()
 
