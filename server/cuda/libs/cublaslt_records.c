@@ -79,9 +79,15 @@ void rgpu_cublaslt_free(rgpu_cublaslt_t *t) {
 
 size_t rgpu_cublaslt_states(rgpu_cublaslt_t *t) { return t->ns; }
 
+/* FNV-1a over 8-byte words (a state is a few hundred bytes, hashed per record), then the tail's bytes */
 static uint64_t fnv(const char *p, size_t n) {
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)p[i]) * 1099511628211ull;
+    uint64_t h = 1469598103934665603ull, w;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        memcpy(&w, p + i, 8);
+        h = (h ^ w) * 1099511628211ull;
+    }
+    for (; i < n; i++) h = (h ^ (uint8_t)p[i]) * 1099511628211ull;
     return h;
 }
 
