@@ -50,7 +50,9 @@ class ReplayLog:
             for j, b in enumerate(parts[i:i + nbufs], i):   # (a slice: a malformed header names too many)
                 m = b.nbytes if type(b) is memoryview else len(b)
                 frame += m
-                if type(b) is not bytes and (kind != _POST or m > owned):   # the caller's memory: copied
+                # the caller's memory: copied, unless the frame is over the bound already (never kept: a
+                # 1 GiB upload's copy cost as long as its send)
+                if type(b) is not bytes and (kind != _POST or m > owned) and frame <= self.bound:
                     if kept is parts:
                         kept = list(parts)
                     kept[j] = bytes(b)
@@ -66,14 +68,13 @@ class ReplayLog:
         return bye
 
     def _add_without(self, parts: Sequence, bye: bool) -> bool:
-        """``add`` of a send holding a frame over the bound: the others kept, one entry each."""
+        """``add`` of a send holding a frame over the bound: the others kept, one entry each (through ``add``,
+        so the caller's memory in frames after the big one is copied too)."""
         for seq, frame, size in _frames(parts):
             if size > self.bound:
                 self.gap = max(self.gap, seq)
                 continue
-            with self.lock:
-                self.frames.append((seq, frame, size))
-                self.nbytes += size
+            bye = self.add(frame) or bye
         return bye
 
     def over(self) -> bool:

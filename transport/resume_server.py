@@ -102,11 +102,13 @@ class ResumableEnd(Transport):
             self._await_resume(exc)           # re-sends the kept answers, this one among them
 
     def _keep(self, seq: int, parts: Sequence) -> None:
-        copy = [p if type(p) is bytes else bytes(p) for p in parts]
-        size = sum([len(p) for p in copy])
+        # sized before the copy: an answer over the bound is never kept (a 1 GiB download's copy cost as
+        # long as its send)
+        size = sum([p.nbytes if type(p) is memoryview else len(p) for p in parts])
         if size > self.bound:
             self.lost_upto = seq
             return
+        copy = [p if type(p) is bytes else bytes(p) for p in parts]
         self.answers.append((seq, copy, size))
         self.kept += size
         while self.kept > self.bound or len(self.answers) > ANSWERS_KEPT:
