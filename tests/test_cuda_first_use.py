@@ -135,23 +135,59 @@ def test_a_lazy_library_loads_at_its_first_use_and_an_unused_one_never(cu, monke
     assert cu.cuLibraryGetKernel(byref(k), unused, b"scale_shift") != 0     # unloaded: a handle no one knows
 
 
-# ---- nvcc's static runtime: the waits of a program's first launch ---------------------------------------
-def waits_of(done) -> dict:
-    line = next((x for x in done.stderr.splitlines() if "answered calls" in x), "")
-    return {name: int(n) for name, n in re.findall(r"(\w+) (\d+)", line.split("the most:")[-1])} if line else {}
+# ---- nvcc's static runtime: the waits of a program's first launch, counted by the server -----------------
+EXTRA = 'extern "C" __global__ void unused{i}(float *x, int n) {{ if ((int)threadIdx.x < n) x[threadIdx.x] += {i}; }}\n'
+
+
+@pytest.fixture(scope="module")
+def counting_server(tmp_path_factory):
+    from conftest import RunningServer
+    server = RunningServer(tmp_path_factory.mktemp("first-use-server"), ("--cuda-driver", "fake"),
+                           env={"RGPU_CUDA_WAIT_REPORT": "1"})
+    yield server
+    server.stop()
+
+
+def waits_of_next_session(server, run_it) -> dict:
+    import time
+    seen = server.stderr.count("answered")
+    run_it()
+    deadline = time.monotonic() + 10
+    while server.stderr.count("answered") == seen and time.monotonic() < deadline:
+        time.sleep(0.05)
+    line = [x for x in server.stderr.splitlines() if "a cuda session answered" in x][-1]
+    return {name: int(n) for name, n in re.findall(r"(\w+) (\d+)", line.split("the most:")[1])}
+
+
+@pytest.fixture(scope="module")
+def four_images(tmp_path_factory):
+    """tests/cuda_programs/saxpy.cu on the static runtime with three more translation units: four images."""
+    import subprocess
+    from cuda_programs import HERE, nvcc_or_skip
+    from test_cuda_static_runtime import STATIC_PTX
+    from test_cuda_support import build_shim_or_skip
+    build_shim_or_skip()
+    compiler = nvcc_or_skip()
+    out = tmp_path_factory.mktemp("four-images")
+    extras = []
+    for i in (1, 2, 3):
+        extras.append(out / f"extra{i}.cu")
+        extras[-1].write_text(EXTRA.format(i=i))
+    exe = out / "saxpy-four"
+    done = subprocess.run([compiler, *STATIC_PTX, f"-I{HERE}", "-o", str(exe), str(HERE / "saxpy.cu"),
+                           *map(str, extras)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return exe
 
 
 @pytest.mark.parametrize("lazy", ["0", "1"])
-def test_a_static_runtime_programs_first_launch_waits(lazy, rgpu_server, tmp_path_factory):
+def test_a_static_runtime_program_of_four_images_loads_one_when_lazy(lazy, counting_server, four_images):
     from test_cuda_programs import run
-    from test_cuda_static_runtime import build_static
-    from test_cuda_support import build_shim_or_skip
-    build_shim_or_skip()
-    exe = build_static("saxpy", tmp_path_factory.mktemp("first-use"))
-    done = run([exe], rgpu_server, env={"RGPU_CUDA_WAIT_REPORT": "1", "RGPU_CUDA_LAZY_LIBRARIES": lazy})
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr
-    check("saxpy", done.stdout)
-    waits = waits_of(done)
-    # the one image loads once (a lazy load waits for its first kernel) and no kernel is looked up remotely
-    assert waits.get("image_load", 0) <= 2 and "library_get_kernel_layout" not in waits, waits
-    assert "kernel_get_attribute" not in waits and "func_get_attribute" not in waits, waits
+    result = []
+    waits = waits_of_next_session(counting_server, lambda: result.append(
+        run([four_images], counting_server, env={"RGPU_CUDA_LAZY_LIBRARIES": lazy})))
+    assert result[0].returncode == 0, result[0].stdout[-2000:] + result[0].stderr
+    check("saxpy", result[0].stdout)
+    loads = waits.get("image_load", 0)
+    assert (1 <= loads <= 2) if lazy == "1" else (4 <= loads <= 8), waits    # a load, and its upload if new
+    assert not {"library_get_kernel_layout", "kernel_get_attribute", "func_get_attribute"} & set(waits), waits

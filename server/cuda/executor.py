@@ -26,6 +26,8 @@ buffer, the rest of it in ``value``.
 from __future__ import annotations
 
 import logging
+import sys
+from collections import Counter
 
 import numpy as np
 
@@ -82,6 +84,9 @@ class Executor(BaseExecutor):
         self.images = ImageStore(image_folder(), settings.cuda_image_cache)
         self.held = quotas.CudaHeld(getattr(settings, "max_session_bytes", None))   # RGPU_MAX_SESSION_BYTES
         self.libs = Libraries(self.driver)       # cuBLAS, cuBLASLt, cuDNN: their handles and descriptors
+        # RGPU_CUDA_WAIT_REPORT on the server: the session's answered calls by op, said when it ends (a C
+        # program's client never finalizes its Python, so its own report at exit cannot be relied on)
+        self.answered = Counter() if getattr(settings, "cuda_wait_report", False) else None
 
     def welcome(self) -> dict:
         return {"route": "cuda", "driver": self.driver.name}
@@ -123,6 +128,8 @@ class Executor(BaseExecutor):
                 self._defer(op, exc)
             return None
         deferred, self.deferred = self.deferred, []
+        if self.answered is not None:
+            self.answered[op] += 1
         try:
             value = self._run(op, ctx, args, buffers)
         except Exception as exc:
@@ -255,6 +262,10 @@ class Executor(BaseExecutor):
         return pos + size
 
     def close(self) -> None:
+        if self.answered:
+            top = ", ".join(f"{op} {n}" for op, n in self.answered.most_common(12))
+            print(f"rgpu worker: a cuda session answered {sum(self.answered.values())} calls (round trips); the "
+                  f"most: {top}", file=sys.stderr, flush=True)
         try:
             self.libs.close()                # every handle and descriptor, before the contexts go
         except Exception:
