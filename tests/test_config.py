@@ -57,6 +57,7 @@ SAMPLES = {
     "RGPU_DEBUG": ("on", True),
     "RGPU_CUDA_WAIT_REPORT": ("1", True),
     "RGPU_CUDA_LIB_TRACE": ("yes", True),
+    "RGPU_CUDA_LAZY_LIBRARIES": ("1", True),
     "RGPU_CUDA_LIB_RECORD": ("/tmp/lib-traces", "/tmp/lib-traces"),
 }
 
