@@ -30,40 +30,7 @@ serve_cuda "$OUT/server.log"; SERVER_PID=$SERVED_PID; export RGPU_SERVER=$SERVED
 stamp "server $RGPU_SERVER (pid $SERVER_PID), libraries in $LIBDIR"
 
 # ---- the nvcc programs: native vs rgpu ------------------------------------------------------------
-cat >"$OUT/programs.py" <<'EOF'
-"""Build tests/cuda_programs (sm_90, -cudart shared), run each natively and through rgpu; JSON rows."""
-import json, os, re, subprocess, sys
-sys.path.insert(0, os.path.join(sys.argv[1], "tests"))
-from cuda_programs import PROGRAMS, build, check
-variant = os.environ.get("VARIANT", "sm_90")
-timing = re.compile(r"^elapsed\S* .*$", re.M)
-native_env = {k: v for k, v in os.environ.items() if not k.startswith("RGPU_")}
-rows = []
-for name in PROGRAMS:
-    row = {"program": name, "variant": variant}
-    try:
-        exe = build(name, variant)
-        native = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60, env=native_env)
-        ours = subprocess.run([sys.executable, "-m", "rgpu", "intercept", "run", "--", str(exe)],
-                              capture_output=True, text=True, timeout=120)
-        row.update(native_rc=native.returncode, rgpu_rc=ours.returncode, rgpu_err=ours.stderr[-1500:],
-                   same=timing.sub("", native.stdout) == timing.sub("", ours.stdout))
-        for side, out in (("native", native.stdout), ("rgpu", ours.stdout)):
-            try:
-                check(name, out)
-                row[side + "_numpy"] = True
-            except Exception as exc:
-                row[side + "_numpy"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-        if not row["same"]:
-            row["native_out"], row["rgpu_out"] = native.stdout[:800], ours.stdout[:800]
-    except Exception as exc:
-        row["error"] = f"{type(exc).__name__}: {str(exc)[:800]}"
-    row["ok"] = row.get("same") is True and row.get("native_rc") == 0 and row.get("rgpu_rc") == 0
-    rows.append(row)
-print(json.dumps(rows, indent=1))
-sys.exit(0 if all(r["ok"] for r in rows) else 1)
-EOF
-step programs 200 python3 "$OUT/programs.py" "$REPO"
+step programs 200 python3 "$REPO/gpu/cuda_programs_check.py" "$REPO" shared
 
 # ---- stock torch: R0-R3 natively and through rgpu -------------------------------------------------
 TPY=""

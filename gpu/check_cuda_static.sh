@@ -27,44 +27,7 @@ serve_cuda "$OUT/server.log"; SERVER_PID=$SERVED_PID; export RGPU_SERVER=$SERVED
 stamp "server $RGPU_SERVER (pid $SERVER_PID), libraries in $LIBDIR"
 
 # ---- the nvcc programs, -cudart static: native vs rgpu ---------------------------------------------
-cat >"$OUT/programs.py" <<'EOF'
-"""Build tests/cuda_programs with -cudart static (sm_90), run each natively and through rgpu; JSON rows."""
-import json, os, re, subprocess, sys, tempfile
-sys.path.insert(0, os.path.join(sys.argv[1], "tests"))
-from cuda_programs import HERE, PROGRAMS, check, nvcc
-timing = re.compile(r"^elapsed\S* .*$", re.M)
-native_env = {k: v for k, v in os.environ.items() if not k.startswith("RGPU_")}
-folder, rows = tempfile.mkdtemp(), []
-for name in PROGRAMS:
-    row = {"program": name, "runtime": "static", "arch": "sm_90"}
-    try:
-        exe = os.path.join(folder, name)
-        subprocess.run([nvcc(), "-cudart", "static", "-O2", "-gencode", "arch=compute_90,code=sm_90", f"-I{HERE}",
-                        "-o", exe, str(HERE / f"{name}.cu")], check=True, capture_output=True, text=True)
-        row["links_libcudart"] = "libcudart" in subprocess.run(["ldd", exe], capture_output=True, text=True).stdout
-        native = subprocess.run([exe], capture_output=True, text=True, timeout=60, env=native_env)
-        ours = subprocess.run([sys.executable, "-m", "rgpu", "intercept", "run", "--", exe],
-                              capture_output=True, text=True, timeout=120)
-        row.update(native_rc=native.returncode, rgpu_rc=ours.returncode, rgpu_err=ours.stderr[-1500:],
-                   same=timing.sub("", native.stdout) == timing.sub("", ours.stdout))
-        for side, out in (("native", native.stdout), ("rgpu", ours.stdout)):
-            try:
-                check(name, out)
-                row[side + "_numpy"] = True
-            except Exception as exc:
-                row[side + "_numpy"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-        if not row["same"]:
-            row["native_out"], row["rgpu_out"] = native.stdout[:800], ours.stdout[:800]
-    except subprocess.CalledProcessError as exc:
-        row["error"] = f"nvcc: {exc.stderr[-800:]}"
-    except Exception as exc:
-        row["error"] = f"{type(exc).__name__}: {str(exc)[:800]}"
-    row["ok"] = row.get("same") is True and row.get("native_rc") == 0 and row.get("rgpu_rc") == 0
-    rows.append(row)
-print(json.dumps(rows, indent=1))
-sys.exit(0 if all(r["ok"] for r in rows) else 1)
-EOF
-step programs 120 python3 "$OUT/programs.py" "$REPO"
+step programs 120 python3 "$REPO/gpu/cuda_programs_check.py" "$REPO" static
 
 # ---- CuPy: elementwise, reductions, RawKernel, ElementwiseKernel ------------------------------------
 CPY=""
