@@ -35,13 +35,9 @@ LADDER=$REPO/bench/cuda_ladder.py
 CACHE=$(mktemp -d)  # each side's Inductor and Triton caches: the rgpu side compiles for itself, not from native's
 
 if [ "${CHECK_INSTALL:-1}" = 1 ]; then
-  stamp wheels
-  python3 -m pip install --no-index --no-deps -q .whl/*.whl >"$OUT/wheels.log" 2>&1
-  stamp install    # rgpu itself, not editable
-  python3 -m pip install --no-deps --no-build-isolation -q "$REPO" >"$OUT/install.log" 2>&1
+  install_cuda_route
 fi
-step libs 120 python3 -c "from rgpu.cuda_intercept import libraries; print(libraries.build())"
-LIBDIR=$(tail -n 1 "$OUT/libs.json")
+build_cuda_route
 
 export RGPU_TOKEN=gpu-check-$RANDOM$RANDOM
 serve_cuda "$OUT/server.log"; SERVER_PID=$SERVED_PID; export RGPU_SERVER=$SERVED
@@ -56,8 +52,7 @@ for p in "${TORCH_PYTHON:-}" /opt/torch/.venv/bin/python python3; do
 done
 stamp "torch python: ${TPY:-none}"
 if [ -n "$TPY" ] && [ "$TPY" != python3 ] && [ "${CHECK_INSTALL:-1}" = 1 ]; then   # rgpu (and cffi) in the program's own Python
-  { "$TPY" -m pip install --no-index --no-deps .whl/*.whl
-    "$TPY" -m pip install --no-deps --no-build-isolation "$REPO"; } >"$OUT/torch_install.log" 2>&1
+  rgpu_into "$TPY" "$OUT/torch_install.log"
   mkdir -p "$OUT/pylink"   # what that Python lacks of rgpu's dependencies, from python3's (same version)
   for mod in msgpack cffi _cffi_backend pycparser; do
     "$TPY" -c "import $mod" 2>/dev/null && continue

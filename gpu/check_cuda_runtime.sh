@@ -16,13 +16,8 @@ BUDGET=450
 cd "$(dirname "$0")/.."
 . gpu/steps.sh
 
-stamp wheels
-python3 -m pip install --no-index --no-deps -q .whl/*.whl >"$OUT/wheels.log" 2>&1
-# rgpu itself, not editable (the device's C++ part is not needed here: no install_rgpu build step)
-stamp install
-python3 -m pip install --no-deps --no-build-isolation -q "$REPO" >"$OUT/install.log" 2>&1
-step libs 120 python3 -c "from rgpu.cuda_intercept import libraries; print(libraries.build())"
-LIBDIR=$(tail -n 1 "$OUT/libs.json")
+install_cuda_route   # the device's C++ part is not needed here: no install_rgpu build step
+build_cuda_route
 readelf --dyn-syms -W "$LIBDIR/libcudart.so.13" | grep -c '@@libcudart.so.13' >"$OUT/cudart_exports.txt" 2>&1
 
 export RGPU_TOKEN=gpu-check-$RANDOM$RANDOM
@@ -39,8 +34,7 @@ for p in "${TORCH_PYTHON:-}" /opt/torch/.venv/bin/python python3; do
 done
 stamp "torch python: ${TPY:-none}"
 if [ -n "$TPY" ] && [ "$TPY" != python3 ]; then   # rgpu (and cffi) must import in the program's own Python
-  { "$TPY" -m pip install --no-index --no-deps .whl/*.whl
-    "$TPY" -m pip install --no-deps --no-build-isolation "$REPO"; } >"$OUT/torch_install.log" 2>&1
+  rgpu_into "$TPY" "$OUT/torch_install.log"
   # what that Python still lacks of rgpu's dependencies comes from python3's (same version), one package each
   mkdir -p "$OUT/pylink"
   for mod in msgpack cffi _cffi_backend pycparser; do

@@ -15,12 +15,8 @@ BUDGET=280
 cd "$(dirname "$0")/.."
 . gpu/steps.sh
 
-stamp wheels
-python3 -m pip install --no-index --no-deps -q .whl/*.whl >"$OUT/wheels.log" 2>&1
-stamp install
-python3 -m pip install --no-deps --no-build-isolation -q "$REPO" >"$OUT/install.log" 2>&1
-step libs 120 python3 -c "from rgpu.cuda_intercept import libraries; print(libraries.build())"
-LIBDIR=$(tail -n 1 "$OUT/libs.json")
+install_cuda_route
+build_cuda_route
 
 export RGPU_TOKEN=gpu-check-$RANDOM$RANDOM
 serve_cuda "$OUT/server.log"; SERVER_PID=$SERVED_PID; export RGPU_SERVER=$SERVED
@@ -36,8 +32,7 @@ for p in "${CUPY_PYTHON:-}" /opt/torch/.venv/bin/python python3; do
 done
 stamp "cupy python: ${CPY:-none}"
 if [ -n "$CPY" ] && [ "$CPY" != python3 ]; then   # rgpu (and cffi) must import in the program's own Python
-  { "$CPY" -m pip install --no-index --no-deps .whl/*.whl
-    "$CPY" -m pip install --no-deps --no-build-isolation "$REPO"; } >"$OUT/cupy_install.log" 2>&1
+  rgpu_into "$CPY" "$OUT/cupy_install.log"
 fi
 if [ -n "$CPY" ]; then
   step cupy_native 90 env -u LD_LIBRARY_PATH "$CPY" "$REPO/gpu/cupy_check.py"

@@ -12,13 +12,10 @@ BUDGET=400
 cd "$(dirname "$0")/.."
 . gpu/steps.sh
 if [ "${CHECK_INSTALL:-1}" = 1 ]; then
-  stamp wheels
-  python3 -m pip install --no-index --no-deps -q .whl/*.whl >"$OUT/wheels.log" 2>&1
-  stamp install
-  python3 -m pip install --no-deps --no-build-isolation -q "$REPO" >"$OUT/install.log" 2>&1
+  install_cuda_route
 fi
 TPY=${TORCH_PYTHON:-python3}
-step libs 120 python3 -c "from rgpu.cuda_intercept import libraries; print(libraries.build())"
+build_cuda_route
 export RGPU_TOKEN=gpu-check-$RANDOM$RANDOM
 serve_cuda "$OUT/server.log"; SERVER_PID=$SERVED_PID; export RGPU_SERVER=$SERVED
 stamp "server $RGPU_SERVER"

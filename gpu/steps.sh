@@ -1,6 +1,7 @@
 # Sourced by the gpu/ scripts that run benches in timed steps and bring back one tarball.
 #
-#   BUDGET=540; . gpu/steps.sh       then: install_rgpu; step NAME LIMIT_S COMMAND...; serve_cuda LOG; summarize NAME...; pack FILE
+#   BUDGET=540; . gpu/steps.sh       then: install_rgpu (or install_cuda_route; build_cuda_route; rgpu_into PY LOG);
+#                                    step NAME LIMIT_S COMMAND...; serve_cuda LOG; summarize NAME...; pack FILE
 #
 # $OUT (the caller's, where the device tool collects) becomes $FINAL; $OUT is then a scratch folder that
 # pack() tars into $FINAL/FILE beside summary.txt (the device tool returns at most 8 files a call).
@@ -32,6 +33,23 @@ install_rgpu() {  # rgpu from this tree, and every native part built against the
   stamp install
   python3 -m pip install --no-deps --no-build-isolation -q "$REPO" >"$OUT/install.log" 2>&1
   step build 240 python3 -m rgpu build   # a line per part (built, cached, skipped: why); exit 1 when one fails
+}
+
+install_cuda_route() {  # the cffi wheels (.whl/: the host has no cffi) and rgpu into python3, not editable
+  stamp wheels
+  python3 -m pip install --no-index --no-deps -q .whl/*.whl >"$OUT/wheels.log" 2>&1
+  stamp install
+  python3 -m pip install --no-deps --no-build-isolation -q "$REPO" >"$OUT/install.log" 2>&1
+}
+
+build_cuda_route() {  # the CUDA route's libraries (a step named libs); their folder in $LIBDIR
+  step libs 120 python3 -c "from rgpu.cuda_intercept import libraries; print(libraries.build())"
+  LIBDIR=$(tail -n 1 "$OUT/libs.json")
+}
+
+rgpu_into() {  # rgpu_into PYTHON LOG: the wheels and rgpu into the program's own Python (rgpu must import there)
+  { "$1" -m pip install --no-index --no-deps .whl/*.whl
+    "$1" -m pip install --no-deps --no-build-isolation "$REPO"; } >"$2" 2>&1
 }
 
 serve_cuda() {  # serve_cuda LOG [VAR=VALUE...]: `rgpu serve --cuda-driver ${CHECK_DRIVER:-real}` in the background
