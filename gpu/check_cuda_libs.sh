@@ -46,21 +46,7 @@ stamp "server $RGPU_SERVER (pid $SERVER_PID), libraries in $LIBDIR"
 NATIVE=(env -u LD_LIBRARY_PATH -u LD_AUDIT -u LD_PRELOAD)
 for v in $(compgen -e | grep '^RGPU_'); do NATIVE+=(-u "$v"); done
 
-TPY=""
-for p in "${TORCH_PYTHON:-}" /opt/torch/.venv/bin/python python3; do
-  [ -n "$p" ] && "$p" -c "import torch" 2>/dev/null && { TPY=$p; break; }
-done
-stamp "torch python: ${TPY:-none}"
-if [ -n "$TPY" ] && [ "$TPY" != python3 ] && [ "${CHECK_INSTALL:-1}" = 1 ]; then   # rgpu (and cffi) in the program's own Python
-  rgpu_into "$TPY" "$OUT/torch_install.log"
-  mkdir -p "$OUT/pylink"   # what that Python lacks of rgpu's dependencies, from python3's (same version)
-  for mod in msgpack cffi _cffi_backend pycparser; do
-    "$TPY" -c "import $mod" 2>/dev/null && continue
-    src=$(python3 -c "import $mod, os; f = $mod.__file__; print(os.path.dirname(f) if f.endswith('__init__.py') else f)" 2>/dev/null)
-    [ -n "$src" ] && ln -sf "$src" "$OUT/pylink/" && echo "linked $mod from $src" >>"$OUT/torch_install.log"
-  done
-  export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$OUT/pylink
-fi
+program_python torch "$OUT/torch_install.log" "${TORCH_PYTHON:-}"; TPY=$PROGRAM_PY
 [ -n "$TPY" ] || { stamp "no Python here imports torch"; TPY=python3; }
 
 ladder() {  # ladder SIDE CAP_S RUNGS PREFIX...: each rung once into $OUT/ladder_SIDE.json, a fresh process after a hang or crash

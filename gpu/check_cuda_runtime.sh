@@ -28,24 +28,9 @@ stamp "server $RGPU_SERVER (pid $SERVER_PID), libraries in $LIBDIR"
 step programs 200 python3 "$REPO/gpu/cuda_programs_check.py" "$REPO" shared
 
 # ---- stock torch: R0-R3 natively and through rgpu -------------------------------------------------
-TPY=""
-for p in "${TORCH_PYTHON:-}" /opt/torch/.venv/bin/python python3; do
-  [ -n "$p" ] && "$p" -c "import torch" 2>/dev/null && { TPY=$p; break; }
-done
-stamp "torch python: ${TPY:-none}"
-if [ -n "$TPY" ] && [ "$TPY" != python3 ]; then   # rgpu (and cffi) must import in the program's own Python
-  rgpu_into "$TPY" "$OUT/torch_install.log"
-  # what that Python still lacks of rgpu's dependencies comes from python3's (same version), one package each
-  mkdir -p "$OUT/pylink"
-  for mod in msgpack cffi _cffi_backend pycparser; do
-    "$TPY" -c "import $mod" 2>/dev/null && continue
-    src=$(python3 -c "import $mod, os; f = $mod.__file__; print(os.path.dirname(f) if f.endswith('__init__.py') else f)" 2>/dev/null)
-    [ -n "$src" ] && ln -sf "$src" "$OUT/pylink/" && echo "linked $mod from $src" >>"$OUT/torch_install.log"
-  done
-  export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$OUT/pylink
-  "$TPY" -c "import rgpu.cuda_intercept.client, cffi; print('rgpu imports in', __import__('sys').executable)" \
-    >>"$OUT/torch_install.log" 2>&1
-fi
+program_python torch "$OUT/torch_install.log" "${TORCH_PYTHON:-}"; TPY=$PROGRAM_PY
+[ -n "$TPY" ] && "$TPY" -c "import rgpu.cuda_intercept.client, cffi; print('rgpu imports in', __import__('sys').executable)" \
+  >>"$OUT/torch_install.log" 2>&1
 cat >"$OUT/torch_r3.py" <<'EOF'
 """Stock torch on cuda: rungs R0-R3; each result as its bytes' sha256, so two runs compare bitwise."""
 import hashlib, json, sys

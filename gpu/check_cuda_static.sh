@@ -26,14 +26,7 @@ stamp "server $RGPU_SERVER (pid $SERVER_PID), libraries in $LIBDIR"
 step programs 120 python3 "$REPO/gpu/cuda_programs_check.py" "$REPO" static
 
 # ---- CuPy: elementwise, reductions, RawKernel, ElementwiseKernel ------------------------------------
-CPY=""
-for p in "${CUPY_PYTHON:-}" /opt/torch/.venv/bin/python python3; do
-  [ -n "$p" ] && "$p" -c "import cupy" 2>/dev/null && { CPY=$p; break; }
-done
-stamp "cupy python: ${CPY:-none}"
-if [ -n "$CPY" ] && [ "$CPY" != python3 ]; then   # rgpu (and cffi) must import in the program's own Python
-  rgpu_into "$CPY" "$OUT/cupy_install.log"
-fi
+program_python cupy "$OUT/cupy_install.log" "${CUPY_PYTHON:-}"; CPY=$PROGRAM_PY
 if [ -n "$CPY" ]; then
   step cupy_native 90 env -u LD_LIBRARY_PATH "$CPY" "$REPO/gpu/cupy_check.py"
   step cupy_rgpu 120 "$CPY" -m rgpu intercept run -- "$CPY" "$REPO/gpu/cupy_check.py"

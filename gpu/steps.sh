@@ -1,6 +1,6 @@
 # Sourced by the gpu/ scripts that run benches in timed steps and bring back one tarball.
 #
-#   BUDGET=540; . gpu/steps.sh       then: install_rgpu (or install_cuda_route; build_cuda_route; rgpu_into PY LOG);
+#   BUDGET=540; . gpu/steps.sh       then: install_rgpu (or install_cuda_route; build_cuda_route; program_python MOD LOG);
 #                                    step NAME LIMIT_S COMMAND...; serve_cuda LOG; summarize NAME...; pack FILE
 #
 # $OUT (the caller's, where the device tool collects) becomes $FINAL; $OUT is then a scratch folder that
@@ -50,6 +50,26 @@ build_cuda_route() {  # the CUDA route's libraries (a step named libs); their fo
 rgpu_into() {  # rgpu_into PYTHON LOG: the wheels and rgpu into the program's own Python (rgpu must import there)
   { "$1" -m pip install --no-index --no-deps .whl/*.whl
     "$1" -m pip install --no-deps --no-build-isolation "$REPO"; } >"$2" 2>&1
+}
+
+program_python() {  # program_python MODULE LOG [PY]: the first Python that imports MODULE ($PY, torch's venv,
+  # python3) into $PROGRAM_PY, with rgpu (and cffi) installed there and what it still lacks of rgpu's dependencies
+  # linked from python3's (same version) through $OUT/pylink on PYTHONPATH; python3 when none imports MODULE
+  local mod=$1 log=$2 p dep src; PROGRAM_PY=""
+  for p in "${3:-}" /opt/torch/.venv/bin/python python3; do
+    [ -n "$p" ] && "$p" -c "import $mod" 2>/dev/null && { PROGRAM_PY=$p; break; }
+  done
+  stamp "$mod python: ${PROGRAM_PY:-none}"
+  if [ -n "$PROGRAM_PY" ] && [ "$PROGRAM_PY" != python3 ] && [ "${CHECK_INSTALL:-1}" = 1 ]; then
+    rgpu_into "$PROGRAM_PY" "$log"
+    mkdir -p "$OUT/pylink"
+    for dep in msgpack cffi _cffi_backend pycparser; do
+      "$PROGRAM_PY" -c "import $dep" 2>/dev/null && continue
+      src=$(python3 -c "import $dep, os; f = $dep.__file__; print(os.path.dirname(f) if f.endswith('__init__.py') else f)" 2>/dev/null)
+      [ -n "$src" ] && ln -sf "$src" "$OUT/pylink/" && echo "linked $dep from $src" >>"$log"
+    done
+    export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$OUT/pylink
+  fi
 }
 
 serve_cuda() {  # serve_cuda LOG [VAR=VALUE...]: `rgpu serve --cuda-driver ${CHECK_DRIVER:-real}` in the background
