@@ -36,6 +36,8 @@ class Msg(IntEnum):
     UPLOAD_INFO = 16  # []              request -> {"pieces": {path: count}, "registered_bytes", "slots_pinned"}
     GET_RNG_STATE = 17  # [device]                              request -> [state bytes]: the device's generators
     SET_RNG_STATE = 18  # [device, state bytes]                 post
+    PEER_RECV = 19  # [events, tensor, ticket bytes]: in stream order, take one peer transfer's bytes into it  post
+    PEER_SEND = 20  # [events, tensor, ticket bytes, host, port]: in stream order, push its bytes to that peer  post
 
 
 class Event(IntEnum):
