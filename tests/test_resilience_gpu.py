@@ -6,21 +6,17 @@ ERROR, then a BYE that names it); the GPU test is the real thing (``gpu/check_re
 """
 from __future__ import annotations
 
-import threading
 
 import pytest
 import torch
 
-from rgpu import config
 from rgpu.errors import RemoteError, SessionLost
 from rgpu.protocol.ops import DTYPES, Msg
-from rgpu.server import worker
-from rgpu.server.route import Executor, Session
-from rgpu.transport import tcp
+from rgpu.server.route import Executor
 from rgpu.transport.buffers import BufferPool
-from rgpu.transport.tcp import TcpTransport
 from rgpu.transport.wire import Limits, MsgKind, encode_frame
 
+from in_process import session_on_a_thread
 from test_resilience_killed import Trainer
 
 aten = torch.ops.aten
@@ -40,26 +36,17 @@ class Asserting(Executor):
 
 
 def test_an_op_failing_with_a_sticky_cuda_error_ends_its_session_with_the_error_named(monkeypatch):
-    monkeypatch.setattr(worker.route, "executor_class", lambda route: Asserting)
-    listener = tcp.listen("127.0.0.1", 0)
-    client = TcpTransport(tcp.connect("127.0.0.1", listener.getsockname()[1], 10))
-    server_sock, _ = listener.accept()
-    listener.close()
-    session = Session(id="s", route="test", settings=config.settings(environ={}))
-    t = threading.Thread(target=worker.serve_session, args=(TcpTransport(server_sock), session, ["tcp"]), daemon=True)
-    t.start()
-    ask = lambda meta, seq: (client.send([encode_frame(MsgKind.REQUEST, seq, meta)]),   # noqa: E731
-                             client.recv_frame(Limits(), BufferPool()))[1]
-    assert client.recv_frame(Limits(), BufferPool()).kind == MsgKind.WELCOME
-    assert ask("bug", 1).kind == MsgKind.ERROR and ask("ok", 2).kind == MsgKind.REPLY   # an ordinary one: goes on
-    err = ask("assert", 3)
-    assert err.kind == MsgKind.ERROR and "device-side assert" in err.meta["message"]
-    bye = client.recv_frame(Limits(), BufferPool())
-    assert bye.kind == MsgKind.BYE and bye.meta["error"] == "FatalDeviceError"
-    assert "fatal CUDA error" in bye.meta["reason"] and "device-side assert triggered" in bye.meta["reason"]
-    t.join(10)
-    assert not t.is_alive()
-    client.close()
+    with session_on_a_thread(monkeypatch, Asserting) as (client, t):
+        ask = lambda meta, seq: (client.send([encode_frame(MsgKind.REQUEST, seq, meta)]),   # noqa: E731
+                                 client.recv_frame(Limits(), BufferPool()))[1]
+        assert ask("bug", 1).kind == MsgKind.ERROR and ask("ok", 2).kind == MsgKind.REPLY   # an ordinary one: goes on
+        err = ask("assert", 3)
+        assert err.kind == MsgKind.ERROR and "device-side assert" in err.meta["message"]
+        bye = client.recv_frame(Limits(), BufferPool())
+        assert bye.kind == MsgKind.BYE and bye.meta["error"] == "FatalDeviceError"
+        assert "fatal CUDA error" in bye.meta["reason"] and "device-side assert triggered" in bye.meta["reason"]
+        t.join(10)
+        assert not t.is_alive()
 
 
 def _desc(sid: int, dtype: int, n: int, item: int = 4) -> list:

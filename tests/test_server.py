@@ -16,15 +16,14 @@ import pytest
 
 from rgpu import config
 from rgpu.errors import ConnectError, ConnectionLost, ProtocolError, RemoteError, SessionLost
-from rgpu.server import worker
-from rgpu.server.route import Executor, Session
-from rgpu.transport import tcp
+from rgpu.server.route import Executor
 from rgpu.transport.buffers import BufferPool
 from rgpu.transport.client import connect
 from rgpu.transport.tcp import TcpTransport
 from rgpu.transport.wire import HEADER, MAGIC, PROTOCOL_VERSION, Limits, MsgKind, encode_frame
 
 from conftest import pid_gone, wait_until
+from in_process import session_on_a_thread
 
 
 def header(kind=MsgKind.POST, meta_len=0, nbufs=0, flags=0, magic=MAGIC):
@@ -204,21 +203,9 @@ class Recording(Executor):
 @pytest.fixture
 def in_process_session(monkeypatch):
     """serve_session on a thread with the ``Recording`` executor; yields the client's TcpTransport."""
-    monkeypatch.setattr(worker.route, "executor_class", lambda route: Recording)
     Recording.closed = threading.Event()
-    listener = tcp.listen("127.0.0.1", 0)
-    client = TcpTransport(tcp.connect("127.0.0.1", listener.getsockname()[1], 10))
-    server_sock, _ = listener.accept()
-    listener.close()
-    session = Session(id="s", route="test", settings=config.settings(environ={}))
-    t = threading.Thread(target=worker.serve_session, args=(TcpTransport(server_sock), session, ["tcp"]), daemon=True)
-    t.start()
-    welcome = client.recv_frame(Limits(), BufferPool())
-    assert welcome.kind == MsgKind.WELCOME
-    yield client
-    client.close()
-    t.join(10)
-    assert not t.is_alive()
+    with session_on_a_thread(monkeypatch, Recording) as (client, _):
+        yield client
 
 
 def _ask(client, meta, seq=1):
