@@ -7,9 +7,11 @@ server's work between a record's bytes and the library's function: unpacking, ha
 
 Each row is one record kind, ``batch`` records in one buffer, timed per record through the executor's
 door for queued records (``Executor._launches``: the C walker where it is built, which runs the GEMMs, the
-cuBLASLt matmuls and the cuDNN executes after each state's or plan's first, else Python), beside
-``Libraries.run`` called per record (the Python path a queued record took before the C walker ran
-them). ``metric`` is ``time`` in microseconds per record.
+cuBLASLt matmuls, the cuDNN variant packs and executes after each state's or plan's first, else Python),
+beside ``Libraries.run`` called per record (the Python path a queued record took before the C walker ran
+them). ``metric`` is ``time`` in microseconds per record; the ``cudnn convolution`` row's per convolution:
+its seven records as cudnn-frontend queues them (a variant pack made, three sets, finalized, the execute,
+the pack destroyed).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from rgpu.bench import harness
 SOURCE = Path(__file__).resolve().parent / "cuda_lib_standin.c"
 SONAMES = ("libcublas.so.13", "libcublasLt.so.13", "libcudnn.so.9")
 HANDLE, LT_HANDLE, DNN_HANDLE, PLAN, PACK = 0x52475055_00000001, 0x52475055_00000002, 0x5247_0003, 0x5247_0004, 0x5247_0005
+CONV_PACK = 0x5247_0006                 # the convolution row's variant pack: made and destroyed per convolution
 
 
 def standin_dir() -> str:
@@ -64,6 +67,26 @@ def record(name: str, handle: int, stream: int, payload: bytes, ctx: int = 0) ->
     return (OP.pack(size, LIB_KIND, ctx, stream, BY_NAME[name].id, handle, len(payload)) + payload).ljust(size, b"\0")
 
 
+def conv_records(handle: int, stream: int, plan: int, pack: int, ptrs=(0xA000, 0xB000, 0xC000), ctx: int = 0,
+                 tail: bytes = b"", workspace: int = 0xE000, destroy: bool = True) -> bytes:
+    """One convolution's queued records, as cudnn-frontend sends them per execution: a variant pack made,
+    its data pointers, unique ids (1, 2, ...) and workspace set, finalized, ``plan`` executed on it (``tail``:
+    by-value bytes), the pack destroyed."""
+    n = len(ptrs)
+    sets = ((1001, 6, struct.pack(f"<{n}Q", *ptrs)), (1000, 3, struct.pack(f"<{n}q", *range(1, n + 1))),
+            (1003, 6, struct.pack("<Q", workspace)))
+    out = [record("cudnnBackendCreateDescriptor", pack, 0, pack_of("cudnnBackendCreateDescriptor", type=16), ctx)]
+    out += [record("cudnnBackendSetAttribute", pack, 0, struct.pack("<iiq", a, t, len(v) // 8) + v, ctx)
+            for a, t, v in sets]
+    out += [record("cudnnBackendFinalizeQueued", pack, 0, b"", ctx),
+            record("cudnnBackendExecute", handle, stream, pack_of("cudnnBackendExecute", plan=plan, pack=pack,
+                                                                   tail=tail), ctx)]
+    if destroy:
+        out.append(record("cudnnBackendDestroyDescriptor", pack, 0, b"", ctx))
+    return b"".join(out)
+
+
+pack_of = pack                          # (conv_records' argument "pack" is a descriptor id)
 SCALAR = struct.pack("<f", 1.0).ljust(16, b"\0")
 GEMM = dict(transa=0, transb=1, m=128, n=128, k=128, lda=128, ldb=128, ldc=128, A=0xA000, B=0xB000, C=0xC000,
             alpha=SCALAR, beta=bytes(16))
@@ -83,7 +106,8 @@ def _lt_state() -> bytes:
 
 
 def cases() -> dict[str, tuple[str, int, int, bytes]]:
-    """Record kind -> (call, handle, stream, payload), as a steady training step sends them."""
+    """Record kind -> (call, handle, stream, payload), as a steady training step sends them; the call None:
+    ``payload`` is whole records (a convolution's seven)."""
     return {
         "cublasGemmEx": ("cublasGemmEx", HANDLE, 0x5000, pack("cublasGemmEx", **EX)),
         "cublasSgemm_v2": ("cublasSgemm_v2", HANDLE, 0x5000, pack("cublasSgemm_v2", **GEMM)),
@@ -94,6 +118,7 @@ def cases() -> dict[str, tuple[str, int, int, bytes]]:
                                 workspace=0xD000, workspace_size=1 << 20, tail=_lt_state())),
         "cudnnBackendExecute": ("cudnnBackendExecute", DNN_HANDLE, 0x5000,
                                 pack("cudnnBackendExecute", plan=PLAN, pack=PACK)),
+        "cudnn convolution": (None, DNN_HANDLE, 0x5000, conv_records(DNN_HANDLE, 0x5000, PLAN, CONV_PACK)),
     }
 
 
@@ -117,18 +142,29 @@ class Session:
         assert run("cudnnBackendCreateDescriptor", PLAN, type=5) == [0, None]      # an execution plan
         assert run("cudnnBackendCreateDescriptor", PACK, type=16) == [0, None]     # a variant pack
 
-    def per_record(self, name: str, handle: int, stream: int, payload: bytes, n: int) -> float:
-        """µs per record through ``Libraries.run``, called once per record."""
+    def per_record(self, name: str | None, handle: int, stream: int, payload: bytes, n: int) -> float:
+        """µs per record (name None: per ``payload``'s records) through ``Libraries.run``, called once per record."""
+        from rgpu.protocol.cuda import OP
         from rgpu.protocol.cuda_libs import BY_NAME
-        call, view, run = BY_NAME[name].id, memoryview(payload), self.libs.run
+        if name is None:                    # whole records: each one's call, handle, stream and payload
+            one, pos = [], 0
+            while pos < len(payload):
+                size, _, _, s, call, h, nbytes = OP.unpack_from(payload, pos)
+                one.append((call, h, s, memoryview(payload[pos + OP.size:pos + OP.size + nbytes])))
+                pos += size
+        else:
+            one = [(BY_NAME[name].id, handle, stream, memoryview(payload))]
+        run = self.libs.run
         t = time.perf_counter()
         for _ in range(n):
-            run(call, handle, stream, view, answered=False)
+            for call, h, s, view in one:
+                run(call, h, s, view, answered=False)
         return (time.perf_counter() - t) / n * 1e6
 
-    def batched(self, name: str, handle: int, stream: int, payload: bytes, n: int) -> float:
-        """µs per record through the executor's door for a buffer of ``n`` queued records."""
-        records = memoryview(bytearray(record(name, handle, stream, payload) * n))
+    def batched(self, name: str | None, handle: int, stream: int, payload: bytes, n: int) -> float:
+        """µs per record (name None: per ``payload``'s records) through the executor's door for a buffer of
+        ``n`` of them."""
+        records = memoryview(bytearray((payload if name is None else record(name, handle, stream, payload)) * n))
         t = time.perf_counter()
         self.executor._launches(records)
         elapsed = time.perf_counter() - t

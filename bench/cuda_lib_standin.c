@@ -197,9 +197,15 @@ int cudnnBackendCreateDescriptor(int type, void **d) { *d = obj(); return CALL("
 int cudnnBackendDestroyDescriptor(void *d) { return CALL("dnn_desc_destroy %llx\n", U(d)); }
 int cudnnBackendInitialize(void *d) { return CALL("dnn_init %llx\n", U(d)); }
 int cudnnBackendFinalize(void *d) { return CALL("dnn_finalize %llx\n", U(d)); }
+/* an int64 or pointer attribute's elements logged (at most 8): two paths' values compare */
 int cudnnBackendSetAttribute(void *d, int name, int type, int64_t n, const void *v) {
-    (void)v;
-    return CALL("dnn_set %llx %d %d %lld\n", U(d), name, type, (long long)n);
+    char el[8 * 20 + 1] = "";
+    for (int64_t i = 0; (type == 3 || type == 6) && v && i < n && i < 8; i++) {
+        unsigned long long x;
+        memcpy(&x, (const char *)v + 8 * i, 8);
+        snprintf(el + strlen(el), sizeof el - strlen(el), " %llx", x);
+    }
+    return CALL("dnn_set %llx %d %d %lld%s\n", U(d), name, type, (long long)n, el);
 }
 int cudnnBackendGetAttribute(void *d, int name, int type, int64_t req, int64_t *n, void *v) {
     (void)d; (void)name; (void)type; (void)req; (void)v;

@@ -1,113 +1,44 @@
 """cuBLAS's queued GEMM records run in C beside the launches (server/cuda/libs/cublas_records.c): the same
 calls, arguments and setters as the Python path, malformed or failing records refused with a clear error.
 
-No GPU: NVIDIA's libraries are the bench's stand-in (bench/cuda_lib_standin.c), which logs every call it gets.
-Each test runs in a forked child: the server loads the libraries RTLD_GLOBAL, and the stand-in's cuBLAS and
-cuDNN symbols would then shadow the mock libraries other tests load into this process.
+No GPU: NVIDIA's libraries are the bench's stand-in (bench/cuda_lib_standin.c), which logs every call it gets;
+each test in a forked child (tests/cuda_lib_fixtures.py, shared with the cuBLASLt and cuDNN record tests).
 """
 from __future__ import annotations
 
-import functools
-import multiprocessing
-import shutil
 import struct
-import traceback
 
 import pytest
+from cuda_lib_fixtures import CTX, DEFAULT, S1, S2, gemm, isolated, launch, run, session_of
+from cuda_lib_fixtures import folder, pytestmark  # noqa: F401 (the stand-in's fixture, its skip)
 
 from rgpu.bench import cuda_lib_records as bench
-from rgpu.protocol.cuda import LAUNCH, LAUNCH_KIND, LIB_KIND, OP
+from rgpu.protocol.cuda import LIB_KIND, OP
 from rgpu.protocol.cuda_libs import BY_NAME
-
-pytestmark = pytest.mark.skipif(not shutil.which("cc") and not shutil.which("gcc"),
-                                reason="no C compiler (builds the stand-in library)")
-CTX, S1, S2 = 0x7, 0x5100, 0x5200
-
-
-def isolated(test):
-    """Run ``test`` in a forked child (its fixtures made here first); its failure is this test's."""
-    @functools.wraps(test)
-    def run(*args, **kwargs):
-        ctx = multiprocessing.get_context("fork")
-        done = ctx.Queue()
-
-        def child():
-            try:
-                test(*args, **kwargs)
-                done.put(None)
-            except BaseException:       # noqa: BLE001 (the child's failure, whatever it is, goes back)
-                done.put(traceback.format_exc())
-        p = ctx.Process(target=child)
-        p.start()
-        p.join(240)
-        assert not p.is_alive() and p.exitcode == 0, f"the child ended with {p.exitcode}"
-        error = done.get(timeout=5)
-        assert error is None, error
-    return run
-DEFAULT = (1 << 64) - 1
-
-
-@pytest.fixture(scope="module")
-def folder():
-    return bench.standin_dir()
-
-
-def _session(folder, monkeypatch, native: str):
-    monkeypatch.setenv("RGPU_NATIVE", native)
-    monkeypatch.setenv("RGPU_CUDA_LIB_DIR", folder)
-    session = bench.Session(folder)
-    session.std = bench.standin(folder)
-    session.std.standin_record(1)
-    return session
-
-
-def _gemm(name, stream=S1, handle=bench.HANDLE, **over) -> bytes:
-    f = dict(bench.GEMM, workspace_size=DEFAULT)
-    if "Ex" in name and name != "cublasSgemmEx":
-        f.update(atype=14, btype=14, ctype=14, compute_type=68, algo=-1)
-    if "Strided" in name:
-        f.update(bench.STRIDES)
-    f.update(over)
-    return bench.record(name, handle, stream, bench.pack(name, **f), ctx=CTX)
-
-
-def _launch(func, stream) -> bytes:
-    return LAUNCH.pack(LAUNCH.size, LAUNCH_KIND, func, CTX, stream, 1, 1, 1, 32, 1, 1, 0, 0)
-
 
 DEVICE_SCALARS = dict(pointer_mode=1, alpha=(0xA1F0).to_bytes(16, "little"), beta=(0xBE70).to_bytes(16, "little"))
 GEMV = dict(bench.GEMM)
 STEP = b"".join([            # a step's records: state changes, every GEMM kind, a launch, a call C leaves to Python
-    _gemm("cublasSgemm_v2"),
-    _launch(0x100, S1),
-    _gemm("cublasGemmEx", workspace=0xE000, workspace_size=4096),
+    gemm("cublasSgemm_v2"),
+    launch(0x100, S1),
+    gemm("cublasGemmEx", workspace=0xE000, workspace_size=4096),
     bench.record("cublasSgemv_v2", bench.HANDLE, S1, bench.pack(
         "cublasSgemv_v2", workspace=0xE000, workspace_size=4096, trans=0, m=4, n=4, lda=4, incx=1, incy=1,
         alpha=bench.SCALAR, A=0xA000, x=0xB000, y=0xC000), ctx=CTX),
-    _gemm("cublasGemmStridedBatchedEx", workspace=0xE000, workspace_size=4096, math_mode=3),
-    _gemm("cublasDgemm_v2", workspace=0xE000, workspace_size=4096, math_mode=3, **DEVICE_SCALARS),
-    _gemm("cublasSgemmStridedBatched", stream=S2, math_mode=3),
-    _launch(0x200, S2),
-    _gemm("cublasDgemmStridedBatched", stream=S2, alpha=struct.pack("<d", -2.0).ljust(16, b"\0")),
+    gemm("cublasGemmStridedBatchedEx", workspace=0xE000, workspace_size=4096, math_mode=3),
+    gemm("cublasDgemm_v2", workspace=0xE000, workspace_size=4096, math_mode=3, **DEVICE_SCALARS),
+    gemm("cublasSgemmStridedBatched", stream=S2, math_mode=3),
+    launch(0x200, S2),
+    gemm("cublasDgemmStridedBatched", stream=S2, alpha=struct.pack("<d", -2.0).ljust(16, b"\0")),
 ])
-
-
-def _run(session, records: bytes, monkeypatch) -> tuple[list[str], int]:
-    """The standin's log of ``records`` through the executor's door, and how many reached ``Libraries.run``."""
-    seen = []
-    run = session.libs.run
-    monkeypatch.setattr(session.libs, "run", lambda *a, **k: seen.append(a[0]) or run(*a, **k))
-    session.std.standin_take()
-    session.executor._launches(memoryview(bytearray(records)))
-    return session.std.standin_take().decode().splitlines(), len(seen)
 
 
 @isolated
 def test_the_c_walker_and_the_python_path_make_the_same_calls(folder, monkeypatch):
     logs = {}
     for native in ("auto", "off"):
-        session = _session(folder, monkeypatch, native)
-        logs[native], through_python = _run(session, STEP * 2, monkeypatch)
+        session = session_of(folder, monkeypatch, native)
+        logs[native], through_python = run(session, STEP * 2, monkeypatch)
         assert session.executor.deferred == []
         assert through_python == (2 if native == "auto" else 14)    # in C: all but the two GEMVs
         session.libs.close()
@@ -128,13 +59,13 @@ def test_the_c_walker_and_the_python_path_make_the_same_calls(folder, monkeypatc
 @isolated
 def test_malformed_unknown_and_failing_records_are_refused_with_clear_errors(folder, monkeypatch):
     for native in ("auto", "off"):
-        session = _session(folder, monkeypatch, native)
-        ok = _gemm("cublasGemmEx")
+        session = session_of(folder, monkeypatch, native)
+        ok = gemm("cublasGemmEx")
         short = OP.pack(OP.size + 24, LIB_KIND, CTX, S1, BY_NAME["cublasSgemm_v2"].id, bench.HANDLE, 20) + bytes(24)
         unknown_call = OP.pack(OP.size, LIB_KIND, CTX, S1, 0x1FF, bench.HANDLE, 0)
-        records = (ok + short + _gemm("cublasSgemm_v2", handle=0x99) + _gemm("cublasSgemm_v2", lda=2) + unknown_call
+        records = (ok + short + gemm("cublasSgemm_v2", handle=0x99) + gemm("cublasSgemm_v2", lda=2) + unknown_call
                    + ok)
-        log, _ = _run(session, records, monkeypatch)
+        log, _ = run(session, records, monkeypatch)
         messages = [message for _, _, message in session.executor.deferred]
         assert len(messages) == 4, messages
         assert "cublasSgemm_v2: a payload of 20 bytes, expected at least 112" in messages[0]
@@ -161,7 +92,7 @@ def test_the_c_table_refuses_short_payloads_and_unknown_calls_itself(folder, mon
 def _table_refuses(folder, monkeypatch):
     from rgpu.server.cuda import real_batch
     c = real_batch.library()
-    session = _session(folder, monkeypatch, "auto")
+    session = session_of(folder, monkeypatch, "auto")
     table = session.libs.records_table()
     payload = bench.pack("cublasGemmEx", **bench.EX, workspace_size=DEFAULT)
     assert c.rgpu_cublas_record(table, BY_NAME["cublasGemmEx"].id, bench.HANDLE, S1, payload, len(payload)) == 0
@@ -184,13 +115,13 @@ def test_the_bench_gives_its_rows(folder, monkeypatch):
 
 @isolated
 def test_a_matmuls_state_is_parsed_once_and_its_bias_pointer_set_when_it_changes(folder, monkeypatch):
-    session = _session(folder, monkeypatch, "auto")
+    session = session_of(folder, monkeypatch, "auto")
 
     def matmul(bias: int) -> bytes:
         state = bench._lt_state().replace(struct.pack("<Q", 0xBEEF00), struct.pack("<Q", bias))
         return bench.record("cublasLtMatmul", bench.HANDLE, S1, bench.pack(
             "cublasLtMatmul", alpha=bench.SCALAR, a=0xA000, b=0xB000, c=0xC000, d=0xC000, tail=state), ctx=CTX)
-    log, _ = _run(session, matmul(0xB100) + matmul(0xB100) + matmul(0xB200) + matmul(0xB100), monkeypatch)
+    log, _ = run(session, matmul(0xB100) + matmul(0xB100) + matmul(0xB200) + matmul(0xB100), monkeypatch)
     assert session.executor.deferred == []
     made = [line.split()[0] for line in log if line.split()[0] in ("desc", "layout")]
     assert made == ["desc", "layout"]                     # one descriptor, one layout (the four are alike)

@@ -1,51 +1,42 @@
-"""cuDNN's queued executes run in C beside the launches (server/cuda/libs/cudnn_records.c) for a plain plan on a
-variant pack of the session: the same calls and stream setting as the Python path, a plan run there only once
-Python found it plain (and no longer once it changes), destroyed or unknown ids and short records refused.
+"""cuDNN's per-execution records run in C beside the launches (server/cuda/libs/cudnn_records.c): a convolution's
+variant pack (created, set, finalized, destroyed) and the execute of a plain plan on it, with the same calls,
+values and stream setting as the Python path; a plan run there only once Python found it plain (and no longer
+once it changes), a by-value execute rebuilt by Python from the pack C kept, destroyed or unknown ids, short
+records and attributes a pack never takes refused with clear errors, the packs left destroyed at the end.
 
 As in test_cuda_lib_records.py: NVIDIA's libraries are the bench's stand-in, each test in a forked child.
 """
 from __future__ import annotations
 
+import struct
+
 import pytest
-from test_cuda_lib_records import CTX, S1, S2, _gemm, _launch, _run, _session, isolated
-from test_cuda_lib_records import folder, pytestmark  # noqa: F401 (the stand-in's fixture, its skip)
+from cuda_lib_fixtures import (CTX, HANDLE, PACK, PACK2, PLAN, PLAN2, S1, S2, call, dnn_session, gemm, isolated,
+                               launch, run)
+from cuda_lib_fixtures import folder, pytestmark  # noqa: F401 (the stand-in's fixture, its skip)
 
 from rgpu.bench import cuda_lib_records as bench
 from rgpu.protocol.cuda import LIB_KIND, OP
 from rgpu.protocol.cuda_libs import BY_NAME
+from rgpu.protocol.lib_cudnn import PATCH
 
-PLAN2, PACK2 = 0x5247_0014, 0x5247_0015
-HANDLE, PACK, PLAN = 0, 1, 2          # cudnn_real's kinds in the C table
-
-
-def _call(session, call, handle, **f):
-    spec = BY_NAME[call]
-    payload = spec.format.pack(*(f[n] for n, _ in spec.fields))      # (bench.pack: a field "name" clashes)
-    return session.libs.run(spec.id, handle, 0, memoryview(payload), answered=True)
-
-
-def _dnn_session(folder, monkeypatch, native):
-    session = _session(folder, monkeypatch, native)
-    assert _call(session, "cudnnBackendCreateDescriptor", PLAN2, type=5) == [0, None]
-    assert _call(session, "cudnnBackendCreateDescriptor", PACK2, type=16) == [0, None]
-    return session
-
+PACK3 = 0x5247_0016
 
 def _execute(plan=bench.PLAN, pack=bench.PACK, stream=S1, handle=bench.DNN_HANDLE, tail=b"") -> bytes:
     return bench.record("cudnnBackendExecute", handle, stream,
                         bench.pack("cudnnBackendExecute", plan=plan, pack=pack, tail=tail), ctx=CTX)
 
 
-STEP = b"".join([_execute(), _gemm("cublasSgemm_v2"), _execute(stream=S2), _execute(PLAN2, PACK2, S2),
-                 _launch(0x100, S2), _execute(pack=PACK2)])
+STEP = b"".join([_execute(), gemm("cublasSgemm_v2"), _execute(stream=S2), _execute(PLAN2, PACK2, S2),
+                 launch(0x100, S2), _execute(pack=PACK2)])
 
 
 @isolated
 def test_the_c_walker_and_the_python_path_make_the_same_dnn_calls(folder, monkeypatch):
     logs = {}
     for native in ("auto", "off"):
-        session = _dnn_session(folder, monkeypatch, native)
-        logs[native], through_python = _run(session, STEP * 2, monkeypatch)
+        session = dnn_session(folder, monkeypatch, native)
+        logs[native], through_python = run(session, STEP * 2, monkeypatch)
         assert session.executor.deferred == []
         assert through_python == (2 if native == "auto" else 10)     # in C: all but each plan's first execute
         lib = session.libs.library("cudnn")
@@ -62,17 +53,17 @@ def test_the_c_walker_and_the_python_path_make_the_same_dnn_calls(folder, monkey
 
 @isolated
 def test_a_changed_or_destroyed_plan_or_pack_is_no_longer_run_in_c(folder, monkeypatch):
-    session = _dnn_session(folder, monkeypatch, "auto")
+    session = dnn_session(folder, monkeypatch, "auto")
     lib = session.libs.library("cudnn")
-    _, through_python = _run(session, _execute() * 3, monkeypatch)
+    _, through_python = run(session, _execute() * 3, monkeypatch)
     assert through_python == 1 and lib.c.rgpu_cudnn_count(lib.fast, PLAN) == 1
-    assert _call(session, "cudnnBackendSetAttribute", bench.PLAN, name=0, type=3, count=0) == [0, None]
+    assert call(session, "cudnnBackendSetAttribute", bench.PLAN, name=0, type=3, count=0) == [0, None]
     assert lib.c.rgpu_cudnn_count(lib.fast, PLAN) == 0          # changed: Python looks at it again
-    _, through_python = _run(session, _execute() * 3, monkeypatch)
+    _, through_python = run(session, _execute() * 3, monkeypatch)
     assert through_python == 1
-    assert _call(session, "cudnnBackendDestroyDescriptor", bench.PACK) == [0, None]
+    assert call(session, "cudnnBackendDestroyDescriptor", bench.PACK) == [0, None]
     assert lib.c.rgpu_cudnn_count(lib.fast, PACK) == 1
-    log, through_python = _run(session, _execute() + _execute(pack=PACK2), monkeypatch)
+    log, through_python = run(session, _execute() + _execute(pack=PACK2), monkeypatch)
     assert through_python == 1                                   # the destroyed pack's: Python, which refuses it
     assert f"{bench.PACK:#x} is not a backend descriptor of this session" in session.executor.deferred[0][2]
     assert [line.split()[0] for line in log].count("dnn_execute") == 1
@@ -82,11 +73,11 @@ def test_a_changed_or_destroyed_plan_or_pack_is_no_longer_run_in_c(folder, monke
 @isolated
 def test_malformed_and_unknown_dnn_records_are_refused_with_clear_errors(folder, monkeypatch):
     for native in ("auto", "off"):
-        session = _dnn_session(folder, monkeypatch, native)
+        session = dnn_session(folder, monkeypatch, native)
         short = OP.pack(OP.size + 8, LIB_KIND, CTX, S1, BY_NAME["cudnnBackendExecute"].id, bench.DNN_HANDLE, 8) \
             + bytes(8)
         records = _execute() + short + _execute(handle=0x99) + _execute(plan=0x98) + _execute()
-        log, _ = _run(session, records, monkeypatch)
+        log, _ = run(session, records, monkeypatch)
         messages = [message for _, _, message in session.executor.deferred]
         assert len(messages) == 3, messages
         assert "cudnnBackendExecute: a payload of 8 bytes, expected at least 16" in messages[0]
@@ -107,8 +98,8 @@ def test_the_dnn_table_refuses_short_payloads_by_value_bytes_and_unknown_ids_its
 def _dnn_table_refuses(folder, monkeypatch):
     from rgpu.server.cuda import real_batch
     c = real_batch.library()
-    session = _dnn_session(folder, monkeypatch, "auto")
-    _run(session, _execute(), monkeypatch)                         # the plan found plain
+    session = dnn_session(folder, monkeypatch, "auto")
+    run(session, _execute(), monkeypatch)                         # the plan found plain
     dnn, cublas = session.libs.library("cudnn").fast, session.libs.records_table()
     payload = bench.pack("cudnnBackendExecute", plan=bench.PLAN, pack=bench.PACK)
     by_value = payload + bytes(16)
@@ -122,3 +113,89 @@ def _dnn_table_refuses(folder, monkeypatch):
     assert c.rgpu_cublas_record(cublas, BY_NAME["cudnnBackendExecute"].id, bench.DNN_HANDLE, S1, payload,
                                 len(payload)) == 0                  # through cuBLAS's table, the walker's entry
     session.libs.close()
+
+
+def _conv(pack=PACK3, plan=bench.PLAN, ptrs=(0xA000, 0xB000, 0xC000), stream=S1) -> bytes:
+    """One convolution's records as cudnn-frontend queues them: a variant pack made, its workspace, unique ids
+    and data pointers set, finalized, executed, destroyed."""
+    return bench.conv_records(bench.DNN_HANDLE, stream, plan, pack, ptrs, ctx=CTX)
+
+
+@isolated
+def test_a_convolutions_variant_pack_runs_in_c_with_the_python_paths_calls_and_values(folder, monkeypatch):
+    steps = _conv() + gemm("cublasSgemm_v2") + _conv(ptrs=(0xA100, 0xB100, 0xC100), stream=S2) + launch(0x100, S2)
+    logs = {}
+    for native in ("auto", "off"):
+        session = dnn_session(folder, monkeypatch, native)
+        logs[native], through_python = run(session, steps * 2, monkeypatch)
+        assert session.executor.deferred == []
+        assert through_python == (1 if native == "auto" else 30)       # in C: all but the plan's first execute
+        lib = session.libs.library("cudnn")
+        if native == "auto":
+            assert [lib.c.rgpu_cudnn_count(lib.fast, k) for k in (HANDLE, PACK, PLAN)] == [1, 2, 1]
+        session.libs.close()
+    assert logs["auto"] == logs["off"]
+    conv = [line.split() for line in logs["auto"][:9]]
+    assert [w[0] for w in conv] == ["ctx", "dnn_desc", "dnn_set", "dnn_set", "dnn_set", "dnn_finalize",
+                                    "dnn_stream", "dnn_execute", "dnn_desc_destroy"]
+    pack = conv[2][1]                                       # the real pack, as the stand-in minted it
+    assert conv[1][1:] == ["16"]
+    assert [w[1:] for w in conv[2:5]] == [[pack, "1001", "6", "3", "a000", "b000", "c000"],
+                                          [pack, "1000", "3", "3", "1", "2", "3"], [pack, "1003", "6", "1", "e000"]]
+    assert conv[5][1] == conv[7][3] == conv[8][1] == pack   # finalized, executed and destroyed: the same pack
+    second = [line for line in logs["auto"] if line.startswith("dnn_set") and line.split()[2] == "1001"][1]
+    assert second.split()[5:] == ["a100", "b100", "c100"]
+
+
+@isolated
+def test_a_by_value_execute_on_a_pack_kept_in_c_is_rebuilt_by_python_with_the_clients_bytes(folder, monkeypatch):
+    session = dnn_session(folder, monkeypatch, "auto")
+    lib = session.libs.library("cudnn")
+    lib.by_value.of[PLAN2] = {2: 4}                         # as a finalize finds an attention's scale (uid 2)
+    scale = PATCH.pack(2, 4) + struct.pack("<f", 0.125) + bytes(4)
+    records = bench.conv_records(bench.DNN_HANDLE, S1, PLAN2, PACK3, (0xA000, 0xF0F0, 0xC000), ctx=CTX,
+                                 tail=scale)
+    log, through_python = run(session, records, monkeypatch)
+    assert session.executor.deferred == [] and through_python == 1
+    sets = [line.split() for line in log if line.startswith("dnn_set")]
+    made, rebuilt = sets[:3], sets[3:]
+    assert [s[2:] for s in rebuilt[1:]] == [s[2:] for s in made[1:]]      # the unique ids, the workspace
+    ptrs = rebuilt[0][5:]
+    assert ptrs[0] == "a000" and ptrs[2] == "c000" and ptrs[1] != "f0f0"    # the scale: a copy here, not the client's
+    executed = next(line.split() for line in log if line.startswith("dnn_execute"))
+    assert executed[3] == rebuilt[0][1] != made[0][1]        # on the rebuilt pack
+    assert lib.c.rgpu_cudnn_count(lib.fast, PACK) == 2
+    session.libs.close()
+
+
+@isolated
+def test_a_packs_unusual_records_are_refused_by_python_with_clear_errors(folder, monkeypatch):
+    session = dnn_session(folder, monkeypatch, "auto")
+    handle_attr = bench.record("cudnnBackendSetAttribute", PACK2, 0, struct.pack("<iiq", 1001, 0, 1) + bytes(8), CTX)
+    short_set = bench.record("cudnnBackendSetAttribute", PACK2, 0, struct.pack("<iiq", 1001, 6, 2) + bytes(8), CTX)
+    twice = bench.record("cudnnBackendCreateDescriptor", PACK2, 0, bench.pack("cudnnBackendCreateDescriptor", type=16),
+                         ctx=CTX)
+    destroy = bench.record("cudnnBackendDestroyDescriptor", PACK2, 0, b"", ctx=CTX)
+    gone = bench.record("cudnnBackendFinalizeQueued", PACK2, 0, b"", ctx=CTX)
+    log, through_python = run(session, handle_attr + short_set + twice + destroy + gone + _conv(), monkeypatch)
+    messages = [message for _, _, message in session.executor.deferred]
+    assert len(messages) == 4, messages
+    assert "a variant pack's attribute 1001 of type 0 with 8 bytes for 1 elements" in messages[0]
+    assert "a variant pack's attribute 1001 of type 6 with 8 bytes for 2 elements" in messages[1]
+    assert f"backend descriptor {PACK2:#x} exists already" in messages[2]
+    assert f"{PACK2:#x} is not a backend descriptor of this session" in messages[3]
+    assert [line.split()[0] for line in log].count("dnn_execute") == 1 and through_python == 5
+    session.libs.close()
+
+
+@isolated
+def test_the_packs_c_holds_are_destroyed_when_the_session_ends(folder, monkeypatch):
+    session = dnn_session(folder, monkeypatch, "auto")
+    run(session, bench.conv_records(bench.DNN_HANDLE, S1, bench.PLAN, PACK3, ctx=CTX, destroy=False), monkeypatch)
+    lib = session.libs.library("cudnn")
+    assert lib.c.rgpu_cudnn_count(lib.fast, PACK) == 3
+    session.std.standin_take()
+    session.libs.close()
+    destroyed = [line for line in session.std.standin_take().decode().splitlines() if line.startswith("dnn_desc_destroy")]
+    assert len(destroyed) == 5                              # the three packs (C's), then the two plans
+    assert lib.fast is None

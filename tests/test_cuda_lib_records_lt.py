@@ -9,8 +9,8 @@ from __future__ import annotations
 import struct
 
 import pytest
-from test_cuda_lib_records import CTX, S1, S2, _gemm, _launch, _run, _session, isolated
-from test_cuda_lib_records import folder, pytestmark  # noqa: F401 (the stand-in's fixture, its skip)
+from cuda_lib_fixtures import CTX, S1, S2, gemm, isolated, launch, run, session_of
+from cuda_lib_fixtures import folder, pytestmark  # noqa: F401 (the stand-in's fixture, its skip)
 
 from rgpu.bench import cuda_lib_records as bench
 from rgpu.protocol.cuda import LIB_KIND, OP
@@ -46,9 +46,9 @@ def _matmul(handle=bench.HANDLE, stream=S1, tail=None, **over) -> bytes:
 
 STEP = b"".join([            # host scalars, a new bias, an algo, device scalars, beta host, a second stream
     _matmul(),
-    _gemm("cublasSgemm_v2"),
+    gemm("cublasSgemm_v2"),
     _matmul(tail=_state(0xB200), algo=ALGO, has_algo=1),
-    _launch(0x100, S1),
+    launch(0x100, S1),
     _matmul(tail=_state(mode=1), alpha_ptr=0xA1F0, beta_ptr=0xBE70),
     _matmul(tail=_state(mode=4), alpha_ptr=0xA1F0, beta_ptr=0xBE70, stream=S2),
     _matmul(tail=_state(0xB200)),
@@ -57,7 +57,7 @@ STEP = b"".join([            # host scalars, a new bias, an algo, device scalars
 
 
 def _lt_session(folder, monkeypatch, native):
-    session = _session(folder, monkeypatch, native)
+    session = session_of(folder, monkeypatch, native)
     out = session.libs.run(BY_NAME["cublasLtCreate"].id, bench.LT_HANDLE, 0,
                            memoryview(bench.pack("cublasLtCreate", client_version=130100)), answered=True)
     assert out[-2:] == [0, None], out
@@ -69,7 +69,7 @@ def test_the_c_walker_and_the_python_path_make_the_same_lt_calls(folder, monkeyp
     logs = {}
     for native in ("auto", "off"):
         session = _lt_session(folder, monkeypatch, native)
-        logs[native], through_python = _run(session, STEP * 2, monkeypatch)
+        logs[native], through_python = run(session, STEP * 2, monkeypatch)
         assert session.executor.deferred == []
         # in C: all but each new state's first record (four states) and the cublasLtCreate handle's two
         assert through_python == (6 if native == "auto" else 14)
@@ -102,7 +102,7 @@ def test_the_c_table_forgets_its_states_when_python_destroys_a_descriptor(folder
     for native in ("auto", "off"):
         session = _lt_session(folder, monkeypatch, native)
         records = _matmul() + _matmul(tail=_state(mode=1)) + _matmul() + _matmul()
-        logs[native], through_python = _run(session, records, monkeypatch)
+        logs[native], through_python = run(session, records, monkeypatch)
         assert session.executor.deferred == []
         assert through_python == (3 if native == "auto" else 4)       # the third: its state made again
         session.libs.close()
@@ -117,7 +117,7 @@ def test_malformed_and_unknown_lt_records_are_refused_with_clear_errors(folder, 
         bad_state = _matmul(tail=b"\x01\0\0\0\xff\0\0\0")
         bad_address = _matmul(tail=_short_bias())
         records = _matmul() + short + _matmul(handle=0x99) + bad_state + _matmul()
-        log, _ = _run(session, records, monkeypatch)
+        log, _ = run(session, records, monkeypatch)
         messages = [message for _, _, message in session.executor.deferred]
         assert len(messages) == 3, messages
         assert "cublasLtMatmul: a payload of 20 bytes, expected at least 164" in messages[0]
@@ -126,7 +126,7 @@ def test_malformed_and_unknown_lt_records_are_refused_with_clear_errors(folder, 
         assert [line.split()[0] for line in log].count("lt_matmul") == 2     # the rest still ran, in order
         session.executor.deferred.clear()
         if native == "auto":
-            _run(session, bad_address, monkeypatch)
+            run(session, bad_address, monkeypatch)
             assert "a device address is 8 bytes" in session.executor.deferred[0][2]
         session.libs.close()
 
@@ -143,7 +143,7 @@ def _lt_table_refuses(folder, monkeypatch):
     from rgpu.server.cuda import real_batch
     c = real_batch.library()
     session = _lt_session(folder, monkeypatch, "auto")
-    _run(session, _matmul(), monkeypatch)                    # its state handed to C
+    run(session, _matmul(), monkeypatch)                    # its state handed to C
     lt, cublas = session.libs.library("cublaslt").fast, session.libs.records_table()
     payload = bench.pack("cublasLtMatmul", a=0xA000, tail=_state())
     other = bench.pack("cublasLtMatmul", a=0xA000, tail=_state(0xB300))

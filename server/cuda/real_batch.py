@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from ctypes import POINTER, c_char_p, c_int, c_int32, c_size_t, c_uint32, c_uint64, c_void_p
+from ctypes import POINTER, c_char_p, c_int, c_int32, c_int64, c_size_t, c_uint32, c_uint64, c_void_p
 from pathlib import Path
 
 from rgpu import native, protocol
@@ -50,6 +50,10 @@ SIGNATURES = {   # name -> (argument types, result type)
     "rgpu_cudnn_count": ([c_void_p, c_int], c_size_t),
     "rgpu_cudnn_stream": ([c_void_p, c_uint64, c_uint64], c_int),
     "rgpu_cudnn_record": ([c_void_p, c_uint64, c_uint64, c_void_p, c_size_t], c_int),
+    "rgpu_cudnn_bind_packs": ([c_void_p, c_void_p, c_void_p, c_void_p, c_void_p], None),
+    "rgpu_cudnn_real": ([c_void_p, c_int, c_uint64], c_uint64),
+    "rgpu_cudnn_pack_attr": ([c_void_p, c_uint64, c_int, POINTER(c_int32), POINTER(c_uint64), c_size_t], c_int64),
+    "rgpu_cudnn_pack_record": ([c_void_p, c_uint32, c_uint64, c_void_p, c_size_t], c_int),
 }
 
 

@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from rgpu.protocol.lib_cudnn import TYPE_BACKEND_DESCRIPTOR, TYPE_HANDLE, WIDTH, dump
 
 from . import LibError
-from .cudnn_real import STATUS, ByValue
+from .cudnn_by_value import ByValue
+from .cudnn_real import STATUS
 
 log = logging.getLogger("rgpu.server.cuda")
 VERSION = 91900

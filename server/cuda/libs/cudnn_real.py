@@ -6,8 +6,10 @@ are device addresses and pass through). The stream travels with each call and is
 handle only when it changed. A Finalize (and a Get that fills the caller's descriptors) answers with
 the readable attributes of the descriptors it made readable (``READABLE``), so the client answers the
 frontend's later Gets itself. Every call runs on the session's thread with its context current.
-With cuBLAS's C table, executes run in C (``cudnn_records.c``, ``self.fast``): told of each handle, variant pack
-and plain plan (no by-value tensors: its first execute here) as they come and go, it owns the handles' streams.
+With cuBLAS's C table, a convolution's per-execution records run in C (``cudnn_records.c``, ``self.fast``): the
+variant packs live there (their create, sets, finalize and destroy, however they come: this file hands it the
+same calls), and executes of the plans found plain here (no by-value tensors: a plan's first execute here); told
+of each handle and plain plan as they come and go, it owns the handles' streams.
 """
 from __future__ import annotations
 
@@ -15,14 +17,17 @@ import ctypes
 import struct
 from ctypes import POINTER, byref, c_char_p, c_double, c_float, c_int, c_int64, c_size_t, c_void_p
 
-from rgpu.protocol.lib_cudnn import BY_VALUE, PATCH, TYPE_BACKEND_DESCRIPTOR, TYPE_HANDLE, WIDTH, dump
+from rgpu.protocol.cuda_libs import BY_NAME
+from rgpu.protocol.lib_cudnn import TYPE_BACKEND_DESCRIPTOR, TYPE_HANDLE, WIDTH, dump
 
 from . import LibError
+from .cudnn_by_value import ByValue
 
 BAD_PARAM, NOT_INITIALIZED, VERSION_MISMATCH, NOT_SUPPORTED = 2000, 1001, 1002, 3000
 DOUBLE = 1                              # CUDNN_DATA_DOUBLE: its scalars are doubles, every other type's floats
 VARIANT_PACK = 16                       # CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR
 HANDLE, PACK, PLAN, ALLOC_FAILED = 0, 1, 2, 4001   # a client id's kind in the C table; CUDNN_STATUS_ALLOC_FAILED
+NOT_HERE, PACK_TYPES = -2, (3, 6)       # the C table's "not one of mine"; the attribute types a pack takes there
 STATUS = {0: "CUDNN_STATUS_SUCCESS", 1001: "CUDNN_STATUS_NOT_INITIALIZED", 2000: "CUDNN_STATUS_BAD_PARAM",
           2002: "CUDNN_STATUS_BAD_PARAM_NULL_POINTER", 2004: "CUDNN_STATUS_BAD_PARAM_NOT_FINALIZED",
           2010: "CUDNN_STATUS_BAD_PARAM_ATTRIBUTE_TYPE", 2012: "CUDNN_STATUS_BAD_PARAM_DESCRIPTOR_TYPE",
@@ -46,78 +51,6 @@ READABLE = {
          (907, _BOOL), (908, _BOOL), (909, 20)],                                                        # tensor
 }
 _P = c_void_p
-# cudnnDataType_t -> bytes per element (a by-value tensor's size)
-DATA_BYTES = {0: 4, 1: 8, 2: 2, 3: 1, 4: 4, 6: 1, 9: 2, 10: 8, 11: 1, 12: 1, 13: 1, 15: 1, 19: 4, 20: 8, 21: 16}
-
-
-class ByValue:
-    """Which tensors a descriptor's graph passes by value, from what the client set: computed when each
-    descriptor is finalized or filled (a tensor, then its op, graph, heuristic, config, engine, plan), so
-    a descriptor destroyed early takes nothing with it. A variant pack's attributes are kept to rebuild it."""
-
-    def __init__(self):
-        self.sets: dict[int, dict[int, tuple[int, int, bytes]]] = {}   # id -> name -> (type, count, bytes)
-        self.of: dict[int, dict[int, int]] = {}                         # id -> {uid: bytes}
-
-    def set(self, desc: int, name: int, type_: int, count: int, data) -> None:
-        self.sets.setdefault(desc, {})[name] = (type_, count, bytes(data))
-
-    def finalized(self, desc: int) -> None:
-        found: dict[int, int] = {}
-        attrs = self.sets.get(desc, {})
-        if attrs.get(908, (0, 0, b"\0"))[2][:1] == b"\1" and {906, 901, 902} <= attrs.keys():    # a by-value tensor
-            dims = struct.unpack(f"<{attrs[902][1]}q", attrs[902][2])
-            n = DATA_BYTES.get(struct.unpack("<i", attrs[901][2])[0], 8)
-            for d in dims:
-                n *= d
-            found[struct.unpack("<q", attrs[906][2])[0]] = n
-        for type_, count, data in attrs.values():
-            if type_ == TYPE_BACKEND_DESCRIPTOR:
-                for ref in struct.unpack(f"<{count}Q", data):
-                    found.update(self.of.get(ref, {}))
-        if found:
-            self.of[desc] = found
-
-    def filled(self, target: int, source: int) -> None:
-        if source in self.of:
-            self.of[target] = dict(self.of[source])
-
-    def forget(self, desc: int) -> None:
-        self.sets.pop(desc, None)
-        self.of.pop(desc, None)
-
-    def entry(self, plan: int) -> list:
-        """The plan's dump entry of its by-value tensors, if any."""
-        pairs = [v for uid, n in sorted(self.of.get(plan, {}).items()) for v in (uid, n)]
-        return [(BY_VALUE, 3, len(pairs), struct.pack(f"<{len(pairs)}q", *pairs))] if pairs else []
-
-    def patched(self, plan: int, pack: int, tail) -> tuple[dict, list]:
-        """The pack's attributes with the by-value tensors' pointers turned to host copies of the client's
-        bytes (the Execute's tail), and those copies (alive until the execution is made). Every by-value
-        tensor of the plan must come with its bytes: its pointer is the client's, never to be dereferenced here."""
-        attrs = dict(self.sets.get(pack, {}))
-        if 1000 not in attrs or 1001 not in attrs:
-            raise LibError(BAD_PARAM, "cudnnBackendExecute: the variant pack has no unique ids or data pointers")
-        uids = list(struct.unpack(f"<{attrs[1000][1]}q", attrs[1000][2]))
-        ptrs = list(struct.unpack(f"<{attrs[1001][1]}Q", attrs[1001][2]))
-        keep, done, pos = [], set(), 0
-        while pos + PATCH.size <= len(tail):
-            uid, n = PATCH.unpack_from(tail, pos)
-            pos += PATCH.size
-            if uid not in uids or n < 0 or pos + n > len(tail):
-                raise LibError(BAD_PARAM, f"cudnnBackendExecute: a by-value tensor {uid} the variant pack does not hold")
-            buf = ctypes.create_string_buffer(bytes(tail[pos:pos + n]), max(n, 1))
-            keep.append(buf)
-            ptrs[uids.index(uid)] = ctypes.addressof(buf)
-            done.add(uid)
-            pos += (n + 7) // 8 * 8
-        missing = sorted(set(self.of.get(plan, {})) & set(uids) - done)
-        if missing:
-            raise LibError(BAD_PARAM, f"cudnnBackendExecute: by-value tensor(s) {missing} came without their bytes")
-        attrs[1001] = (attrs[1001][0], len(ptrs), struct.pack(f"<{len(ptrs)}Q", *ptrs))
-        return attrs, keep
-
-
 def _bind(lib) -> None:
     """The C prototypes (cudnn_graph.h, cudnn_ops.h), so ctypes passes int64, size_t and doubles right."""
     sigs = {
@@ -207,9 +140,30 @@ class Library:
 
     def _desc(self, name: str, desc: int) -> list:
         d = self.descs.get(desc)
+        if d is None and self._c_pack(desc):        # a variant pack the C table owns
+            d = [_P(self.c.rgpu_cudnn_real(self.fast, PACK, desc)), VARIANT_PACK]
         if d is None:
             raise LibError(BAD_PARAM, f"{name}: {desc:#x} is not a backend descriptor of this session")
         return d
+
+    def _c_pack(self, desc: int) -> bool:
+        return bool(self.fast) and desc not in self.descs and bool(self.c.rgpu_cudnn_real(self.fast, PACK, desc))
+
+    def _in_c(self, call: str, desc: int, payload: bytes = b"") -> int:
+        """A variant pack's call run by the C table, as the walker runs it (NOT_HERE: not one it runs)."""
+        return self.c.rgpu_cudnn_pack_record(self.fast, BY_NAME[call].id, desc, payload, len(payload))
+
+    def _pack_attrs(self, pack: int) -> dict:
+        """A pack's attributes as set (name -> (type, count, bytes)): the C table's, or those kept here."""
+        if not self._c_pack(pack):
+            return self.by_value.sets.get(pack, {})
+        attrs, out, i = {}, (ctypes.c_int32 * 2)(), 0
+        while (n := self.c.rgpu_cudnn_pack_attr(self.fast, pack, i, out, None, 0)) >= 0:
+            v = (ctypes.c_uint64 * max(n, 1))()
+            self.c.rgpu_cudnn_pack_attr(self.fast, pack, i, out, v, n)
+            attrs[out[0]] = (out[1], n, bytes(v)[:8 * n])
+            i += 1
+        return attrs
 
     def _tensor(self, name: str, t: int, optional: bool = False):
         if optional and t == 0:
@@ -268,6 +222,8 @@ class Library:
         if table:
             self.c, self._cublas = c, (cublas, table)
             self.fast = c.rgpu_cudnn_new(ctypes.cast(lib.cudnnBackendExecute, _P), ctypes.cast(lib.cudnnSetStream, _P))
+            c.rgpu_cudnn_bind_packs(self.fast, *(ctypes.cast(getattr(lib, f"cudnnBackend{f}"), _P) for f in
+                                                 ("CreateDescriptor", "SetAttribute", "Finalize", "DestroyDescriptor")))
             c.rgpu_cublas_set_dnn(table, self.fast)
 
     def _fast(self, verb: str, kind: int, client: int, real=None) -> None:
@@ -278,20 +234,24 @@ class Library:
 
     def cudnnBackendCreateDescriptor(self, handle, stream, tail, type):
         self._need_lib()
-        if handle in self.descs:
+        if handle in self.descs or self._c_pack(handle):
             raise LibError(BAD_PARAM, f"backend descriptor {handle:#x} exists already")
+        if type == VARIANT_PACK and self.fast:      # the C table's, as when the walker runs it
+            return self._check("cudnnBackendCreateDescriptor",
+                               self._in_c("cudnnBackendCreateDescriptor", handle, struct.pack("<i", type)))
         real = _P()
         self._check("cudnnBackendCreateDescriptor", self.lib.cudnnBackendCreateDescriptor(type, byref(real)))
         self.descs[handle] = [real, type]
-        if type == VARIANT_PACK:
-            self._fast("add", PACK, handle, real.value)
         return 0
 
     def cudnnBackendDestroyDescriptor(self, handle, stream, tail):
+        if self._c_pack(handle):
+            status = self._in_c("cudnnBackendDestroyDescriptor", handle)
+            self._fast("remove", PACK, handle)      # gone either way, as below
+            return self._check("cudnnBackendDestroyDescriptor", status)
         real, _ = self._desc("cudnnBackendDestroyDescriptor", handle)
         del self.descs[handle]
         self.by_value.forget(handle)
-        self._fast("remove", PACK, handle)
         self._fast("remove", PLAN, handle)
         return self._check("cudnnBackendDestroyDescriptor", self.lib.cudnnBackendDestroyDescriptor(real))
 
@@ -311,6 +271,12 @@ class Library:
         return (ctypes.c_uint8 * max(len(tail), 1)).from_buffer_copy(bytes(tail) or b"\0")
 
     def cudnnBackendSetAttribute(self, handle, stream, tail, name, type, count):
+        if self._c_pack(handle):
+            if type not in PACK_TYPES or count < 0 or len(tail) != 8 * count:
+                raise LibError(BAD_PARAM, f"cudnnBackendSetAttribute: a variant pack's attribute {name} of type {type}"
+                                          f" with {len(tail)} bytes for {count} elements (it takes int64s and pointers)")
+            payload = struct.pack("<iiq", name, type, count) + bytes(tail)
+            return self._check("cudnnBackendSetAttribute", self._in_c("cudnnBackendSetAttribute", handle, payload))
         real, _ = self._desc("cudnnBackendSetAttribute", handle)
         elements = self._elements("cudnnBackendSetAttribute", type, count, tail)
         self._check("cudnnBackendSetAttribute",
@@ -380,6 +346,8 @@ class Library:
         return self._check("cudnnBackendInitialize", self.lib.cudnnBackendInitialize(real))
 
     def cudnnBackendFinalize(self, handle, stream, tail):
+        if self._c_pack(handle):
+            return self.cudnnBackendFinalizeQueued(handle, stream, tail), b""
         real, type_ = self._desc("cudnnBackendFinalize", handle)
         status = self.lib.cudnnBackendFinalize(real)
         if NOT_SUPPORTED <= status < NOT_SUPPORTED + 1000:
@@ -392,6 +360,8 @@ class Library:
         return 0, self.readable(handle) + dump(self.by_value.entry(handle))
 
     def cudnnBackendFinalizeQueued(self, handle, stream, tail):
+        if self._c_pack(handle):
+            return self._check("cudnnBackendFinalize", self._in_c("cudnnBackendFinalizeQueued", handle))
         real, _ = self._desc("cudnnBackendFinalize", handle)
         return self._check("cudnnBackendFinalize", self.lib.cudnnBackendFinalize(real))
 
@@ -404,7 +374,7 @@ class Library:
             self._fast("add", PLAN, plan, p.value)     # plain: the C table runs its next executes
             return self._check(n, self.lib.cudnnBackendExecute(h, p, v))
         # by-value tensors: the same pack, rebuilt with the client's bytes where its host pointers were
-        attrs, keep = self.by_value.patched(plan, pack, tail)
+        attrs, keep = self.by_value.patched(plan, pack, tail, self._pack_attrs(pack))
         tmp = _P()
         self._check(n, self.lib.cudnnBackendCreateDescriptor(VARIANT_PACK, byref(tmp)))
         try:

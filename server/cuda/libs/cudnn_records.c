@@ -1,29 +1,52 @@
-/* cuDNN's execute records in C, run beside the launches and cuBLAS's GEMMs: the common case, a finalized plan
- * whose tensors all live on the device, run on a variant pack of this session.
+/* cuDNN's per-execution records in C, run beside the launches and cuBLAS's GEMMs: a convolution's variant pack
+ * (created, its workspace, unique ids and data pointers set, finalized, destroyed: one per execution, as
+ * cudnn-frontend makes them) and the execute of a finalized plan whose tensors all live on the device.
  *
  * A session's table (rgpu_cudnn_t, made by cudnn_real.py) holds the client ids it may run with: the handles
- * (each with the stream last set on it: the table owns that, Python sets streams through it), the variant packs
- * and the plans Python found plain (no by-value tensors), each with its real object.  Python owns their lives
- * and tells this table of each creation and destruction (and unmarks a plan it changes); a record naming
- * anything else, or carrying by-value bytes, is left to Python (NOT_HERE).  cublas_records.c hands it the
- * cudnnBackendExecute records it walks. */
+ * (each with the stream last set on it: the table owns that, Python sets streams through it), the plans Python
+ * found plain (no by-value tensors), each with its real object, and the variant packs, which it owns: it
+ * creates and destroys their real objects and keeps each attribute set on them (Python reads those to rebuild
+ * a pack around by-value bytes).  Python owns the handles' and plans' lives and tells this table of each
+ * creation and destruction (and unmarks a plan it changes); a record naming anything else, carrying by-value
+ * bytes or an attribute type a pack never takes, is left to Python (NOT_HERE), which explains it.
+ * cublas_records.c hands it the cuDNN records it walks; cudnn_real.py hands it the same pack calls when they
+ * come another way, so both paths share one state and one code. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "rgpu_protocol.h"
 #include "rgpu_protocol_libs.h"
 
 #define NOT_HERE (-2)
 #define MALFORMED (-1)
+#define ALLOC_FAILED 4001  /* CUDNN_STATUS_ALLOC_FAILED */
+#define VARIANT_PACK 16    /* CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR */
+#define MAX_ATTRS 8        /* a pack's attributes: unique ids, data pointers, intermediates, workspace */
 
 typedef int (*execute_fn)(void *, void *, void *);
 typedef int (*set_stream_fn)(void *, void *);
+typedef int (*create_fn)(int, void **);
+typedef int (*set_fn)(void *, int, int, int64_t, const void *);
+typedef int (*one_fn)(void *);
 
 enum { HANDLE, PACK, PLAN, NKINDS };  /* what a client id names (rgpu_cudnn_add's kind) */
 
 typedef struct {
+    int32_t name, type;
+    int64_t count;
+    uint64_t *v;  /* count elements, 8 bytes each (INT64 and VOID_PTR: what a pack takes) */
+} attr_t;
+
+typedef struct {
+    int n;
+    attr_t a[MAX_ATTRS];
+} attrs_t;
+
+typedef struct {
     uint64_t client, real, stream;  /* stream: a handle's, as last set */
+    attrs_t *attrs;                 /* a pack's, as set */
 } entry_t;
 
 typedef struct {
@@ -34,6 +57,9 @@ typedef struct {
 typedef struct rgpu_cudnn {
     execute_fn execute;
     set_stream_fn set_stream;
+    create_fn create;
+    set_fn set;
+    one_fn finalize, destroy;
     list_t kind[NKINDS];
 } rgpu_cudnn_t;
 
@@ -43,8 +69,28 @@ rgpu_cudnn_t *rgpu_cudnn_new(void *execute, void *set_stream) {
     return t;
 }
 
+/* The library's descriptor calls, with which the table runs the variant packs' records (none bound: it runs
+ * none, Python does). */
+void rgpu_cudnn_bind_packs(rgpu_cudnn_t *t, void *create, void *set, void *finalize, void *destroy) {
+    t->create = (create_fn)create, t->set = (set_fn)set, t->finalize = (one_fn)finalize,
+    t->destroy = (one_fn)destroy;
+}
+
+static void free_attrs(entry_t *e) {
+    if (!e->attrs) return;
+    for (int i = 0; i < e->attrs->n; i++) free(e->attrs->a[i].v);
+    free(e->attrs);
+    e->attrs = 0;
+}
+
+/* Everything freed, the packs it still owns destroyed (the session's end). */
 void rgpu_cudnn_free(rgpu_cudnn_t *t) {
     if (!t) return;
+    list_t *packs = &t->kind[PACK];
+    for (size_t i = 0; i < packs->n; i++) {
+        if (t->destroy) t->destroy((void *)(uintptr_t)packs->e[i].real);
+        free_attrs(&packs->e[i]);
+    }
     for (int k = 0; k < NKINDS; k++) free(t->kind[k].e);
     free(t);
 }
@@ -55,35 +101,122 @@ static entry_t *find(list_t *l, uint64_t client) {
     return 0;
 }
 
-/* A client id of `kind` over its real object (a handle's stream: the default).  0, or -1: a bad kind, or no
- * memory.  One known already keeps its stream and takes the real object given. */
+static entry_t *append(list_t *l, uint64_t client, uint64_t real) {
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 16;
+        entry_t *p = realloc(l->e, cap * sizeof *p);
+        if (!p) return 0;
+        l->e = p, l->cap = cap;
+    }
+    l->e[l->n] = (entry_t){client, real, 0, 0};
+    return &l->e[l->n++];
+}
+
+/* A client id of `kind` (HANDLE or PLAN: packs are made here) over its real object (a handle's stream: the
+ * default).  0, or -1: a bad kind, or no memory.  One known already keeps its stream and takes the real object
+ * given. */
 int rgpu_cudnn_add(rgpu_cudnn_t *t, int kind, uint64_t client, uint64_t real) {
-    if (kind < 0 || kind >= NKINDS) return -1;
-    list_t *l = &t->kind[kind];
-    entry_t *e = find(l, client);
+    if (kind != HANDLE && kind != PLAN) return -1;
+    entry_t *e = find(&t->kind[kind], client);
     if (e) {
         e->real = real;
         return 0;
     }
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? l->cap * 2 : 16;
-        entry_t *p = realloc(l->e, cap * sizeof *p);
-        if (!p) return -1;
-        l->e = p, l->cap = cap;
-    }
-    l->e[l->n++] = (entry_t){client, real, 0};
-    return 0;
+    return append(&t->kind[kind], client, real) ? 0 : -1;
 }
 
-/* A client id of `kind` forgotten (destroyed, or a plan changed); nothing when it was not known. */
+/* A client id of `kind` forgotten (destroyed, or a plan changed; a pack's real object is not destroyed here);
+ * nothing when it was not known. */
 void rgpu_cudnn_remove(rgpu_cudnn_t *t, int kind, uint64_t client) {
     if (kind < 0 || kind >= NKINDS) return;
     list_t *l = &t->kind[kind];
     entry_t *e = find(l, client);
-    if (e) *e = l->e[--l->n];
+    if (!e) return;
+    free_attrs(e);
+    *e = l->e[--l->n];
 }
 
 size_t rgpu_cudnn_count(rgpu_cudnn_t *t, int kind) { return kind >= 0 && kind < NKINDS ? t->kind[kind].n : 0; }
+
+/* The real object of a client id of `kind`; 0 when unknown. */
+uint64_t rgpu_cudnn_real(rgpu_cudnn_t *t, int kind, uint64_t client) {
+    entry_t *e = kind >= 0 && kind < NKINDS ? find(&t->kind[kind], client) : 0;
+    return e ? e->real : 0;
+}
+
+/* A pack's i-th attribute as set: its count (name and type in out[0], out[1]; up to `cap` elements in v), or
+ * -1 past its last (or an unknown pack). */
+int64_t rgpu_cudnn_pack_attr(rgpu_cudnn_t *t, uint64_t client, int i, int32_t out[2], uint64_t *v, size_t cap) {
+    entry_t *e = find(&t->kind[PACK], client);
+    if (!e || i < 0 || !e->attrs || i >= e->attrs->n) return -1;
+    attr_t *a = &e->attrs->a[i];
+    out[0] = a->name, out[1] = a->type;
+    if (v && cap) memcpy(v, a->v, (size_t)(a->count < (int64_t)cap ? a->count : (int64_t)cap) * 8);
+    return a->count;
+}
+
+/* Keep what a set gave a pack: the attribute's elements replaced (a copy, 8 bytes each). */
+static int keep(entry_t *e, int32_t name, int32_t type, int64_t count, const char *elements) {
+    if (!e->attrs && !(e->attrs = calloc(1, sizeof *e->attrs))) return -1;
+    attrs_t *s = e->attrs;
+    int i = 0;
+    while (i < s->n && s->a[i].name != name) i++;
+    if (i == MAX_ATTRS) return -1;
+    uint64_t *v = malloc((size_t)count * 8 + 8);
+    if (!v) return -1;
+    memcpy(v, elements, (size_t)count * 8);
+    if (i == s->n) s->n++;
+    else free(s->a[i].v);
+    s->a[i] = (attr_t){name, type, count, v};
+    return 0;
+}
+
+static int pack_set(rgpu_cudnn_t *t, entry_t *e, const char *p, size_t len) {
+    rgpu_lib_cudnnBackendSetAttribute_t s;
+    if (len < sizeof s) return MALFORMED;
+    memcpy(&s, p, sizeof s);
+    /* INT64 and VOID_PTR only (device addresses and ids pass as they are); anything else is Python's to refuse */
+    if ((s.type != 3 && s.type != 6) || s.count < 0 || s.count > (1 << 24) || len - sizeof s != (size_t)s.count * 8)
+        return NOT_HERE;
+    if (keep(e, s.name, s.type, s.count, p + sizeof s)) return ALLOC_FAILED;
+    attr_t *a = e->attrs->a;
+    while (a->name != s.name) a++;
+    return t->set((void *)(uintptr_t)e->real, s.name, s.type, s.count, a->v);
+}
+
+/* Run one record of a variant pack's life (cudnnBackendCreateDescriptor of a pack, SetAttribute,
+ * FinalizeQueued, DestroyDescriptor of one this table holds): the library's cudnnStatus_t (0: done), NOT_HERE
+ * (another call or descriptor, a pack's id made twice, an attribute type a pack never takes: Python's) or
+ * MALFORMED.  A failed destroy keeps the pack (Python's retry says why). */
+int rgpu_cudnn_pack_record(rgpu_cudnn_t *t, uint32_t call, uint64_t client, const char *p, size_t len) {
+    if (!t || !t->create) return NOT_HERE;
+    list_t *packs = &t->kind[PACK];
+    entry_t *e = find(packs, client);
+    if (call == RGPU_LIB_cudnnBackendCreateDescriptor) {
+        rgpu_lib_cudnnBackendCreateDescriptor_t c;
+        if (len < sizeof c) return MALFORMED;
+        memcpy(&c, p, sizeof c);
+        if (c.type != VARIANT_PACK || e) return NOT_HERE;
+        if (!(e = append(packs, client, 0))) return ALLOC_FAILED;
+        void *real = 0;
+        int rc = t->create(VARIANT_PACK, &real);
+        if (rc) packs->n--;
+        else e->real = (uint64_t)(uintptr_t)real;
+        return rc;
+    }
+    if (!e) return NOT_HERE;
+    void *real = (void *)(uintptr_t)e->real;
+    switch (call) {
+    case RGPU_LIB_cudnnBackendSetAttribute: return pack_set(t, e, p, len);
+    case RGPU_LIB_cudnnBackendFinalizeQueued: return t->finalize(real);
+    case RGPU_LIB_cudnnBackendDestroyDescriptor: {
+        int rc = t->destroy(real);
+        if (!rc) rgpu_cudnn_remove(t, PACK, client);
+        return rc;
+    }
+    default: return NOT_HERE;
+    }
+}
 
 /* Bring a handle to `stream` (set only when it changed): 0, cudnnSetStream's status, or NOT_HERE (unknown). */
 static int use(rgpu_cudnn_t *t, entry_t *h, uint64_t stream) {
