@@ -16,7 +16,9 @@
 # in a fresh process after a rung that ran past its timeout or crashed (--resume), the eager rungs natively twice (what
 # native itself does not repeat bitwise is no fault of rgpu's); `rgpu bench cuda --torch` (the GPT steps at 4x128 and
 # 6x384, the CNN step, a captured step's replay, each beside native, interleaved, with its waits per step; the first
-# step's synchronous calls; the step over RGPU_SIM_RTT_MS=30); then `cuda_ladder.py compare`: per rung native ok, rgpu ok, bitwise equal, the
+# step's synchronous calls; the step over RGPU_SIM_RTT_MS=30); the server's own cost per queued math-library record on
+# this host's CPU (bench/cuda_lib_records.py: its stand-in libraries, the cuDNN convolution's seven records among
+# them, in C and through Python); then `cuda_ladder.py compare`: per rung native ok, rgpu ok, bitwise equal, the
 # largest difference of the float summaries, rgpu's error and the "not supported over rgpu" lines (they name the
 # calls still missing); R4 again with DISABLE_ADDMM_CUDA_LT=1 where time is left; with RECORD=1 the recorded traces
 # (tests/lib_traces/ takes the small ones) and their replay's report.
@@ -30,6 +32,7 @@ DEVICE=${LADDER_DEVICE:-cuda}
 BENCH=(--repeats "${BENCH_REPEATS:-2}"); [ "${BENCH_QUICK:-0}" = 1 ] && BENCH=(--quick)
 BENCH_S=170        # rgpu bench cuda --torch: 2 x 2 children of 4 cases and one over the simulated RTT
 RECORD_S=$([ "${RECORD:-0}" = 1 ] && echo 70 || echo 0)
+LIB_S=30           # bench/cuda_lib_records.py --quick: the records' server cost, no GPU used
 RUNG_S=60          # an eager rung's timeout (bench/cuda_ladder_rungs.py TIMEOUTS gives the compile rungs theirs)
 LADDER=$REPO/bench/cuda_ladder.py
 CACHE=$(mktemp -d)  # each side's Inductor and Triton caches: the rgpu side compiles for itself, not from native's
@@ -66,10 +69,11 @@ ladder native 150 "$RUNGS" "${NATIVE[@]}"
 # the eager rungs natively once more: which results native itself does not repeat bitwise
 ladder native_again 60 "$(echo "$RUNGS" | tr , '\n' | grep -vx 'R10\|R11' | paste -sd,)" "${NATIVE[@]}"
 # rgpu gets what is left but the bench, the recording and the summary
-ladder rgpu $(( BUDGET - ($(date +%s) - T0) - BENCH_S - RECORD_S - 10 )) "$RUNGS" "$TPY" -m rgpu intercept run --
+ladder rgpu $(( BUDGET - ($(date +%s) - T0) - BENCH_S - LIB_S - RECORD_S - 10 )) "$RUNGS" "$TPY" -m rgpu intercept run --
 # each side a child of torch's Python, natively (the same clean environment) and through rgpu, interleaved
 [ "${TORCH_BENCH:-1}" = 1 ] && step torch_bench "$BENCH_S" env TORCH_PYTHON="$TPY" python3 -m rgpu bench cuda --torch --json --server "$RGPU_SERVER" \
   "${BENCH[@]}"
+step lib_records "$LIB_S" python3 -m rgpu.bench.cuda_lib_records --json --quick --repeats 3
 
 if [ "${RECORD:-0}" = 1 ]; then   # a second server records every math-library call and the GEMMs' bytes
   serve_cuda "$OUT/record_server.log" RGPU_CUDA_LIB_RECORD="$OUT/lib_traces"; REC_PID=$SERVED_PID; REC_SERVER=$SERVED
@@ -113,6 +117,10 @@ except Exception as exc:
     s["torch_bench"] = f"no rows ({type(exc).__name__}: {exc}): " + (out / "torch_bench.err").read_text(errors="replace")[-1500:] \
         if (out / "torch_bench.err").exists() else f"not run ({exc})"
 try:
+    s["lib_records"] = json.loads((out / "lib_records.json").read_text())
+except Exception as exc:
+    s["lib_records"] = f"no rows ({type(exc).__name__}: {exc})"
+try:
     s["lib_trace_replay"] = [{k: r[k] for k in ("path", "calls", "replayed", "compared", "skipped", "status_mismatch",
                               "value_mismatch", "errors", "live_after_close", "ok")}
                              for r in json.loads((out / "lib_trace_replay.json").read_text())]
@@ -134,6 +142,13 @@ if isinstance(s["torch_bench"], list):
               + (f" ERROR {r['errors'][0][:200]}" if r.get("errors") else "") + (f" skipped: {r['skipped']}" if r.get("skipped") else ""))
 else:
     print("rgpu bench cuda --torch:", s["torch_bench"])
+if isinstance(s["lib_records"], list):
+    print("server cost per queued record (bench/cuda_lib_records.py, stand-in libraries):")
+    for r in s["lib_records"]:
+        print(f"  {r['record']:28s} {r['value']:8.3g} us in C (spread {r['spread'][0]:.3g}-{r['spread'][1]:.3g}),"
+              f" {r['baseline']:8.3g} us through Libraries.run")
+else:
+    print("lib records:", s["lib_records"])
 for r in s.get("lib_trace_replay", []):
     print(f"trace {r['path'].rsplit('/', 1)[-1]}: ok={r['ok']} calls {r['calls']} replayed {r['replayed']} compared "
           f"{r['compared']} skipped {sum(r['skipped'].values())} mismatches {r['status_mismatch'][:2]} {r['value_mismatch'][:2]} {r['errors'][:2]}")
