@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # tcp and shm on the GPU host (16 cores): `rgpu bench transport` rows, the parallel copy beside copyto, shm tests.
 #
-#   OUT=/some/folder bash gpu/check_transports.sh      (the device tool sets $OUT; about 2 minutes, at most 4:
+#   OUT=/some/folder bash gpu/check_transports.sh      (the device tool sets $OUT; about 4 minutes, at most 7.5:
 #   on a fresh host the first shm test builds the C modules and compiles the numba copy, ~30 s)
 #
 # Writes to $OUT: transport_tcp.json and transport_shm.json (rgpu bench transport --json: bandwidth up and down
 # from 64 B to 256 MiB and the 64 B round trip; tcp beside a raw socket, shm beside one-thread numpy.copyto and
 # rgpu tcp) with a plot each, copy.json (numba prange copy beside numpy.copyto, 4-256 MiB: whether fastcopy's
-# parallel copy wins here), host.json, summary.txt, one log and one .rc per step. No UCXX there: no ucx rows.
+# parallel copy wins here), streams.json (rgpu bench streams: 256 MiB and 1 GiB up and down over tcp on one stream
+# and on 4 (RGPU_TCP_STREAMS) beside one raw socket, and TLS over 4 beside plain tcp on 4; STREAMS=8 for 8),
+# host.json, summary.txt, one log and one .rc per step. No UCXX there: no ucx rows.
 # A failed step is recorded and the next one still runs.
 set -u
 cd "$(dirname "$0")/.."
@@ -16,7 +18,7 @@ mkdir -p "$OUT"
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1
 PY=$(command -v python3 || command -v python)   # the GPU host has python3, maybe no `python`
 T0=$(date +%s)
-BUDGET=${BUDGET:-260}   # seconds for the whole script: no step runs past it
+BUDGET=${BUDGET:-450}   # seconds for the whole script: no step runs past it
 step() {  # step NAME TIMEOUT_S COMMAND...: output to $OUT/NAME.log, status to $OUT/NAME.rc
   local name=$1 limit=$2; shift 2
   local left=$(( BUDGET - ($(date +%s) - T0) ))
@@ -54,12 +56,16 @@ step transport_tcp 60 bash -c "'$PY' -m rgpu bench transport --transport tcp --s
   --plot '$OUT/transport_tcp.png' >'$OUT/transport_tcp.json'"
 step transport_shm 60 bash -c "'$PY' -m rgpu bench transport --transport shm --sizes $SIZES --repeats 5 --json \
   --plot '$OUT/transport_shm.png' >'$OUT/transport_shm.json'"
+# big transfers on several tcp streams: 1 vs 4 (STREAMS=8: 8) beside one raw socket; TLS over them vs plain
+STREAM_SIZES=${STREAM_SIZES:-256M,1G}
+step streams 150 bash -c "'$PY' -m rgpu.bench.streams --streams ${STREAMS:-4} --tls --sizes $STREAM_SIZES --repeats 3 \
+  --json >'$OUT/streams.json'"
 step copy 25 bash -c "'$PY' -m rgpu.bench.transport_fast --copy --repeats 5 --json >'$OUT/copy.json'"
 
 # the shm tests where pytest (and the suite's own needs) are there; skipped, with the reason, otherwise
 if "$PY" -c "import pytest, hypothesis" 2>/dev/null; then
   step tests 120 "$PY" -m pytest -q -p no:cacheprovider tests/test_transport_shm.py tests/test_transport_contract.py \
-    tests/test_transport_select.py tests/test_shm_lone.py
+    tests/test_transport_select.py tests/test_shm_lone.py tests/test_tcp_streams.py
 else
   echo "pytest or hypothesis missing: shm tests not run here" >"$OUT/tests.log"; echo skipped >"$OUT/tests.rc"
 fi
@@ -67,7 +73,7 @@ fi
 "$PY" - "$OUT" <<'EOF' >"$OUT/summary.txt" 2>&1
 import json, sys
 out = sys.argv[1]
-for name in ("transport_tcp", "transport_shm", "copy"):
+for name in ("transport_tcp", "transport_shm", "streams", "copy"):
     try:
         rows = json.load(open(f"{out}/{name}.json"))
     except (OSError, ValueError) as exc:
@@ -75,7 +81,7 @@ for name in ("transport_tcp", "transport_shm", "copy"):
         continue
     for r in rows:
         size = r.get("size")
-        print(f"{r['transport']:4} {r['metric']:10} {r.get('direction') or '':8} {size!s:>10} "
+        print(f"{r['transport']:12} {r['metric']:10} {r.get('direction') or '':8} {size!s:>10} "
               f"{r['value']:10.3f} {r['unit']:5} vs {r['baseline']:10.3f} ({r['baseline_name']}) ratio {r['ratio']:.3f}")
 EOF
 cat "$OUT/summary.txt"

@@ -20,7 +20,7 @@ import msgpack
 
 from rgpu import config
 from rgpu.errors import ConnectionLost, ProtocolError, RgpuError, VersionMismatch
-from rgpu.transport import handshake, negotiate, tls
+from rgpu.transport import handshake, negotiate, tcp_streams_setup, tls
 from rgpu.transport.buffers import BufferPool, as_bytes_view
 from rgpu.transport.resume_server import ResumableEnd, accept_tls_resume
 from rgpu.transport.shm_native import SERVE_RAISED, SERVE_REPLY
@@ -51,10 +51,10 @@ def error_meta(exc: BaseException, seq: int) -> dict:
 
 
 def serve_session(transport, session: Session, transports: list, resume: dict | None = None,
-                  control: socket.socket | None = None) -> None:
+                  control: socket.socket | None = None, streams: tcp_streams_setup.ServerOffer | None = None) -> None:
     """Run one session to its end; never raises for what the client sent. ``resume`` (the acceptor's offer)
     and ``control`` (its socket, where resumed connections arrive): the session outlives a dropped tcp
-    connection for the grace (``transport/resume_server.py``)."""
+    connection for the grace (``transport/resume_server.py``). ``streams``: extra tcp streams offered."""
     limits = Limits.from_settings(session.settings)
     pool = BufferPool()
     try:
@@ -62,13 +62,21 @@ def serve_session(transport, session: Session, transports: list, resume: dict | 
     except Exception as exc:
         handshake.refuse(transport, "route", f"cannot start the {session.route!r} route: {exc}")
         log.exception("route %s failed to start", session.route)
+        if streams is not None:
+            streams.cancel()
         return
     stop = StopSignal().install()   # SIGTERM (rgpu serve stops): the op running finishes, then a BYE says why
     try:
         extra = {"resume": {"id": resume["id"], "grace_s": resume["grace_s"]}} if resume and control else {}
-        handshake.welcome(transport, session.id, transports, executor.welcome(), **extra)
+        offered = {"streams": streams.details()} if streams is not None else {}
+        handshake.welcome(transport, session.id, transports, executor.welcome(), **extra, **offered)
         if negotiate.expects_upgrade(transports):  # the client switches to shm / ucx or stays on tcp
             transport = negotiate.server_upgrade(transport, transports, session.settings)
+        if streams is not None:   # still on tcp: the client's extra streams (transport/tcp_streams_setup.py)
+            if transport.capabilities.resumable:
+                transport = streams.attach(transport)
+            else:
+                streams.cancel()
         # waiting for the next op: tcp polls before it sleeps (RGPU_TCP_SPIN_US); shm and ucx wait their own way
         transport.spin_reads(session.settings.tcp_spin_us, session.settings.shm_c)
         if extra and transport.capabilities.resumable:
@@ -236,7 +244,8 @@ def run_session(sock: socket.socket, d: dict, control: socket.socket | None = No
                                 transports=h["transports"], options=h["options"])
         serve_session(TcpTransport(sock), Session(id=hello.session, route=hello.route, settings=s,
                                                   options=hello.options, peer_versions=hello.versions),
-                      negotiate.server_offer(hello.transports, s), d.get("resume"), control)
+                      negotiate.server_offer(hello.transports, s), d.get("resume"), control,
+                      tcp_streams_setup.ServerOffer.make(sock, hello, s, d["token"].encode(), None))
         return
     sock.settimeout(d.get("deadline_s", s.connect_timeout))  # a client that stalls in the handshake is dropped
     try:
@@ -261,7 +270,8 @@ def run_session(sock: socket.socket, d: dict, control: socket.socket | None = No
     # a resumable TLS session: its resumed connections come raw, and their TLS handshake and proof happen here
     resume = ({**d["resume"], "tls": d.get("tls"), "token": d["token"]}
               if d.get("resume") and hello.options.get("resumable") is True else None)
-    serve_session(transport, session, negotiate.server_offer(hello.transports, s), resume, control)
+    serve_session(transport, session, negotiate.server_offer(hello.transports, s), resume, control,
+                  tcp_streams_setup.ServerOffer.make(sock, hello, s, d["token"].encode(), d.get("tls")))
 
 
 def describe_device(s) -> str:

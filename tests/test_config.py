@@ -22,6 +22,7 @@ SAMPLES = {
     "RGPU_TRANSPORT": ("shm", "shm"),
     "RGPU_SHM_SPIN_US": ("2000", 2000.0),
     "RGPU_TCP_SPIN_US": ("500", 500.0),
+    "RGPU_TCP_STREAMS": ("4", 4),
     "RGPU_TLS": ("yes", True),
     "RGPU_TLS_CERT": ("/c.pem", "/c.pem"),
     "RGPU_TLS_KEY": ("/k.pem", "/k.pem"),

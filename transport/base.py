@@ -195,6 +195,9 @@ class StreamReader:
 
     def __init__(self, recv_into):
         self.recv_into = recv_into           # fills up to len(view) bytes, returns count (0 = EOF); replaceable
+        # (bytes, read): a frame whose buffers hold that many bytes or more is read by read(kind, seq, ack,
+        # meta, lengths, targets, pool) once its metadata is in (tcp_streams.py: striped over several sockets)
+        self.big = None
         self._stage = bytearray(self.STAGE)
         self._view = memoryview(self._stage)
         self._start = 0
@@ -270,6 +273,8 @@ class StreamReader:
         targets = into(kind, seq, lengths) if into is not None else None
         if targets is not None and [v.nbytes for v in targets] != lengths:
             targets = None  # not the reply the caller prepared for (an error, say): use the pool
+        if self.big is not None and sum(lengths) >= self.big[0]:
+            return self.big[1](kind, seq, ack, meta, lengths, targets, pool)
         bufs, leases = [], []
         for i, n in enumerate(lengths):
             if targets is not None:

@@ -8,7 +8,7 @@ import uuid
 from rgpu import config, excepthook, local_server
 from rgpu.errors import ConnectionLost, Timeout
 
-from . import handshake, negotiate, tcp, tls, tokens
+from . import handshake, negotiate, tcp, tcp_streams_setup, tls, tokens
 from .connection import Connection
 from .resume import ResumingTransport
 from .tcp import TcpTransport
@@ -43,7 +43,7 @@ def connect(route: str, *, settings=None, server: str | None = None, token: str 
     # how often the server then acknowledges a stretch of posts (resume.py)
     hello = handshake.Hello(route=route, session=session or uuid.uuid4().hex, versions=handshake.software_versions(),
                             transports=offer, options={**(options or {}), "replay_bytes": s.replay_bytes,
-                                                     "resumable": True})
+                                                     "resumable": True, "streams": tcp_streams_setup.wanted(s)})
     where, phase = f"{host}:{port}", "handshake"
     waiting = _Waiting(where, sock)
     try:
@@ -51,6 +51,9 @@ def connect(route: str, *, settings=None, server: str | None = None, token: str 
         waiting.done()
         phase = "transport upgrade"
         transport = negotiate.client_upgrade(transport, welcome, s)  # shm / ucx when both ends can
+        if transport.capabilities.resumable:   # still on tcp: the extra streams the server offers (RGPU_TCP_STREAMS)
+            phase = "tcp streams' attaching"
+            transport = tcp_streams_setup.client_attach(transport, welcome, host, secret, hello, s, use_tls)
     except Timeout:
         transport.close()
         what = "rgpu handshake" if phase == "handshake" else "answer to the transport upgrade"
