@@ -99,7 +99,7 @@ def _stream(s, op, i, args, kwargs, mixed_ok: bool = False):
     outs: list = []
     result = meta.build(plan.specs, args, kwargs, device, s.C.describe, s.C.alias, outs)
     if plan.post:
-        s.post_op(op, wargs, wkwargs, outs if any(o is not None for o in outs) else None)
+        s.post_op(op, wargs, wkwargs, outs if any(o is not None for o in outs) else None, device.index)
     return result, plan
 
 
@@ -137,7 +137,7 @@ def call(s, op, i, args, kwargs):
     wargs, wkwargs = enc.value(args), enc.kwargs(kwargs)
     lists = any(str(r.type).startswith("List") for r in op._schema.returns)
     count = CALL_RESERVED_IDS_FOR_LISTS if lists else CALL_RESERVED_IDS
-    result = _decode(s.call_op(op, wargs, wkwargs, s.C.mint_ids(count), count), s.C)
+    result = _decode(s.call_op(op, wargs, wkwargs, s.C.mint_ids(count), count, enc.device), s.C)
     return tuple(result) if len(op._schema.returns) > 1 else result
 
 

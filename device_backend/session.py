@@ -2,12 +2,14 @@
 
 Owns the connection, the op index (each op's name and schema sent once, then
 an integer), the allocator's event log that rides along with every message,
-and the bulk transfers (``transfers.py``). A leaf: ``startup`` builds the
+and the bulk transfers (``transfers.py``); with several servers, one of each
+per server (``servers.py``), an op sent to its device's server. A leaf: ``startup`` builds the
 session and installs it here (``startup.use`` swaps in another connection:
 tests run the executor in-process); ``get()`` starts it through ``starter``.
 """
 from __future__ import annotations
 
+import secrets
 import threading
 from typing import Callable
 
@@ -16,6 +18,7 @@ import torch
 from rgpu.errors import RgpuError
 from rgpu.protocol.ops import Msg
 
+from .servers import FAILURES, Server, Servers
 from .transfers import Transfers
 
 lock = threading.RLock()  # held while a session starts or is swapped
@@ -24,61 +27,114 @@ _session: "Session | None" = None
 
 
 class Session:
-    def __init__(self, conn, C):
-        self.conn, self.C = conn, C
+    """``conns``: one connection, or one per server (``servers.py``) with ``wheres``, their addresses."""
+
+    def __init__(self, conns, C, wheres: "list[str] | None" = None):
+        conns = conns if isinstance(conns, list) else [conns]
+        self.conn, self.C = conns[0], C    # server 0's: the C++ fast path posts on it (one server only)
         self.lock = threading.RLock()  # ops come from the main thread and autograd's device threads
-        self.ops: dict = {}
-        w = (conn.welcome or {}).get("info") or {}  # what the ops executor's welcome() said
-        self.kind = w.get("device", "cpu")
-        self.names = list(w.get("names", ["rgpu"]))
-        self.count = int(w.get("device_count", len(self.names)))
-        self.server_torch = w.get("torch")
+        self.servers = Servers(conns, C, self.lock, wheres or ["the server"] * len(conns))
+        self.several = len(conns) > 1
+        first = self.servers.all[0]
+        self.ops = first.ops
+        self.kind = first.kind
+        self.names = [name for server in self.servers.all for name in server.names]
+        self.count = self.servers.count
+        self.server_torch = first.torch
         self.devtype = torch._C._get_privateuse1_backend_name()
         C.set_device_count(self.count)
-        self.transfers = Transfers(self)   # uploads and downloads of tensors' bytes
+        for server in self.servers.all:
+            server.transfers = Transfers(server)   # uploads and downloads of tensors' bytes
+        self.transfers = first.transfers
 
-    def _index(self, op) -> int:
-        idx = self.ops.get(op)
+    def _index(self, op, server=None) -> int:
+        server = server or self.servers.all[0]
+        idx = server.ops.get(op)
         if idx is None:
-            idx = self.ops[op] = len(self.ops) + 1
+            idx = server.ops[op] = len(server.ops) + 1
             name = f"{op._schema.name[6:]}.{op._overloadname}"
-            self.conn.post([Msg.DEFINE, idx, name, str(op._schema)])
+            server.conn.post([Msg.DEFINE, idx, name, str(op._schema)])
         return idx
 
-    def post_op(self, op, args, kwargs, outs) -> None:
+    def post_op(self, op, args, kwargs, outs, device: "int | None" = None) -> None:
+        if self.several:
+            server = self.servers.of_values(args, kwargs, device)
+            with self.lock:
+                self._on(server, lambda: server.conn.post(
+                    [Msg.OP, server.events(), self._index(op, server), args, kwargs, outs]))
+            return
         with self.lock:
             self.conn.post([Msg.OP, self.C.drain_events(), self._index(op), args, kwargs, outs])
 
-    def call_op(self, op, args, kwargs, first_id: int, count: int):
+    def call_op(self, op, args, kwargs, first_id: int, count: int, device: "int | None" = None):
+        server = self.servers.of_values(args, kwargs, device) if self.several else self.servers.all[0]
         with self.lock:
-            fut = self.conn.request([Msg.CALL, self.C.drain_events(), self._index(op), args, kwargs, first_id, count])
-        reply = fut.result()
+            fut = self._on(server, lambda: server.conn.request(
+                [Msg.CALL, server.events(), self._index(op, server), args, kwargs, first_id, count]))
+        reply = self._on(server, fut.result)
         reply.release()
         return reply.meta[0]
 
-    def post(self, meta: list) -> None:
-        with self.lock:
-            self.conn.post(meta)
+    def server(self, device: "int | None") -> Server:
+        """The server of ``rgpu:device`` (None: the current device's)."""
+        return self.servers.of(device)
 
-    def request(self, meta: list):
+    def post(self, meta: list, device: "int | None" = None) -> None:
+        """``meta`` to the server of ``device`` (server 0's when None: graphs, profiles)."""
+        server = self.servers.of(device) if device is not None else self.servers.all[0]
         with self.lock:
-            fut = self.conn.request(meta)
-        reply = fut.result()
-        reply.release()
-        return reply.meta
+            self._on(server, lambda: server.conn.post(meta))
+
+    def request(self, meta: list, device: "int | None" = None):
+        server = self.servers.of(device) if device is not None else self.servers.all[0]
+        return self._on(server, lambda: server.request(meta))
+
+    def sync(self, device: "int | None" = None) -> None:
+        """Wait until the server of ``device`` (every server, when None) has run every op sent so far."""
+        self.flush_events()
+        for server in self.servers.all if device is None else [self.servers.of(device)]:
+            self._on(server, lambda: server.request([Msg.SYNC]))
+
+    def peer_copy(self, src_desc, dst_desc) -> None:
+        """``src``'s bytes into ``dst`` (the same shape and dtype, on two servers), server to server.
+
+        Two posts, in stream order on both servers: the destination takes the transfer
+        that presents the ticket, the source pushes it there (``server/ops/peer.py``).
+        """
+        src, dst = self.servers.of(src_desc[6]), self.servers.of(dst_desc[6])
+        if dst.peer_port is None:
+            raise RuntimeError(f"server {dst.where} opened no peer port: it cannot take a copy from another server")
+        ticket = secrets.token_bytes(32)
+        with self.lock:
+            self._on(dst, lambda: dst.conn.post([Msg.PEER_RECV, dst.events(), dst_desc, ticket]))
+            self._on(src, lambda: src.conn.post([Msg.PEER_SEND, src.events(), src_desc, ticket, dst.host,
+                                                 dst.peer_port]))
+
+    def _on(self, server, call):
+        """``call()``; a server gone is the session's end, named (the other servers are released)."""
+        if not self.several:
+            return call()
+        if self.servers.failed is not None:
+            raise self.servers.failed
+        try:
+            return call()
+        except FAILURES as exc:
+            raise self.servers.lost(server, exc) from None
 
     def flush_events(self) -> None:
         with self.lock:
-            events = self.C.drain_events()
-            if events:
-                self.conn.post([Msg.EVENTS, events])
+            for server in self.servers.all:
+                events = server.events()
+                if events:
+                    self._on(server, lambda: server.conn.post([Msg.EVENTS, events]))
 
     def close(self) -> None:
         try:
-            self.flush_events()
-            self.conn.close()
+            if self.servers.failed is None:
+                self.flush_events()
         except Exception:  # the server may already be gone at exit
             pass
+        self.servers.close()
 
 
 def current() -> Session | None:
@@ -114,7 +170,14 @@ def close_current() -> None:
 def stats(reset: bool = False) -> dict:
     """transport, messages, round_trips, bytes_out, bytes_in since import (or the last reset)."""
     s = _session
-    counts = dict(s.conn.stats) if s is not None else {"messages": 0, "round_trips": 0, "bytes_out": 0, "bytes_in": 0}
+    counts = {"messages": 0, "round_trips": 0, "bytes_out": 0, "bytes_in": 0}
+    if s is not None:
+        if not s.several:
+            counts = dict(s.conn.stats)
+        else:  # every server's connection, summed
+            for server in s.servers.all:
+                for k, v in server.conn.stats.items():
+                    counts[k] = counts.get(k, 0) + v
     base = _baseline.get(id(s), {})
     out = {"transport": s.conn.transport_name if s is not None else None}
     out.update({k: v - base.get(k, 0) for k, v in counts.items()})

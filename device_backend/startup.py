@@ -63,20 +63,54 @@ def start():
 
     from . import build
 
+    from rgpu import config
+
     C = build.load()
-    return use(connect("ops", options={"torch": torch.__version__, "python": sys.version.split()[0]}), C)
+    options = {"torch": torch.__version__, "python": sys.version.split()[0]}
+    addresses = config.settings().server_addresses()
+    if len(addresses) <= 1:
+        return use(connect("ops", options=options), C)
+    conns, wheres = connect_all(connect, addresses, options)
+    return use(conns, C, wheres)
 
 
-def use(conn, C=None):
-    """Make ``conn`` the session's connection (closing the previous one); tests run the executor in-process."""
+def connect_all(connect, addresses: list, options: dict) -> tuple[list, list]:
+    """One session per server of ``RGPU_SERVER``, each told where its devices start: (connections, addresses).
+
+    A server that cannot be reached ends the start, naming it; the ones reached are closed.
+    """
+    from rgpu.errors import RgpuError
+
+    conns: list = []
+    wheres = [f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in addresses]
+    first = 0
+    for where in wheres:
+        try:
+            conn = connect("ops", server=where, options={**options, "device_offset": first, "peer": True})
+        except RgpuError as exc:
+            for c in conns:
+                c.close()
+            raise type(exc)(f"server {where} of RGPU_SERVER: {exc}") from None
+        conns.append(conn)
+        first += int(((conn.welcome or {}).get("info") or {}).get("device_count", 1))
+    return conns, wheres
+
+
+def use(conn, C=None, wheres=None):
+    """Make ``conn`` (or a list, one per server) the session's connection, closing the previous one.
+
+    Tests run the executor in-process through this.
+    """
     from rgpu import config
 
     from . import build, meta, registration, session, torch_rgpu
 
     with session.lock:
-        s = session.Session(conn, C or build.load())
+        s = session.Session(conn, C or build.load(), wheres)
         old = session.install(s)
-        fast = config.settings().fast_path  # RGPU_FAST_PATH, read when a session starts
+        # RGPU_FAST_PATH, read when a session starts. Why one server only: C++ posts on server 0's
+        # connection; several servers' ops go through Python
+        fast = config.settings().fast_path and not s.several
         fast_path(s, fast)
         if old is not None:
             old.close()

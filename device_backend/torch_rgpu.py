@@ -17,7 +17,7 @@ from rgpu.protocol.ops import Msg
 
 from . import session as _session
 
-_pending_seed: dict[int, int] = {}  # device -> seed, set before the session started
+_pending_seed: dict[int, int] = {}  # device (-1: every one) -> seed, set before the session started
 _initial_seed = 67280421310721
 
 
@@ -27,8 +27,9 @@ def _s():
 
 def send_pending_seeds(s) -> None:
     """Called when the session starts: seeds set before it go to the server first."""
-    for dev, seed in sorted(_pending_seed.items()):
-        s.post([Msg.SEED, dev, seed])
+    for dev, seed in list(_pending_seed.items()):  # in the order they were set; -1: every device
+        for d in range(s.count) if dev == -1 else [dev] if dev < s.count else []:
+            s.post([Msg.SEED, d, seed], d)
     _pending_seed.clear()
 
 
@@ -121,10 +122,12 @@ def get_device_name(device=None) -> str:
 
 
 def synchronize(device=None) -> None:
-    """Wait until the server has run every op sent so far (raises the first failure, if any)."""
+    """Wait until the server has run every op sent so far (raises the first failure, if any).
+
+    With several servers: ``device``'s server, or every server when None.
+    """
     s = _s()
-    s.flush_events()  # frees too, so memory_allocated() after this is exact
-    s.request([Msg.SYNC])
+    s.sync(None if device is None else _index(device))  # frees too, so memory_allocated() after this is exact
 
 
 def manual_seed(seed: int) -> None:
@@ -133,7 +136,13 @@ def manual_seed(seed: int) -> None:
 
 def manual_seed_all(seed: int) -> None:
     s = _session.current()
-    for dev in range(s.count if s is not None else 1):
+    if s is None:  # kept for every device the session will have
+        global _initial_seed
+        _initial_seed = int(seed)
+        _pending_seed.clear()
+        _pending_seed[-1] = int(seed)
+        return
+    for dev in range(s.count):
         _seed(dev, int(seed))
 
 
@@ -144,7 +153,7 @@ def _seed(dev: int, seed: int) -> None:
     if s is None:
         _pending_seed[dev] = seed
     else:
-        s.post([Msg.SEED, dev, seed])
+        s.post([Msg.SEED, dev, seed], dev)
 
 
 def seed() -> None:
@@ -161,12 +170,14 @@ def initial_seed() -> int:
 
 def get_rng_state(device="rgpu") -> torch.Tensor:
     """The server's generator state for ``device``, a CPU ByteTensor (``torch.utils.checkpoint`` saves it)."""
-    state = _s().request([Msg.GET_RNG_STATE, _index(device)])[0]
+    index = _index(device)
+    state = _s().request([Msg.GET_RNG_STATE, index], index)[0]
     return torch.frombuffer(bytearray(state), dtype=torch.uint8)
 
 
 def set_rng_state(new_state: torch.Tensor, device="rgpu") -> None:
-    _s().post([Msg.SET_RNG_STATE, _index(device), new_state.detach().cpu().contiguous().numpy().tobytes()])
+    index = _index(device)
+    _s().post([Msg.SET_RNG_STATE, index, new_state.detach().cpu().contiguous().numpy().tobytes()], index)
 
 
 def get_rng_state_all() -> list:
@@ -179,8 +190,10 @@ def set_rng_state_all(new_states) -> None:
 
 
 def memory_allocated(device=None) -> int:
-    return _s().request([Msg.MEMORY, _index(device)])[0]
+    index = _index(device)
+    return _s().request([Msg.MEMORY, index], index)[0]
 
 
 def max_memory_allocated(device=None) -> int:
-    return _s().request([Msg.MEMORY, _index(device)])[1]
+    index = _index(device)
+    return _s().request([Msg.MEMORY, index], index)[1]

@@ -28,7 +28,7 @@ SHM_PIECE_BYTES = 32 << 20    # other memory over shm: copied into the ring's he
 
 
 class Transfers:
-    """One session's uploads and downloads (``s``: the session, whose lock and connection they use)."""
+    """One server's uploads and downloads (``s``: its ``servers.Server``, whose lock, connection and events they use)."""
 
     def __init__(self, s):
         self.s = s
@@ -44,13 +44,13 @@ class Transfers:
         piece = self.piece_bytes(shared)
         if view.nbytes <= piece or not _contiguous(desc[3], desc[4]):
             with self.s.lock:
-                self.s.conn.post([Msg.UPLOAD, self.s.C.drain_events(), desc], [view])
+                self.s.conn.post([Msg.UPLOAD, self.s.events(), desc], [view])
         else:
             # in pieces, the lock let go between them: other threads' ops never wait for the whole upload,
             # and the server copies each piece to the device while the next one arrives
             for offset in range(0, view.nbytes, piece):
                 with self.s.lock:
-                    self.s.conn.post([Msg.UPLOAD_PART, self.s.C.drain_events(), desc, offset],
+                    self.s.conn.post([Msg.UPLOAD_PART, self.s.events(), desc, offset],
                                      [view[offset:offset + piece]])
         if shared and not non_blocking:
             # sent by naming the pinned memory, not copied: as CUDA's copy from pinned memory, a
@@ -89,7 +89,7 @@ class Transfers:
                     self._download_staged(desc, into)
                     return
         with self.s.lock:
-            fut = self.s.conn.request([Msg.DOWNLOAD, self.s.C.drain_events(), desc], reply_into=[into])
+            fut = self.s.conn.request([Msg.DOWNLOAD, self.s.events(), desc], reply_into=[into])
         reply = fut.result()
         try:
             got = reply.buffers[0]
@@ -103,7 +103,7 @@ class Transfers:
     def _fill(self, desc, offset: int, into):
         """Ask the server to write bytes ``offset``.. of ``desc`` into ``into``, shared memory it maps."""
         with self.s.lock:
-            fut = self.s.conn.request([Msg.DOWNLOAD, self.s.C.drain_events(), desc, offset], [into])
+            fut = self.s.conn.request([Msg.DOWNLOAD, self.s.events(), desc, offset], [into])
             # what the connection counted as sent is the server's reply, written in place: rgpu.stats() says so
             stats, n = self.s.conn.stats, memoryview(into).nbytes
             stats["bytes_out"] -= n

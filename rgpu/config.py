@@ -63,7 +63,7 @@ class Setting:
 
 # field, environment variable, default, parser, command-line flag, meaning
 TABLE: tuple[Setting, ...] = (
-    Setting("server", "RGPU_SERVER", None, _optional(str), "rgpu run --server", "host:port of the server a client uses; unset: start a local server on first use", group="user"),
+    Setting("server", "RGPU_SERVER", None, _optional(str), "rgpu run --server", "host:port of the server a client uses, or a comma list of several (`hostA:9713,hostB:9713`: their devices are rgpu:0..N-1 in that order, docs/scale_out.md); unset: start a local server on first use", group="user"),
     Setting("host", "RGPU_HOST", "127.0.0.1", str, "rgpu serve --host", "address the server binds (loopback unless you say otherwise)", group="user"),
     Setting("port", "RGPU_PORT", 9713, int, "rgpu serve --port", "the one port both routes share", group="user"),
     Setting("token", "RGPU_TOKEN", None, _optional(str), "", "the shared secret; wins over the token file", group="user"),
@@ -88,6 +88,7 @@ TABLE: tuple[Setting, ...] = (
     Setting("post_copy_bytes", "RGPU_POST_COPY_BYTES", 256 << 10, _size, "", "posted buffers up to this size are copied so post() returns at once; larger ones are written before post() returns", group="tuning", why="raise it when mid-sized uploads should not wait for the wire; lower it to save client memory"),
     Setting("queue_max_bytes", "RGPU_QUEUE_MAX_BYTES", 256 * MiB, _size, "", "posted bytes waiting to be written before post() blocks (backpressure)", group="limits", why="lower it to bound the client's memory on a slow link; raise it when posts block a fast producer"),
     Setting("connect_timeout", "RGPU_CONNECT_TIMEOUT", 10.0, float, "", "seconds to connect and finish the handshake", group="user"),
+    Setting("peer_timeout", "RGPU_PEER_TIMEOUT", 60.0, float, "", "server: seconds a copy between two servers' devices waits for the other server (to connect, or to be reached); then the copy fails, naming it", group="limits", why="raise it where one server may run far behind the other (a long queue of ops before the copy)"),
     Setting("request_timeout", "RGPU_TIMEOUT", 0.0, float, "", "seconds to wait for an answer; 0 waits as long as the connection lives", group="user"),
     Setting("max_frame_bytes", "RGPU_MAX_FRAME", 2 * GiB, _size, "rgpu serve --max-frame", "largest frame either side accepts", group="limits", why="raise it for single tensors over 2 GiB; lower it on a server exposed to less trusted clients"),
     Setting("max_meta_bytes", "RGPU_MAX_META", 64 * MiB, _size, "", "largest metadata block in a frame", group="limits", why="raise it only for graphs whose metadata is that large; it bounds what a malformed frame can make a peer allocate"),
@@ -128,8 +129,12 @@ class _SettingsFace:
         return Path(os.path.expanduser(self.token_file))
 
     def server_address(self) -> tuple[str, int] | None:
-        """``RGPU_SERVER`` split into (host, port), or None when unset."""
-        return parse_address(self.server, "RGPU_SERVER") if self.server else None
+        """``RGPU_SERVER`` split into (host, port) (the first, of a list), or None when unset."""
+        return self.server_addresses()[0] if self.server else None
+
+    def server_addresses(self) -> list[tuple[str, int]]:
+        """Every server of ``RGPU_SERVER`` (``host:port,host:port``) as (host, port), in order; [] when unset."""
+        return parse_addresses(self.server, "RGPU_SERVER") if self.server else []
 
 
 # One field per row of TABLE, in its order, then TWINS' (never copied by hand: a row added is a field)
@@ -148,6 +153,17 @@ def parse_address(text: str, what: str = "address", default_port: int = 9713) ->
         return host, int(port)
     except ValueError:
         raise ConfigError(f"{what}={text!r}: expected host:port") from None
+
+
+def parse_addresses(text: str, what: str = "address") -> list[tuple[str, int]]:
+    """A comma list of ``host:port`` (one alone is a list of one); the same server twice is refused."""
+    items = [part.strip() for part in text.split(",")]
+    if not all(items):
+        raise ConfigError(f"{what}={text!r}: expected host:port or host:port,host:port (an empty item)")
+    out = [parse_address(item, what) for item in items]
+    if len(set(out)) != len(out):
+        raise ConfigError(f"{what}={text!r}: a server is named twice (each one's devices come once)")
+    return out
 
 
 def settings(environ: dict[str, str] | None = None, **overrides: Any) -> Settings:

@@ -30,7 +30,7 @@ def add_parser(sub) -> None:
                        description=__doc__.split("\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     where = p.add_mutually_exclusive_group()
     where.add_argument("--ssh", metavar="USER@HOST", help="tunnel to the server on this host over ssh")
-    where.add_argument("--server", metavar="HOST:PORT", help="a server reachable directly (sets RGPU_SERVER)")
+    where.add_argument("--server", metavar="HOST:PORT", help="a server reachable directly, or a comma list of several (sets RGPU_SERVER)")
     p.add_argument("--ssh-port", type=int, metavar="N", help="the ssh server's port (default: ssh's own)")
     p.add_argument("-i", "--identity", metavar="KEY", help="ssh private key file")
     p.add_argument("-o", "--ssh-option", action="append", default=[], metavar="OPT",
@@ -89,7 +89,7 @@ def run(args) -> int:
         if args.ssh:
             env.update(_over_ssh(args, s, cleanup))
         elif args.server:
-            config.parse_address(args.server, "--server")
+            config.parse_addresses(args.server, "--server")  # one host:port, or several (comma list)
             env["RGPU_SERVER"] = args.server
         elif not s.server:
             env.update(_local_server(s, cleanup))

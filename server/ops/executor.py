@@ -14,6 +14,7 @@ import torch
 from rgpu.server.ops import fast_op
 from rgpu.server.ops.codec import CODE_BY_DTYPE, Decoder, GeneratorArg, descriptor, encode_result, flatten
 from rgpu.server.ops.graphs import Graphs
+from rgpu.server.ops.peer import Peers, PeerError, as_bytes
 from rgpu.server.ops.staging import RING_BYTES
 from rgpu.server.ops.uploads import Uploads
 from rgpu.server.ops.handles import DTYPE_BY_CODE, MAX_VIEWS, Entry, HandleTable, Poisoned, dtype_of
@@ -66,6 +67,11 @@ class Executor(BaseExecutor):
     def __init__(self, session):
         super().__init__(session)
         self.kind, devices, self.names = pick_devices(session.settings)
+        # A client of several servers numbers every server's devices in one row (rgpu:0..N-1): this
+        # server's are rgpu:offset.. (the list repeats its first device before them: the client sends
+        # an op only to the server of its device, so those indices never come)
+        self.offset = _offset(session.options)
+        devices = [devices[0]] * self.offset + devices
         self.table = HandleTable(devices, session.settings.max_session_bytes)
         self.ops: dict[int, object] = {}
         # TF32 off unless asked for, so results match a CPU reference
@@ -87,7 +93,10 @@ class Executor(BaseExecutor):
                          Msg.UPLOAD: self._upload, Msg.DOWNLOAD: self._download, Msg.EVENTS: self._events,
                          Msg.SEED: self._seed, Msg.SYNC: self._sync, Msg.MEMORY: self._memory,
                          Msg.GET_RNG_STATE: self._get_rng_state, Msg.SET_RNG_STATE: self._set_rng_state,
-                         Msg.PROFILE: self._profile}
+                         Msg.PROFILE: self._profile, Msg.PEER_RECV: self._peer_recv, Msg.PEER_SEND: self._peer_send}
+        # a peer listener only for a client of several servers (copies server to server)
+        self.peers = (Peers(session.settings.host, session.settings.peer_timeout)
+                      if session.options.get("peer") is True else None)
         self.profiler = None
         # A session with a device memory quota runs ops in Python: the C++ op path allocates an op's fresh
         # outputs before the table counts them, past the quota's check (RGPU_MAX_SESSION_BYTES)
@@ -105,7 +114,8 @@ class Executor(BaseExecutor):
     def welcome(self) -> dict:
         return {"device": self.kind, "device_count": len(self.names), "names": self.names,
                 "torch": torch.__version__, "tf32": self.session.settings.tf32, "op_path": self.op_path,
-                "op_path_failed": self.op_path_failed}
+                "op_path_failed": self.op_path_failed, "device_offset": self.offset,
+                "peer_port": self.peers.port if self.peers is not None else None}
 
     def handle(self, meta, buffers, reply: bool):
         handler = self.handlers.get(meta[0]) if type(meta) is list and meta else None
@@ -125,6 +135,8 @@ class Executor(BaseExecutor):
         self.uploads.close()  # pending staged copies finish before their pinned memory is unregistered
         self.table.close()
         self.ops.clear()
+        if self.peers is not None:
+            self.peers.close()
 
     # ---- messages ------------------------------------------------------------------------
 
@@ -322,7 +334,8 @@ class Executor(BaseExecutor):
             sid = next(ids, None)
             if sid is None:
                 raise OpFailed(r.name, f"returned more than the {count} tensors the client reserved ids for")
-            dev = t.device.index if t.device.type == "cuda" else dec.device  # the CPU executor's rgpu:N is a label
+            # the CPU executor's rgpu:N is a label; a GPU's index is this server's own, after its offset
+            dev = self.offset + t.device.index if t.device.type == "cuda" else dec.device
             self.table.bind(sid, t.untyped_storage(), dev)
             return [sid, t.untyped_storage().nbytes(), CODE_BY_DTYPE[t.dtype], list(t.shape), list(t.stride()),
                     t.storage_offset(), dev]
@@ -342,6 +355,40 @@ class Executor(BaseExecutor):
             dst = self.table.tensor(desc)
         if dst.numel():  # on a GPU through pinned staging: a copy from the frame's memory would wait for it
             self.uploads.whole(dst, buffers[0])
+
+    def _peer_recv(self, meta, buffers):
+        """A copy from another server's device: its bytes, pushed by that server, into ``dst`` (peer.py)."""
+        _, events, desc, ticket = meta
+        self.table.apply_events(events)
+        if self.peers is None:
+            raise OpFailed("peer copy", "this session has no peer listener (the client did not ask for one)")
+        try:
+            dst = self.table.tensor(desc)
+        except Poisoned:  # new bytes replace a failed op's result
+            self.table.free(desc[0])
+            dst = self.table.tensor(desc)
+        staged = torch.empty(dst.shape, dtype=dst.dtype)
+        try:
+            self.peers.receive(bytes(ticket), memoryview(staged.reshape(-1).view(torch.uint8).numpy()))
+        except PeerError as exc:
+            self.table.poison(desc[0], desc[6], Poisoned("peer copy", str(exc)))
+            raise OpFailed("peer copy", str(exc)) from None
+        dst.copy_(staged)
+
+    def _peer_send(self, meta, buffers):
+        """A copy to another server's device: ``src``'s bytes pushed to that server's peer listener."""
+        _, events, desc, ticket, host, port = meta
+        self.table.apply_events(events)
+        try:
+            src = self.table.tensor(desc)
+        except Poisoned as cause:
+            raise OpFailed(cause.op, str(cause)) from None
+        if self.peers is None:
+            raise OpFailed("peer copy", "this session has no peer listener (the client did not ask for one)")
+        try:
+            self.peers.send(bytes(ticket), str(host), int(port), as_bytes(src))
+        except PeerError as exc:
+            raise OpFailed("peer copy", str(exc)) from None
 
     def _upload_info(self, meta, buffers):
         info, bufs = self.uploads.info(meta, buffers)
@@ -424,3 +471,11 @@ class Executor(BaseExecutor):
         if self.profiler is not None:
             self.profiler.cancel()
         self.profiler = None
+
+
+def _offset(options: dict) -> int:
+    """The client's index of this server's first device (hello option ``device_offset``; 0 alone)."""
+    offset = options.get("device_offset", 0)
+    if type(offset) is not int or not 0 <= offset < 1024:
+        raise ValueError(f"device_offset {offset!r}: expected an integer 0..1023")
+    return offset

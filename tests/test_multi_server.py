@@ -1,0 +1,184 @@
+"""Several servers, one client: ``RGPU_SERVER=a,b`` makes every server's devices rgpu:0..N-1.
+
+Two CPU servers on loopback with two devices each (rgpu:0..3). Each client runs in
+a fresh interpreter (the device session is process-wide), against the CPU as the
+reference, value by value.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import TOKEN, RunningServer, clean_env
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FLAGS = ("--device", "cpu", "--devices", "2", "--session-grace", "0")
+
+
+def _client(code: str, servers, **env) -> dict:
+    """Run ``code`` against ``servers`` in a fresh interpreter; what it printed last, as JSON."""
+    full = clean_env(RGPU_SERVER=",".join(s.address for s in servers), RGPU_TOKEN=TOKEN, RGPU_TRANSPORT="tcp",
+                     **env)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, env=full,
+                         cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    started = [RunningServer(tmp_path_factory.mktemp(f"server{i}"), FLAGS) for i in range(2)]
+    yield started
+    for s in started:
+        s.stop()
+
+
+MAIN = r"""
+import json, torch, rgpu
+out = {}
+out["count"] = torch.rgpu.device_count()
+a = torch.linspace(-2, 2, 24).reshape(4, 6)
+b = torch.arange(6.0)
+ref = (a.relu() * b + 1).softmax(-1) @ a.t()
+out["ops"] = [torch.equal(((a.to(f"rgpu:{d}").relu() * b.to(f"rgpu:{d}") + 1).softmax(-1)
+                           @ a.to(f"rgpu:{d}").t()).cpu(), ref) for d in range(4)]
+out["devices"] = [str((a.to(f"rgpu:{d}") + 1).device) for d in range(4)]
+torch.rgpu.set_device(2)
+out["current"] = [torch.rgpu.current_device(), str(torch.ones(2, device="rgpu").device)]
+with torch.rgpu.device(3):
+    out["guarded"] = str(torch.zeros(1, device="rgpu").device)
+out["after_guard"] = torch.rgpu.current_device()
+torch.rgpu.set_device(0)
+
+def train(device):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(5):
+        x = torch.randn(8, 6, generator=g).to(device)
+        y = torch.randint(0, 3, (8,), generator=g).to(device)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, [p.detach().cpu() for p in model.parameters()]
+
+cpu_losses, cpu_params = train("cpu")
+r_losses, r_params = train("rgpu:3")
+out["train_losses"] = [cpu_losses, r_losses]
+out["train_params_equal"] = all(torch.allclose(p, q, rtol=1e-6, atol=1e-6) for p, q in zip(cpu_params, r_params))
+
+src = torch.randn(1 << 20, generator=torch.Generator().manual_seed(2))   # 4 MiB
+x0 = src.to("rgpu:0")
+torch.rgpu.synchronize()
+before = rgpu.stats()
+x3 = x0.to("rgpu:3")
+y1 = (x3 * 1).to("rgpu:1")                # rgpu:3 -> rgpu:1, server to server again
+same = x3.to("rgpu:2")                    # rgpu:3 -> rgpu:2: a copy on the second server
+half = x3.to(torch.float16).to("rgpu:0")  # converted, then copied across
+torch.rgpu.synchronize()
+after = rgpu.stats()
+out["copy_bytes"] = src.nbytes
+out["client_bytes"] = sum(after[k] - before[k] for k in ("bytes_out", "bytes_in"))
+out["copies_equal"] = [torch.equal(t.cpu(), src) for t in (x3, y1, same)] + [torch.equal(half.cpu(), src.half())]
+view = a.to("rgpu:1")[:, 1::2]
+dst = torch.zeros(3, 4, device="rgpu:2").t()
+dst.copy_(view)
+out["strided_copy"] = torch.equal(dst.cpu(), a[:, 1::2])
+
+x, m = a.to("rgpu:0"), (a > 0).to("rgpu:3")
+try:
+    x + a.to("rgpu:3")
+    out["mixed_op"] = None
+except RuntimeError as exc:
+    out["mixed_op"] = str(exc)
+try:
+    x[m]
+    out["mixed_call"] = None
+except RuntimeError as exc:
+    out["mixed_call"] = str(exc)
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def main(servers):
+    return _client(MAIN, servers)
+
+
+def test_the_devices_of_every_server_are_numbered_in_order(main):
+    assert main["count"] == 4
+    assert main["devices"] == ["rgpu:0", "rgpu:1", "rgpu:2", "rgpu:3"]
+
+
+def test_ops_on_each_device_match_the_cpu_value_by_value(main):
+    assert main["ops"] == [True] * 4
+
+
+def test_set_device_and_the_device_guard_pick_another_servers_device(main):
+    assert main["current"] == [2, "rgpu:2"]
+    assert main["guarded"] == "rgpu:3"
+    assert main["after_guard"] == 2
+
+
+def test_a_model_on_the_second_servers_last_device_trains_as_on_the_cpu(main):
+    cpu, remote = main["train_losses"]
+    assert remote == pytest.approx(cpu, rel=1e-6, abs=1e-6)
+    assert main["train_params_equal"]
+
+
+def test_copies_between_servers_bypass_the_client_and_keep_every_value(main):
+    assert main["copies_equal"] == [True] * 4
+    assert main["strided_copy"]
+    # four copies of 4 MiB (three across servers): the client's connections carried no tensor bytes
+    # (their counters count buffers: uploads, downloads), only the messages
+    assert main["client_bytes"] < main["copy_bytes"] // 20, main
+
+
+def test_an_op_mixing_two_servers_devices_is_refused_naming_both(main):
+    assert "rgpu:0" in main["mixed_op"] and "rgpu:3" in main["mixed_op"]
+    assert main["mixed_call"] is not None   # a mask on another server's device: PyTorch's own refusal
+
+
+KILLED = r"""
+import json, os, signal, torch, rgpu
+from rgpu.device_backend import session
+out = {}
+x = torch.ones(3, device="rgpu:0")
+y = torch.ones(3, device="rgpu:2")
+torch.rgpu.synchronize()
+os.killpg(int(os.environ["VICTIM_PID"]), signal.SIGKILL)   # the server and its session's worker
+import time; time.sleep(1.0)
+errors = []
+for step in (lambda: (y + 1).cpu(), lambda: torch.rgpu.synchronize(), lambda: (x + 1).cpu()):
+    try:
+        step()
+        errors.append(None)
+    except rgpu.RgpuError as exc:
+        errors.append(f"{type(exc).__name__}: {exc}")
+out["errors"] = errors
+out["others_alive"] = [srv.conn.alive for srv in session.current().servers.all]
+print(json.dumps(out))
+"""
+
+
+def test_a_killed_server_ends_the_session_naming_it_and_the_other_is_released(tmp_path):
+    started = [RunningServer(tmp_path / f"s{i}", FLAGS) for i in range(2)]
+    try:
+        victim = started[1]
+        got = _client(KILLED, started, VICTIM_PID=str(victim.proc.pid))
+        first, sync, other = got["errors"]
+        assert first is not None and victim.address in first, got
+        assert "rgpu:2..3" in first and started[0].address in first
+        assert sync == first and other == first      # every later use says the same
+        assert got["others_alive"] == [False, False]  # the first server's session was closed
+    finally:
+        for s in started:
+            s.stop()
