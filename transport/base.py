@@ -80,9 +80,10 @@ class Transport(ABC):
     # it returns True (waiting for input too), False (another thread reads; wait to write)
     # or None (no reply can come: block as usual). Transports that cannot fill up ignore it.
     on_block: Callable[[], "bool | None"] | None = None
-    # lone_call(connection) -> lone(meta, buffers, reply_into) -> Reply or None: a connection's whole
-    # call() of a lone request (its Connection._call_alone) in one call, set by a transport that has one
-    # (shm's C path, shm_lone.c); None from it: nothing sent, the connection's request() does it.
+    # lone_call(parts: connection_lone.LoneParts) -> lone: the connection's exchange state (exchange.py's
+    # face) that is also its whole call() of a lone request in one call, lone(meta, buffers, reply_into)
+    # -> Reply or None (None: nothing sent, the connection's request() does it); set by a transport that
+    # has one (shm's C path, shm_lone.c).
     lone_call: Callable | None = None
     # serve(handle, applied, limits) -> (why, applied, detail): a server's frame loop in C where the
     # transport has one (shm's); the worker runs frames it returns for the usual way (server/worker.py).

@@ -17,18 +17,18 @@
 """
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 from collections import deque
 from typing import Any, Sequence
 
-from rgpu.errors import ConnectionLost, ProtocolError, RemoteError, RgpuError, Timeout, VersionMismatch
+from rgpu.errors import ConnectionLost, ProtocolError, RgpuError, Timeout, VersionMismatch
 
 from .base import Transport
 from .buffers import BufferPool, as_bytes_view, copied, writable_view
-from .connection_lone import LoneCalls
+from .connection_lone import LoneCalls, LoneParts
 from .connection_recv import Future, Receiving, Reply
+from .exchange import Counts, Exchange
 from .wire import Limits, MsgKind, encode_prefix
 
 __all__ = ["Connection", "Future", "Reply"]
@@ -62,8 +62,6 @@ class Connection(LoneCalls, Receiving):
         self.settings = settings
         self.limits = limits or Limits.from_settings(settings)
         self.pool = pool or BufferPool()
-        self.stats = {"messages": 0, "round_trips": 0, "bytes_out": 0, "bytes_in": 0}
-        self._seq = itertools.count(1)
         self._cv_lock = threading.Lock()          # C-level `with` on the hot path; Condition's own is Python
         self._cv = threading.Condition(self._cv_lock)   # guards the queue, seq order and writer state
         self._queue: deque = deque()              # (parts, nbytes, written-event or None, seq)
@@ -73,12 +71,7 @@ class Connection(LoneCalls, Receiving):
         self._pending: dict[int, Future] = {}
         self._rcv_lock = threading.Lock()
         self._rcv = threading.Condition(self._rcv_lock)  # guards _reading and wakes waiters
-        self._waiters = 0                         # threads in _rcv.wait: no notify when there are none
-        self._reading = False
-        self._async_error: tuple[int, RemoteError] | None = None   # (the failed post's seq, its error)
-        self._dead: RgpuError | None = None
         self._closing = False
-        self._sending_seq = 0                     # last seq of the write in progress (send-lock holder's)
         # read on every call: plain attributes, not a dataclass lookup each time (settings are frozen)
         self._copy_bytes, self._queue_max = settings.post_copy_bytes, settings.queue_max_bytes
         self._request_timeout = settings.request_timeout
@@ -99,9 +92,16 @@ class Connection(LoneCalls, Receiving):
         self._io_idle = False                     # the I/O thread waits for a first frame (a notify wakes it)
         self._urgent = False                      # a queued frame someone waits on (a request, a big post)
         self._flushing = 0                        # threads in flush()
-        # call()'s lone request: in C over shm (its whole _call_alone), else _call_alone
+        # The exchange state (sequence, reader's token, why it died, a post's kept error, counters), one
+        # owner: over shm with its C path a C object that is also call()'s whole lone request, else Python's
         lone_call = None if self._batch_s is not None else transport.lone_call
-        self._lone = self._call_alone if lone_call is None else lone_call(self)
+        if lone_call is None:
+            self._x, self._lone = Exchange(), self._call_alone
+        else:
+            self._x = self._lone = lone_call(LoneParts(
+                self.limits, self._pending, self._queue, self._rcv_lock, self._rcv, self._cv_lock, self._send_lock,
+                self._exchange_alone, self._read_alone, self._lost))
+        self.stats = Counts(self._x)   # messages, round_trips, bytes_out, bytes_in
         transport.on_block = self._drain_while_blocked
         transport.on_acks = self._read_acks       # called by a resuming transport (resume.py) only
 
@@ -134,9 +134,9 @@ class Connection(LoneCalls, Receiving):
         inline, gathered = False, None
         with self._cv_lock:
             seq = self._admit()
-            stats = self.stats
-            stats["messages"] += 1
-            stats["bytes_out"] += nbytes
+            x = self._x
+            x.messages += 1
+            x.bytes_out += nbytes
             if self._posts_inline and not self._queue and self._send_lock.acquire(blocking=False):
                 inline = True                     # nothing ahead of us: write on this thread
             else:
@@ -160,10 +160,10 @@ class Connection(LoneCalls, Receiving):
         """
         if reply_into is not None:
             reply_into = [writable_view(b) for b in reply_into]  # refused here, not halfway through a read
-        if self._async_error is not None or self._dead is not None:
+        if self._x.async_error is not None or self._x.dead is not None:
             self._raise_async_error()
         fut = Future(self, 0, reply_into)
-        self.stats["round_trips"] += 1
+        self._x.round_trips += 1
         self._submit(_REQUEST, meta, buffers, fut)
         return fut
 
@@ -180,7 +180,7 @@ class Connection(LoneCalls, Receiving):
     def _lost(self, exc: RgpuError) -> RgpuError:
         """A write or read failed: the connection is lost; the error to raise."""
         self._fail(self._why_lost(exc))
-        return self._dead
+        return self._x.dead
 
     def _submit(self, kind: MsgKind, meta, buffers: Sequence, fut: Future | None) -> int:
         views = [as_bytes_view(b) for b in buffers]
@@ -209,8 +209,8 @@ class Connection(LoneCalls, Receiving):
             if fut is not None:
                 fut.seq = seq
                 self._pending[seq] = fut
-            self.stats["messages"] += 1
-            self.stats["bytes_out"] += nbytes
+            self._x.messages += 1
+            self._x.bytes_out += nbytes
             if not inline:
                 self._enqueue(parts, nbytes, written, seq, urgent=written is not None or kind is _REQUEST)
                 if self._batch_s is not None and kind is _POST:
@@ -224,19 +224,19 @@ class Connection(LoneCalls, Receiving):
             self._write_gathered(gathered)
         if not inline and written is not None:
             while not written.wait(0.5):
-                if self._dead:
-                    raise self._dead
+                if self._x.dead:
+                    raise self._x.dead
         return seq
 
     def _admit(self) -> int:
         """The next sequence number, once the queue has room (called with ``_cv_lock`` held)."""
-        if self._dead:
-            raise self._dead
-        while self._queued_bytes > self._queue_max and not self._dead:
+        if self._x.dead:
+            raise self._x.dead
+        while self._queued_bytes > self._queue_max and not self._x.dead:
             self._cv.wait()                       # backpressure: the I/O thread is behind
-        if self._dead:
-            raise self._dead
-        return next(self._seq)
+        if self._x.dead:
+            raise self._x.dead
+        return self._x.next_seq()
 
     def _enqueue(self, parts: list, nbytes: int, written, seq: int, urgent: bool = False) -> None:
         """Hand a frame to the I/O thread (called with ``_cv_lock`` held)."""
@@ -289,7 +289,7 @@ class Connection(LoneCalls, Receiving):
     def _write_inline(self, seq: int, write, *args):
         """``write(*args)`` on this thread, which holds the send lock (released here); returns what it returns."""
         try:
-            self._sending_seq = seq
+            self._x.sending_seq = seq
             return write(*args)
         except RgpuError as exc:
             raise self._lost(exc) from None
@@ -314,11 +314,11 @@ class Connection(LoneCalls, Receiving):
         slack = self._batch_s or 0.0
         while True:
             with self._cv:
-                while not self._queue and not self._dead and not self._closing:
+                while not self._queue and not self._x.dead and not self._closing:
                     self._io_idle = True
                     self._cv.wait()
                 self._io_idle = False
-                if self._dead or (self._closing and not self._queue):
+                if self._x.dead or (self._closing and not self._queue):
                     return
                 if self._batch_s is not None and not (self._urgent or self._closing):
                     # gathering: the caller writes its posts as they gather; ours are what sat longer. Frames
@@ -346,7 +346,7 @@ class Connection(LoneCalls, Receiving):
                         self._queue_since = time.perf_counter()
                     self._cv.notify_all()
                 try:
-                    self._sending_seq = batch[-1][3]
+                    self._x.sending_seq = batch[-1][3]
                     self.transport.send([p for parts, _, _, _ in batch for p in parts])
                 except RgpuError as exc:
                     self._lost(exc)
@@ -365,7 +365,7 @@ class Connection(LoneCalls, Receiving):
                 if self._queue:
                     self._urgent = True           # a gathering I/O thread writes now, not after the window
                     self._cv.notify_all()
-                while self._queue and not self._dead:
+                while self._queue and not self._x.dead:
                     left = 0.5 if deadline is None else deadline - time.monotonic()
                     if left <= 0:
                         raise Timeout(f"{len(self._queue)} frames still queued after {timeout} s")
@@ -375,21 +375,21 @@ class Connection(LoneCalls, Receiving):
         if not self._send_lock.acquire(timeout=-1 if deadline is None else max(0.0, deadline - time.monotonic())):
             raise Timeout(f"a write still in progress after {timeout} s")
         self._send_lock.release()
-        if self._dead:
-            raise self._dead
+        if self._x.dead:
+            raise self._x.dead
 
     # ---- failure and close -------------------------------------------------------------
 
     def _fail(self, exc: RgpuError) -> None:
         """The connection is unusable: every waiter and later call gets ``exc``."""
         with self._cv:
-            if self._dead is None:   # keep what names the cause; anything else is a lost connection
+            if self._x.dead is None:   # keep what names the cause; anything else is a lost connection
                 keep = isinstance(exc, (ConnectionLost, ProtocolError, VersionMismatch))
-                self._dead = exc if keep else ConnectionLost(str(exc))
-                self._dead.__cause__ = None if keep else exc
+                self._x.dead = exc if keep else ConnectionLost(str(exc))
+                self._x.dead.__cause__ = None if keep else exc
             self._cv.notify_all()
         for fut in list(self._pending.values()):
-            fut._error, fut.done = self._dead, True
+            fut._error, fut.done = self._x.dead, True
         self._pending.clear()
         with self._rcv:
             self._rcv.notify_all()
@@ -397,7 +397,7 @@ class Connection(LoneCalls, Receiving):
 
     @property
     def alive(self) -> bool:
-        return self._dead is None
+        return self._x.dead is None
 
     def close(self, timeout: float | None = None) -> None:
         """Write what is queued and say BYE (within ``timeout``, default the connect timeout), then end.
@@ -408,10 +408,10 @@ class Connection(LoneCalls, Receiving):
             return
         self._closing = True
         try:
-            if self._dead is None:
+            if self._x.dead is None:
                 self.flush(self.settings.connect_timeout if timeout is None else timeout)
                 with self._send_lock:
-                    self.transport.send(self.transport.frame_parts(MsgKind.BYE, next(self._seq), 0, None, []))
+                    self.transport.send(self.transport.frame_parts(MsgKind.BYE, self._x.next_seq(), 0, None, []))
         except RgpuError:
             pass
         finally:

@@ -10,7 +10,7 @@ transport's path, and the C call hands the rare cases to ``_exchange_alone`` and
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 from rgpu.errors import RgpuError
 
@@ -19,6 +19,23 @@ from .connection_recv import Reply
 from .wire import Frame, MsgKind, encode_prefix, pack_meta
 
 _REQUEST = MsgKind.REQUEST
+
+
+class LoneParts(NamedTuple):
+    """What a connection hands a transport's C lone call (``Transport.lone_call(parts)``) when it makes it:
+    the objects the call checks and takes (the queue's and the pending requests' sizes, the locks), and
+    the connection's own Python for what is not the common case. The state the call changes is the C
+    object's own (``exchange.py``), so nothing here is reached into."""
+    limits: Any
+    pending: dict
+    queue: Any
+    rcv_lock: Any           # guards the reader's token; ``rcv`` is its condition
+    rcv: Any
+    cv_lock: Any            # guards the queue and the sequence's order
+    send_lock: Any          # held by whoever writes to the transport
+    exchange_alone: Callable   # (seq, packed, buffers, reply_into) -> Reply: the usual write and read
+    read_alone: Callable       # (seq, reply_into, frame or None) -> Reply: the usual read
+    lost: Callable             # (RgpuError) -> the error to raise: the connection is lost
 
 
 class LoneCalls:
@@ -30,37 +47,37 @@ class LoneCalls:
         None when another thread reads or writes, a request is pending or frames are queued: ``request()``
         then does it.
         """
-        if self._pending or self._queue or self._dead or self._async_error is not None:
+        if self._pending or self._queue or self._x.dead or self._x.async_error is not None:
             return None
         packed = pack_meta(meta)              # raises before anything is sent
         rcv_lock, cv_lock = self._rcv_lock, self._cv_lock    # acquire/release, not `with`: a third cheaper
         rcv_lock.acquire()
-        reading, self._reading = self._reading, True
+        reading, self._x.reading = self._x.reading, True
         rcv_lock.release()
         if reading:
             return None
         try:
             cv_lock.acquire()
             try:
-                if self._queue or self._pending or self._dead or not self._send_lock.acquire(blocking=False):
+                if self._queue or self._pending or self._x.dead or not self._send_lock.acquire(blocking=False):
                     return None
-                seq = next(self._seq)
+                seq = self._x.next_seq()
             finally:
                 cv_lock.release()
-            self.stats["messages"] += 1
-            self.stats["round_trips"] += 1
+            self._x.messages += 1
+            self._x.round_trips += 1
             return self._exchange_alone(seq, packed, buffers, reply_into)
         finally:
             rcv_lock.acquire()                # _end_read(), inline: a lone call is a few microseconds
-            self._reading = False
-            if self._waiters:
+            self._x.reading = False
+            if self._x.waiters:
                 self._rcv.notify_all()
             rcv_lock.release()
 
     def _exchange_alone(self, seq: int, packed: bytes, buffers: Sequence, reply_into) -> Reply:
         """A lone call's write and read the usual way: this thread reads and holds the send lock (released here)."""
         try:
-            self._sending_seq = seq
+            self._x.sending_seq = seq
             views = [as_bytes_view(b) for b in buffers]
             into = [writable_view(b) for b in reply_into] if reply_into is not None else None  # checked first
             # plain parts, which every transport's send takes; the buffers stay untouched until the reply
@@ -71,7 +88,7 @@ class LoneCalls:
             if self._batch_s is not None:
                 self._wrote_at = time.perf_counter()
             self._send_lock.release()
-        self.stats["bytes_out"] += sum([v.nbytes for v in views])
+        self._x.bytes_out += sum([v.nbytes for v in views])
         return self._read_reply(seq, into)
 
     def _read_alone(self, seq: int, reply_into, frame: Frame | None) -> Reply:

@@ -66,7 +66,7 @@ class Future:
         and ``ConnectionLost`` once the connection is gone."""
         if not self.done:
             self._conn._wait(self, timeout)
-        if self._conn._async_error is not None:
+        if self._conn._x.async_error is not None:
             err = self._conn.take_async_error(self.seq)   # a post before this request failed: it wins
             if err is not None:
                 raise err
@@ -94,18 +94,18 @@ class Receiving:
                     frame = recv(limits, pool, want)
                 except RgpuError as exc:
                     self._fail(exc)
-                    raise self._dead from None
+                    raise self._x.dead from None
             if frame.seq == seq and (frame.kind is _REPLY or frame.kind is _ERROR):
                 break
             try:
                 self._dispatch(frame)             # a failed post's error, a BYE
             except RgpuError as exc:
                 self._fail(exc)
-                raise self._dead from None
+                raise self._x.dead from None
             frame = None
         if frame.buffers:
-            self.stats["bytes_in"] += sum([b.nbytes for b in frame.buffers])
-        if self._async_error is not None:
+            self._x.bytes_in += sum([b.nbytes for b in frame.buffers])
+        if self._x.async_error is not None:
             err = self.take_async_error(seq)      # a post before this request failed: it wins
             if err is not None:
                 frame.release()
@@ -121,12 +121,12 @@ class Receiving:
             oldest = next(iter(self._pending), None)
         except RuntimeError:                      # changed under us by the reader: look again next time
             return False
-        if oldest is None or oldest >= self._sending_seq:
+        if oldest is None or oldest >= self._x.sending_seq:
             return None                           # no reply can come before this write ends
         with self._rcv_lock:
-            if self._reading:
+            if self._x.reading:
                 return False                      # another thread reads for us
-            self._reading = True
+            self._x.reading = True
         try:
             if self.transport_readable(0):
                 self._dispatch(self.transport.recv_frame(self.limits, self.pool, self._into_for))
@@ -138,9 +138,9 @@ class Receiving:
         """A resuming transport's ``on_acks``: its replay log fills; read what has arrived (the server's
         acknowledgements, replies due), never waiting, unless another thread reads already."""
         with self._rcv_lock:
-            if self._reading:
+            if self._x.reading:
                 return
-            self._reading = True
+            self._x.reading = True
         try:
             while self.transport_readable(0):
                 self._dispatch(self.transport.recv_frame(self.limits, self.pool, self._into_for))
@@ -155,16 +155,16 @@ class Receiving:
             with self._rcv_lock:
                 if fut.done:
                     break
-                if self._reading:                 # another thread reads: it will hand us our reply
-                    self._waiters += 1
+                if self._x.reading:                 # another thread reads: it will hand us our reply
+                    self._x.waiters += 1
                     try:
                         self._rcv.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
                     finally:
-                        self._waiters -= 1
+                        self._x.waiters -= 1
                     if deadline is not None and time.monotonic() >= deadline and not fut.done:
                         raise Timeout(f"no answer to request {fut.seq} within {timeout} s")
                     continue
-                self._reading = True
+                self._x.reading = True
             try:
                 if deadline is not None and not self.transport_readable(deadline - time.monotonic()):
                     raise Timeout(f"no answer to request {fut.seq} within {timeout} s")
@@ -178,8 +178,8 @@ class Receiving:
 
     def _end_read(self) -> None:
         with self._rcv_lock:
-            self._reading = False
-            if self._waiters:
+            self._x.reading = False
+            if self._x.waiters:
                 self._rcv.notify_all()
 
     def transport_readable(self, timeout: float) -> bool:
@@ -191,7 +191,7 @@ class Receiving:
 
     def _dispatch(self, frame: Frame) -> None:
         if frame.buffers:
-            self.stats["bytes_in"] += sum([b.nbytes for b in frame.buffers])
+            self._x.bytes_in += sum([b.nbytes for b in frame.buffers])
         if frame.kind is _REPLY:  # the common case first
             fut = self._pending.pop(frame.seq, None)
             if fut is not None:
@@ -205,8 +205,8 @@ class Receiving:
                 if frame.seq == 0:                # an acknowledgement (transport/resume.py read its ack)
                     return
                 if frame.kind == MsgKind.ERROR:   # a post failed: raise at the next wait
-                    if self._async_error is None:
-                        self._async_error = (frame.seq, _remote_error(frame.meta))
+                    if self._x.async_error is None:
+                        self._x.async_error = (frame.seq, _remote_error(frame.meta))
                     return
                 raise ProtocolError(f"seq: reply to unknown request {frame.seq}")
             if frame.kind == MsgKind.ERROR:
@@ -230,9 +230,9 @@ class Receiving:
         if not isinstance(exc, ConnectionLost):
             return exc
         with self._rcv_lock:
-            if self._reading:
+            if self._x.reading:
                 return exc
-            self._reading = True
+            self._x.reading = True
         try:
             for _ in range(64):  # replies queued before the BYE are handed out on the way
                 if not self.transport_readable(0):
@@ -250,13 +250,13 @@ class Receiving:
         err = self.take_async_error()
         if err is not None:
             raise err
-        if self._dead:
-            raise self._dead
+        if self._x.dead:
+            raise self._x.dead
 
     def take_async_error(self, before: int | None = None) -> RemoteError | None:
         """The kept error of a failed post (only one sent before ``before``), forgotten once taken."""
-        kept = self._async_error
+        kept = self._x.async_error
         if kept is None or (before is not None and kept[0] >= before):
             return None
-        self._async_error = None
+        self._x.async_error = None
         return kept[1]

@@ -43,7 +43,7 @@ from .shm_native import NativeCalls
 from .shm_recv import Receiving
 from .shm_ring import (
     BACKSTOP_S, BLOB, CTL_MSG, DESC, INLINE_MAX, KIND_FRAME, KIND_WRAP, MAX_PLACED, MAX_SEGMENT, NO_SLOT, OP_DROP,
-    OP_SEGMENT, REC, REC_HEAD, RECORD_MAX, RING_BYTES, RINGS_OFF, SLOTS, SLOTS_OFF, _drain, _fence, _words,
+    OP_SEGMENT, REC, REC_HEAD, RECORD_MAX, RING_BYTES, RINGS_OFF, SLOTS, SLOTS_OFF, Ends, _drain, _fence, _words,
 )
 from .wire import HEADER, MAGIC, PROTOCOL_VERSION, encode_prefix, pack_meta
 
@@ -124,18 +124,16 @@ class ShmTransport(Receiving, NativeCalls, Transport):
         self._slots_in = mem[SLOTS_OFF + inn * SLOTS:SLOTS_OFF + (inn + 1) * SLOTS]
         self._data_out, self._space_out = efds[2 * out], efds[2 * out + 1]
         self._data_in, self._space_in = efds[2 * inn], efds[2 * inn + 1]
-        self._tail = self._q[self._tail_out]
-        self._head = self._q[self._head_in]
+        self._ends = Ends(self._q[self._tail_out], self._q[self._head_in])   # the C path's, once attached
         self._heap = Heap(mem[SLOTS_OFF + out * SLOTS:SLOTS_OFF + (out + 1) * SLOTS], self._announce, self._drop)
         self._in_segs: dict[int, Segment] = {}
         self._shared: dict[int, int] = {}      # base address of a region the peer maps -> its segment id
         self.shared_regions = self.shared_bytes = 0
         self._send_lock = threading.Lock()
         self._recv_lock = threading.Lock()
-        self._shared_until = self._core_checked = 0.0
+        self._core_checked = 0.0
         self._spun = False                     # serve() found nothing within its spin: the next wait sleeps
         self._peer_pid = _peer_pid(sock)
-        self._closed = False
         self._peer_gone = False
         self._poll_data = select.poll()
         self._poll_data.register(self._data_in, select.POLLIN)
@@ -148,6 +146,11 @@ class ShmTransport(Receiving, NativeCalls, Transport):
         if fast is not None:
             self._attach_c(fast, control, out)
 
+    # the ends' fields under their old names: the base class's _close_when_idle sets _closed, tests read _tail
+    _tail = property(lambda self: self._ends.tail, lambda self, v: setattr(self._ends, "tail", v))
+    _head = property(lambda self: self._ends.head, lambda self, v: setattr(self._ends, "head", v))
+    _closed = property(lambda self: self._ends.closed, lambda self, v: setattr(self._ends, "closed", v))
+
     # ---- sending -------------------------------------------------------------------
 
     def frame_parts(self, kind: int, seq: int, ack: int, meta, views: Sequence[memoryview], flags: int = 0) -> list:
@@ -156,7 +159,7 @@ class ShmTransport(Receiving, NativeCalls, Transport):
     def send(self, parts: Sequence) -> None:
         with self._send_lock:
             try:
-                if self._closed:
+                if self._ends.closed:
                     raise ConnectionLost("connection closed")
                 put = self._n_put
                 for out in _frames(parts):
@@ -178,12 +181,13 @@ class ShmTransport(Receiving, NativeCalls, Transport):
             return self.send([_Out(kind, seq, 0, 0, meta, [])])
         with self._send_lock:
             try:
-                if self._closed:
+                ends = self._ends
+                if ends.closed:
                     raise ConnectionLost("connection closed")
                 if self._n_put is not None:
-                    tail = self._n_put(self._n_ring, self._tail, kind, 0, seq, 0, meta, ())
+                    tail = self._n_put(self._n_ring, ends.tail, kind, 0, seq, 0, meta, ())
                     if tail >= 0:
-                        self._tail = tail
+                        ends.tail = tail
                         return
                 pos = self._reserve(rec_len)
                 ring = self._ring_out
@@ -191,7 +195,7 @@ class ShmTransport(Receiving, NativeCalls, Transport):
                 HEADER.pack_into(ring, pos + REC.size, MAGIC, PROTOCOL_VERSION, kind, 0, seq, 0, len(meta), 0)
                 p = pos + REC.size + HEADER.size
                 ring[p:p + len(meta)] = meta
-                self._tail += rec_len
+                self._ends.tail += rec_len
                 self._publish()
             except (OSError, ValueError, BufferError) as exc:
                 raise self._lost(exc, "sending") from None
@@ -199,11 +203,11 @@ class ShmTransport(Receiving, NativeCalls, Transport):
     def _send_copied(self, kind: int, seq: int, meta: bytes, buffers: Sequence) -> None:
         if self._n_put is not None:
             with self._send_lock:
-                if self._closed:
+                if self._ends.closed:
                     raise ConnectionLost("connection closed")
-                tail = self._n_put(self._n_ring_any, self._tail, kind, 0, seq, 0, meta, buffers)
+                tail = self._n_put(self._n_ring_any, self._ends.tail, kind, 0, seq, 0, meta, buffers)
                 if tail is not None and tail >= 0:
-                    self._tail = tail
+                    self._ends.tail = tail
                     return
         # too big for one record, no room now, not plain memory, or no C path: copies, the usual way
         self.send([_Out(kind, seq, 0, 0, meta, copied(buffers))])
@@ -222,7 +226,7 @@ class ShmTransport(Receiving, NativeCalls, Transport):
             for v, n in zip(views, lengths):
                 ring[p:p + n] = v
                 p += n
-            self._tail += rec_len
+            self._ends.tail += rec_len
             return
         big = [i for i, n in enumerate(lengths) if n > INLINE_MAX]
         if len(big) > MAX_PLACED:    # a record must fit the ring: the smallest of them join the prefix
@@ -259,7 +263,7 @@ class ShmTransport(Receiving, NativeCalls, Transport):
             p += DESC.size
         if not blob_in_heap:
             _pack_blob(ring, p, prefix, views, placed)
-        self._tail += rec_len
+        self._ends.tail += rec_len
 
     def share_memory(self, find: FindShared) -> bool:
         self.find_shared = find
@@ -271,7 +275,7 @@ class ShmTransport(Receiving, NativeCalls, Transport):
     def settle(self) -> None:
         """Take back what the peer has let go of now (the layer above knows it has: a reply came after)."""
         with self._send_lock:
-            if not self._closed:
+            if not self._ends.closed:
                 self._heap.reap()
 
     def _shared_place(self, view: memoryview) -> tuple[int, int] | None:
@@ -303,22 +307,22 @@ class ShmTransport(Receiving, NativeCalls, Transport):
         """Room for a record of ``need`` bytes at the tail (a wrap marker first if it would not fit)."""
         q = self._q
         while True:
-            pos = self._tail % RING_BYTES
+            pos = self._ends.tail % RING_BYTES
             wrap = RING_BYTES - pos if pos + need > RING_BYTES else 0
-            if self._tail - q[self._head_out] + wrap + need <= RING_BYTES:
+            if self._ends.tail - q[self._head_out] + wrap + need <= RING_BYTES:
                 if wrap:
                     REC_HEAD.pack_into(self._ring_out, pos, wrap, KIND_WRAP)   # may be all of 8 bytes
-                    self._tail += wrap
+                    self._ends.tail += wrap
                     pos = 0
                 return pos
             self._publish()
-            self._wait_space(lambda: self._tail - q[self._head_out] + wrap + need <= RING_BYTES)
+            self._wait_space(lambda: self._ends.tail - q[self._head_out] + wrap + need <= RING_BYTES)
 
     def _publish(self) -> None:
         q = self._q
-        if q[self._tail_out] == self._tail:
+        if q[self._tail_out] == self._ends.tail:
             return
-        q[self._tail_out] = self._tail
+        q[self._tail_out] = self._ends.tail
         _fence()
         if q[self._asleep_out]:
             os.eventfd_write(self._data_out, 1)
@@ -337,7 +341,7 @@ class ShmTransport(Receiving, NativeCalls, Transport):
             if now > busy and self.spin_yield:
                 os.sched_yield()
         while True:
-            if self._closed:
+            if self._ends.closed:
                 raise ConnectionLost("connection closed")
             wait = BACKSTOP_S
             if self.on_block is not None:
@@ -357,7 +361,7 @@ class ShmTransport(Receiving, NativeCalls, Transport):
                 if fd == self._space_out:
                     _drain(fd)
                 elif ev & (select.POLLHUP | select.POLLRDHUP | select.POLLERR):
-                    raise ConnectionLost("connection closed" if self._closed else "the peer went away (shm)")
+                    raise ConnectionLost("connection closed" if self._ends.closed else "the peer went away (shm)")
             if ready():
                 return
 
@@ -376,12 +380,12 @@ class ShmTransport(Receiving, NativeCalls, Transport):
     def _lost(self, exc: BaseException, where: str):
         if isinstance(exc, (ConnectionLost, ProtocolError)):
             return exc
-        if self._closed:
+        if self._ends.closed:
             return ConnectionLost("connection closed")
         return ConnectionLost(f"shm {where}: {type(exc).__name__}: {exc}")
 
     def close(self) -> None:
-        if not self._closed:
+        if not self._ends.closed:
             self._close_when_idle(self._release_resources)
 
     def _release_resources(self) -> None:

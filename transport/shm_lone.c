@@ -1,55 +1,89 @@
-/* A connection's lone call over shm, whole in C: Connection._call_alone (connection_lone.py, the
- * reference and the path of every other transport) and shm's round trip in one call from Python.
+/* A connection's lone call over shm, whole in C, on state this file owns.
  *
  * On the GPU host a 64 B round trip over shm was mostly the client's Python around its C call:
- * the connection's checks and locks, its frame and reply objects (docs/perf/transport.md). This
- * takes the same steps in the same order on the same objects (the connection's locks, queue,
- * pending requests, sequence, stats and flags; the transport's locks and ends), with the GIL held
- * except while it waits. What is not the common case goes to the connection's own Python: a frame
- * the ring does not take (``_exchange_alone``: the usual write and read), a reply not here within
- * the spin or not a plain one (``_read_alone``), a transport that failed (``_lost``).
- * Included by shm_native.c (one extension); ``new_lone_call`` names the objects it uses. The Reply it
- * returns is made through the tuple's constructor (Reply is a tuple), never by its layout.
+ * the connection's checks and locks, its frame and reply objects (docs/perf/transport.md). Two
+ * objects here own what that call touches, each with a Python face, so Python and C share one
+ * copy and neither reaches into the other's private state:
+ *
+ * - ``Ends``: a shm transport's ring ends (the tail it writes, the head it reads), its closed flag
+ *   and until when its peer shares our core. ``ShmTransport`` keeps its ends in one (``shm.py``).
+ * - ``LoneCall``: a connection's exchange state (``transport/exchange.py`` is its Python twin, for
+ *   every other transport): the sequence, the reader's token (``reading``, ``waiters``), the seq of
+ *   the write in progress, why the connection died, a failed post's kept error, the stats counters;
+ *   and, called, the lone call itself: ``Connection._call_alone`` (``connection_lone.py``, the
+ *   reference) and shm's round trip in one call, the GIL held except while it waits.
+ *
+ * What a LoneCall needs of others it is given when made: the connection's queue and pending
+ * requests (only their sizes are read), its locks and condition, the transport's locks and its
+ * Ends, and the Python to call where the call is not the common case: a frame the ring does not
+ * take (``exchange_alone``: the usual write and read), a reply not here within the spin or not a
+ * plain one (``read_alone``), a transport that failed (``lost``), a reply the ring's Python must
+ * read (``recv_c``). The Reply it returns is made through the tuple's constructor (Reply is a
+ * tuple), never by its layout. Included by shm_native.c (one extension).
  */
+#include <structmember.h>
+
+typedef struct {
+    PyObject_HEAD
+    unsigned long long tail, head;      /* the next record's place out, the next record's place in */
+    char closed;
+    double shared_until;                /* perf_counter time until which the peer shares our core */
+} Ends;
+
+static PyObject *ends_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    unsigned long long tail, head;
+    static char *kwlist[] = {"tail", "head", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "KK:Ends", kwlist, &tail, &head))
+        return NULL;
+    Ends *e = (Ends *)type->tp_alloc(type, 0);
+    if (e)
+        e->tail = tail, e->head = head, e->closed = 0, e->shared_until = 0.0;
+    return (PyObject *)e;
+}
+
+static PyMemberDef ends_members[] = {
+    {"tail", T_ULONGLONG, offsetof(Ends, tail), 0, "where the next record out goes (unpublished until published)"},
+    {"head", T_ULONGLONG, offsetof(Ends, head), 0, "where the next record in is read"},
+    {"closed", T_BOOL, offsetof(Ends, closed), 0, "the transport was closed"},
+    {"shared_until", T_DOUBLE, offsetof(Ends, shared_until), 0, "until when (perf_counter) the peer shares our core"},
+    {NULL},
+};
+
+static PyTypeObject EndsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "_rgpu_shm_native.Ends",
+    .tp_basicsize = sizeof(Ends),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Ends(tail, head): a shm transport's ring ends, closed flag and shared-core deadline.",
+    .tp_new = ends_new,
+    .tp_members = ends_members,
+};
 
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
-    PyObject *conn, *transport, *cdict, *tdict;                  /* and their instance dicts */
-    PyObject *pending, *queue, *seq, *stats, *limits;            /* the connection's, fixed for its life */
-    PyObject *rcv_acquire, *rcv_release, *notify_all, *cv_acquire, *cv_release, *send_acquire, *send_release;
-    PyObject *t_send_acquire, *t_send_release, *t_recv_acquire, *t_recv_release;   /* the transport's */
+    /* owned: the exchange's state, the members of its Python face */
+    char reading;
+    Py_ssize_t waiters;
+    long long seq, sending_seq, messages, round_trips, bytes_out, bytes_in;
+    PyObject *dead, *async_error;
+    /* given when made, fixed for its life */
+    Ends *ends;
+    PyObject *limits, *pending, *queue, *rcv_acquire, *rcv_release, *notify_all, *cv_acquire, *cv_release;
+    PyObject *send_acquire, *send_release, *t_send_acquire, *t_send_release, *t_recv_acquire, *t_recv_release;
+    PyObject *exchange_alone, *read_alone, *lost, *recv_c;
     PyObject *unpack, *pack, *pack_meta, *reply_type, *frame_type, *kinds, *as_bytes_view, *rgpu_error;
     const rgpu_ring *ring;
     rgpu_frame *frame;
     uint64_t max_meta, max_bufs, max_frame, known_kinds, request, reply;
-    double busy_s;                      /* the transport's, and its spin_yield: class settings, read once */
+    double busy_s, spin_s;
     int spin_yield;
 } LoneCall;
 
-#define LONE_OBJECTS(X) X(conn) X(transport) X(cdict) X(tdict) X(pending) X(queue) X(seq) X(stats) X(limits) \
-    X(rcv_acquire) X(rcv_release) X(notify_all) X(cv_acquire) X(cv_release) X(send_acquire) X(send_release) \
-    X(t_send_acquire) X(t_send_release) X(t_recv_acquire) X(t_recv_release) X(unpack) X(pack) X(pack_meta) \
-    X(reply_type) X(frame_type) X(kinds) X(as_bytes_view) X(rgpu_error)
-
-static PyObject *s_reading, *s_dead, *s_async_error, *s_waiters, *s_sending_seq, *s_closed, *s_tail, *s_head,
-    *s_shared_until, *s_busy_s, *s_spin_s, *s_spin_yield, *s_exchange_alone, *s_read_alone, *s_lost, *s_recv_c,
-    *s_messages, *s_round_trips, *s_bytes_out, *s_bytes_in;
-
-static int intern_names(void) {
-    struct { PyObject **name; const char *text; } names[] = {
-        {&s_reading, "_reading"}, {&s_dead, "_dead"}, {&s_async_error, "_async_error"}, {&s_waiters, "_waiters"},
-        {&s_sending_seq, "_sending_seq"}, {&s_closed, "_closed"}, {&s_tail, "_tail"}, {&s_head, "_head"},
-        {&s_shared_until, "_shared_until"}, {&s_busy_s, "busy_s"}, {&s_spin_s, "spin_s"},
-        {&s_spin_yield, "spin_yield"}, {&s_exchange_alone, "_exchange_alone"}, {&s_read_alone, "_read_alone"},
-        {&s_lost, "_lost"}, {&s_recv_c, "_recv_c"}, {&s_messages, "messages"}, {&s_round_trips, "round_trips"},
-        {&s_bytes_out, "bytes_out"}, {&s_bytes_in, "bytes_in"},
-    };
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (!(*names[i].name = PyUnicode_InternFromString(names[i].text)))
-            return -1;
-    return 0;
-}
+#define LONE_OBJECTS(X) X(dead) X(async_error) X(ends) X(limits) X(pending) X(queue) X(rcv_acquire) \
+    X(rcv_release) X(notify_all) X(cv_acquire) X(cv_release) X(send_acquire) X(send_release) X(t_send_acquire) \
+    X(t_send_release) X(t_recv_acquire) X(t_recv_release) X(exchange_alone) X(read_alone) X(lost) X(recv_c) \
+    X(unpack) X(pack) X(pack_meta) X(reply_type) X(frame_type) X(kinds) X(as_bytes_view) X(rgpu_error)
 
 /* ---- small steps on Python objects: each -1 (or NULL) with a Python error set ---------------- */
 
@@ -80,49 +114,7 @@ static void release(PyObject *fn) {
     restore_error(exc);
 }
 
-/* The connection's and the transport's per-call state is read and written in their instance dicts
- * (none of it is a descriptor): PyObject_GetAttr looks through their classes first, and these were
- * a seventh of the call. */
-static PyObject *field(PyObject *dict, PyObject *name) {   /* borrowed */
-    PyObject *v = PyDict_GetItemWithError(dict, name);
-    if (!v && !PyErr_Occurred())
-        PyErr_SetObject(PyExc_AttributeError, name);
-    return v;
-}
-
-/* ``name`` in ``dict``: 1 if set (truthy; or not None where ``none_is_unset``), 0 if not */
-static int flag(PyObject *dict, PyObject *name, int none_is_unset) {
-    PyObject *v = field(dict, name);
-    return !v ? -1 : none_is_unset ? v != Py_None : PyObject_IsTrue(v);
-}
-
-static int field_u64(PyObject *dict, PyObject *name, uint64_t *out) {
-    PyObject *v = field(dict, name);
-    return v && as_u64(v, out) ? 0 : -1;
-}
-
-static int field_double(PyObject *dict, PyObject *name, double *out) {
-    PyObject *v = field(dict, name);
-    return v && as_double(v, out) ? 0 : -1;
-}
-
-static int set_u64(PyObject *dict, PyObject *name, uint64_t value) {
-    PyObject *v = PyLong_FromUnsignedLongLong(value);
-    int r = v ? PyDict_SetItem(dict, name, v) : -1;
-    Py_XDECREF(v);
-    return r;
-}
-
-static int add_count(PyObject *stats, PyObject *key, uint64_t n) {    /* stats[key] += n */
-    PyObject *was = PyDict_GetItemWithError(stats, key), *add = PyLong_FromUnsignedLongLong(n);
-    PyObject *now = add && was ? PyNumber_Add(was, add) : NULL;
-    int r = now ? PyDict_SetItem(stats, key, now) : -1;
-    if (!was && !PyErr_Occurred())
-        PyErr_SetObject(PyExc_KeyError, key);
-    Py_XDECREF(add);
-    Py_XDECREF(now);
-    return r;
-}
+static int is_set(PyObject *o) { return o && o != Py_None; }   /* a T_OBJECT member: None or deleted is unset */
 
 /* ---- the connection's side: Connection._call_alone's steps ------------------------------------ */
 
@@ -134,26 +126,25 @@ static int in_flight(LoneCall *L, int async_too) {
     Py_ssize_t queued = PyObject_Size(L->queue);
     if (queued)
         return queued < 0 ? -1 : 1;
-    int dead = flag(L->cdict, s_dead, 1);
-    return dead || !async_too ? dead : flag(L->cdict, s_async_error, 1);
+    return is_set(L->dead) || (async_too && is_set(L->async_error));
 }
 
-/* ``_reading`` taken for this thread: 1; 0 when another thread reads. */
+/* The reader's token taken for this thread: 1; 0 when another thread reads. */
 static int begin_read(LoneCall *L) {
     if (call0(L->rcv_acquire) < 0)
         return -1;
-    int reading = flag(L->cdict, s_reading, 0);
-    if (!reading && PyDict_SetItem(L->cdict, s_reading, Py_True) < 0)
-        reading = -1;
+    int reading = L->reading;
+    L->reading = 1;
     release(L->rcv_release);
-    return reading < 0 ? -1 : !reading;
+    return !reading;
 }
 
-/* ``_end_read()``: ``_reading`` cleared, waiting threads woken. An error already set is kept. */
+/* The token given back, waiting threads woken. An error already set is kept. */
 static void end_read(LoneCall *L) {
     PyObject *exc = fetch_error();
     if (call0(L->rcv_acquire) == 0) {
-        if (PyDict_SetItem(L->cdict, s_reading, Py_False) == 0 && flag(L->cdict, s_waiters, 0) > 0)
+        L->reading = 0;
+        if (L->waiters > 0)
             call0(L->notify_all);
         release(L->rcv_release);
     }
@@ -174,12 +165,8 @@ static int claim_send(LoneCall *L, uint64_t *seq) {
         busy = got ? !PyObject_IsTrue(got) : -1;
         Py_XDECREF(got);
     }
-    PyObject *n = busy ? NULL : PyIter_Next(L->seq);
-    if (!busy && !(n && as_u64(n, seq))) {
-        busy = -1;
-        release(L->send_release);
-    }
-    Py_XDECREF(n);
+    if (!busy)
+        *seq = (uint64_t)++L->seq;
     release(L->cv_release);
     return busy < 0 ? -1 : !busy;
 }
@@ -190,7 +177,7 @@ typedef struct {
     uint64_t sent, kind, seq, ack;
     int copied;
     PyObject *meta;             /* the reply's, decoded here (its record consumed), or NULL */
-    PyObject *frame;            /* else the Frame the transport's _recv_c read, or NULL */
+    PyObject *frame;            /* else the Frame the transport's recv_c read, or NULL */
 } round_trip;
 
 /* Under the transport's locks: the request put in the ring, the answer waited for and taken, its
@@ -198,16 +185,11 @@ typedef struct {
  * 0: nothing written (closed, not plain memory, too big for the ring alone, no room now). */
 static int ring_round_trip(LoneCall *L, uint64_t seq, PyObject *packed, PyObject *buffers, PyObject *into,
                            round_trip *rt) {
-    uint64_t tail, head;
-    double spin_s, shared_until;
-    int closed = flag(L->tdict, s_closed, 0);
-    if (closed)
-        return closed < 0 ? -1 : 0;           /* the usual way names it */
-    if (field_u64(L->tdict, s_tail, &tail) < 0 || field_u64(L->tdict, s_head, &head) < 0
-        || field_double(L->tdict, s_spin_s, &spin_s) < 0 || field_double(L->tdict, s_shared_until, &shared_until) < 0)
-        return -1;
+    Ends *ends = L->ends;
+    if (ends->closed)
+        return 0;                             /* the usual way names it */
     /* the peer shares our core: yield it from the start (shm_recv.py's _busy_s; perf_counter is CLOCK_MONOTONIC) */
-    double busy_s = now_s() < shared_until ? 0.0 : L->busy_s;
+    double busy_s = now_s() < ends->shared_until ? 0.0 : L->busy_s;
     char *meta;
     Py_ssize_t meta_len;
     held_buffers h;
@@ -220,19 +202,21 @@ static int ring_round_trip(LoneCall *L, uint64_t seq, PyObject *packed, PyObject
         release_buffers(&h);
         return 0;
     }
-    int64_t t = rgpu_shm_put(L->ring, tail, (uint32_t)L->request, 0, seq, 0, meta, (uint32_t)meta_len,
+    int64_t t = rgpu_shm_put(L->ring, ends->tail, (uint32_t)L->request, 0, seq, 0, meta, (uint32_t)meta_len,
                              (uint32_t)h.n, h.ptrs, h.lens);
     for (Py_ssize_t i = 0; i < h.n; i++)
         rt->sent += h.lens[i];
     release_buffers(&h);
-    if (t < 0 || set_u64(L->tdict, s_tail, (uint64_t)t) < 0) {
+    if (t < 0) {
         if (into)
             PyBuffer_Release(&target);
-        return t < 0 ? 0 : -1;
+        return 0;
     }
+    ends->tail = (uint64_t)t;
+    uint64_t head = ends->head;
     rgpu_frame *f = L->frame;
     int copied = 0;
-    int got = wait_for_peer(L->ring, head, busy_s, spin_s, L->spin_yield)
+    int got = wait_for_peer(L->ring, head, busy_s, L->spin_s, L->spin_yield)
         ? take_known(L->ring, head, L->max_meta, L->max_bufs, L->max_frame, L->known_kinds, f) : 0;
     if (got == 1 && into && f->nbufs == 1 && f->buf_len[0] == (uint64_t)target.len) {
         memcpy(target.buf, L->ring->ring_in + f->buf_off[0], (size_t)target.len);
@@ -253,10 +237,9 @@ static int ring_round_trip(LoneCall *L, uint64_t seq, PyObject *packed, PyObject
             PyErr_Clear();                    /* the Python path names what is wrong */
         }
     }
-    if (set_u64(L->tdict, s_head, head) < 0)
-        return -1;
+    ends->head = head;
     if (got == 1 && !rt->meta)                /* read by the transport's Python, from the frame's words */
-        return (rt->frame = PyObject_CallMethodObjArgs(L->transport, s_recv_c, L->limits, Py_None, NULL)) ? 1 : -1;
+        return (rt->frame = PyObject_CallFunctionObjArgs(L->recv_c, L->limits, Py_None, NULL)) ? 1 : -1;
     return 1;
 }
 
@@ -285,16 +268,18 @@ static PyObject *new_reply(LoneCall *L, PyObject *meta, PyObject *bufs) {
     return reply;
 }
 
+static PyObject *read_alone(LoneCall *L, uint64_t seq, PyObject *reply_into, PyObject *frame) {
+    PyObject *n = PyLong_FromUnsignedLongLong(seq);
+    PyObject *got = n ? PyObject_CallFunctionObjArgs(L->read_alone, n, reply_into, frame, NULL) : NULL;
+    Py_XDECREF(n);
+    return got;
+}
+
 /* The reply as Python's path gives it: a Reply when it is this request's plain answer, else what
- * the connection's ``_read_alone`` makes of it (an error, a failed post's error first, more frames). */
+ * the connection's ``read_alone`` makes of it (an error, a failed post's error first, more frames). */
 static PyObject *answer(LoneCall *L, uint64_t seq, PyObject *reply_into, PyObject *into, round_trip *rt) {
-    if (!rt->meta) {
-        PyObject *n = PyLong_FromUnsignedLongLong(seq);
-        PyObject *got = n ? PyObject_CallMethodObjArgs(L->conn, s_read_alone, n, reply_into,
-                                                       rt->frame ? rt->frame : Py_None, NULL) : NULL;
-        Py_XDECREF(n);
-        return got;
-    }
+    if (!rt->meta)
+        return read_alone(L, seq, reply_into, rt->frame ? rt->frame : Py_None);
     PyObject *view = NULL, *bufs;
     if (rt->copied) {
         Py_buffer *b = PyMemoryView_Check(into) ? PyMemoryView_GET_BUFFER(into) : NULL;
@@ -308,23 +293,20 @@ static PyObject *answer(LoneCall *L, uint64_t seq, PyObject *reply_into, PyObjec
     } else {
         bufs = PyList_New(0);
     }
-    int async_error = bufs ? flag(L->cdict, s_async_error, 1) : -1;
     PyObject *result = NULL;
-    if (async_error == 0 && rt->kind == L->reply && rt->seq == seq) {
-        if (!view || add_count(L->stats, s_bytes_in, (uint64_t)PyMemoryView_GET_BUFFER(view)->len) == 0) {
-            result = new_reply(L, rt->meta, bufs);
-        }
-    } else if (async_error >= 0) {            /* an ERROR, another request's reply, a post's error kept */
+    if (bufs && !is_set(L->async_error) && rt->kind == L->reply && rt->seq == seq) {
+        if (view)
+            L->bytes_in += PyMemoryView_GET_BUFFER(view)->len;
+        result = new_reply(L, rt->meta, bufs);
+    } else if (bufs) {                        /* an ERROR, another request's reply, a post's error kept */
         PyObject *number = PyLong_FromUnsignedLongLong(rt->kind);
         PyObject *kind = number ? PyObject_GetItem(L->kinds, number) : NULL;
         Py_XDECREF(number);
         PyObject *frame = kind ? PyObject_CallFunction(L->frame_type, "OKKOO", kind, (unsigned long long)rt->seq,
                                                        (unsigned long long)rt->ack, rt->meta, bufs) : NULL;
-        PyObject *n = frame ? PyLong_FromUnsignedLongLong(seq) : NULL;
-        result = n ? PyObject_CallMethodObjArgs(L->conn, s_read_alone, n, reply_into, frame, NULL) : NULL;
+        result = frame ? read_alone(L, seq, reply_into, frame) : NULL;
         Py_XDECREF(kind);
         Py_XDECREF(frame);
-        Py_XDECREF(n);
     }
     Py_XDECREF(view);
     Py_XDECREF(bufs);
@@ -336,18 +318,23 @@ static PyObject *answer(LoneCall *L, uint64_t seq, PyObject *reply_into, PyObjec
 static PyObject *exchange(LoneCall *L, uint64_t seq, PyObject *packed, PyObject *buffers,
                           PyObject *reply_into, PyObject *into) {
     round_trip rt = {0};
-    int r = add_count(L->stats, s_messages, 1) < 0 || add_count(L->stats, s_round_trips, 1) < 0
-        || set_u64(L->cdict, s_sending_seq, seq) < 0 ? -1 : locked_round_trip(L, seq, packed, buffers, into, &rt);
-    PyObject *n = r ? NULL : PyLong_FromUnsignedLongLong(seq);
-    if (!r)                                   /* nothing written: the usual way, which releases the send lock */
-        return n ? PyObject_CallMethodObjArgs(L->conn, s_exchange_alone, n, packed, buffers, reply_into, NULL) : NULL;
+    L->messages++, L->round_trips++, L->sending_seq = (long long)seq;
+    int r = locked_round_trip(L, seq, packed, buffers, into, &rt);
+    if (!r) {                                 /* nothing written: the usual way, which releases the send lock */
+        PyObject *n = PyLong_FromUnsignedLongLong(seq);
+        PyObject *got = n ? PyObject_CallFunctionObjArgs(L->exchange_alone, n, packed, buffers, reply_into, NULL)
+                          : NULL;
+        Py_XDECREF(n);
+        return got;
+    }
     release(L->send_release);
     PyObject *result = NULL;
-    if (r > 0 && add_count(L->stats, s_bytes_out, rt.sent) == 0)
+    if (r > 0) {
+        L->bytes_out += (long long)rt.sent;
         result = answer(L, seq, reply_into, into, &rt);
-    else if (PyErr_ExceptionMatches(L->rgpu_error)) {   /* the transport failed: the connection is lost */
+    } else if (PyErr_ExceptionMatches(L->rgpu_error)) {   /* the transport failed: the connection is lost */
         PyObject *exc = raised();
-        PyObject *why = PyObject_CallMethodOneArg(L->conn, s_lost, exc);
+        PyObject *why = PyObject_CallOneArg(L->lost, exc);
         Py_DECREF(exc);
         if (why)
             PyErr_SetObject((PyObject *)Py_TYPE(why), why);
@@ -358,8 +345,8 @@ static PyObject *exchange(LoneCall *L, uint64_t seq, PyObject *packed, PyObject 
     return result;
 }
 
-/* ``meta`` packed by this call's own Packer: the reader's (``_reading``), so no other thread's at once.
- * What it refuses goes through wire's pack_meta, which names the fault (or encodes it). */
+/* ``meta`` packed by this call's own Packer: the reader's (the token's holder), so no other thread's at
+ * once. What it refuses goes through wire's pack_meta, which names the fault (or encodes it). */
 static PyObject *encode(LoneCall *L, PyObject *meta) {
     if (meta == Py_None)
         return PyBytes_FromStringAndSize(NULL, 0);   /* no metadata block: decodes back to None */
@@ -406,6 +393,30 @@ static PyObject *lone_call(PyObject *self, PyObject *const *args, size_t nargsf,
     return reply;
 }
 
+static PyObject *lone_next_seq(PyObject *self, PyObject *unused) {
+    return PyLong_FromLongLong(++((LoneCall *)self)->seq);
+}
+
+static PyMethodDef lone_methods[] = {
+    {"next_seq", lone_next_seq, METH_NOARGS, "The connection's next sequence number (1, 2, ...)."},
+    {NULL},
+};
+
+#define MEMBER(name, type, doc) {#name, type, offsetof(LoneCall, name), 0, doc}
+static PyMemberDef lone_members[] = {
+    MEMBER(reading, T_BOOL, "a thread holds the reader's token (reads frames for everyone)"),
+    MEMBER(waiters, T_PYSSIZET, "threads waiting for the reader to hand them their answer"),
+    MEMBER(sending_seq, T_LONGLONG, "the last seq of the write in progress"),
+    MEMBER(dead, T_OBJECT, "why the connection failed (an RgpuError), or None"),
+    MEMBER(async_error, T_OBJECT, "(seq, RemoteError) of a failed post, kept for the next wait, or None"),
+    MEMBER(messages, T_LONGLONG, "frames sent"),
+    MEMBER(round_trips, T_LONGLONG, "requests sent"),
+    MEMBER(bytes_out, T_LONGLONG, "buffer bytes sent"),
+    MEMBER(bytes_in, T_LONGLONG, "buffer bytes received"),
+    {NULL},
+};
+#undef MEMBER
+
 static int lone_traverse(PyObject *self, visitproc visit, void *arg) {
     LoneCall *L = (LoneCall *)self;
 #define VISIT(name) Py_VISIT(L->name);
@@ -433,22 +444,16 @@ static PyTypeObject LoneCallType = {
     .tp_name = "_rgpu_shm_native.LoneCall",
     .tp_basicsize = sizeof(LoneCall),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "A connection's lone call over shm: lone(meta, buffers, reply_into) -> Reply or None.",
+    .tp_doc = "A connection's exchange state over shm and its lone call: lone(meta, buffers, reply_into) -> "
+              "Reply or None (transport/exchange.py is the same face in Python).",
     .tp_traverse = lone_traverse,
     .tp_clear = lone_clear,
     .tp_dealloc = lone_dealloc,
     .tp_call = PyVectorcall_Call,
     .tp_vectorcall_offset = offsetof(LoneCall, vectorcall),
+    .tp_methods = lone_methods,
+    .tp_members = lone_members,
 };
-
-static PyObject *getattr2(PyObject *obj, const char *name, const char *method) {   /* obj.name.method */
-    PyObject *o = PyObject_GetAttrString(obj, name);
-    PyObject *m = o && method ? PyObject_GetAttrString(o, method) : NULL;
-    if (!method)
-        return o;
-    Py_XDECREF(o);
-    return m;
-}
 
 static int limit(PyObject *limits, const char *name, uint64_t *out) {
     PyObject *v = PyObject_GetAttrString(limits, name);
@@ -457,16 +462,25 @@ static int limit(PyObject *limits, const char *name, uint64_t *out) {
     return ok;
 }
 
-/* lone_call(conn, transport, ring, frame, known_kinds, request, reply, unpack, pack, pack_meta, Reply,
- * Frame, kinds, as_bytes_view, RgpuError): the LoneCall of a Connection over a ShmTransport whose C
- * path is attached (ring and frame: its structs' addresses; known_kinds, request, reply, unpack: as
- * take and serve have them; pack: a Packer's pack of its own; the rest: wire's pack_meta, connection_recv's
- * Reply, wire's Frame, the MsgKind of each kind's number (by item), buffers' as_bytes_view, rgpu's base
- * error). It keeps the connection's _pending, _queue, _seq, stats, limits, its locks' and the
- * transport's locks' methods and both instance dicts, and reads their flags and ends on each call. */
+static PyObject *method(PyObject *obj, const char *name) { return PyObject_GetAttrString(obj, name); }
+
+/* lone_call(<the transport's 20>, <the connection's 10>): a LoneCall (see shm_native.py's _lone_call).
+ * The transport's: its Ends, ring and frame (its structs' addresses), known_kinds, request, reply (as
+ * take and serve have them), busy_s, spin_s, spin_yield, its send and receive locks, its recv_c, unpack,
+ * a Packer's pack of this call's own, wire's pack_meta, Reply, Frame, kinds (MsgKind by number), buffers'
+ * as_bytes_view, RgpuError. The connection's: its Limits, pending dict, queue, reader's lock and
+ * condition, condition lock, send lock, and its exchange_alone, read_alone and lost. */
 static PyObject *new_lone_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    ARGS(15, "lone_call");
-    U64(2, ring); U64(3, frame); U64(4, known_kinds); U64(5, request); U64(6, reply);
+    ARGS(30, "lone_call");
+    if (!PyObject_TypeCheck(args[0], &EndsType)) {
+        PyErr_SetString(PyExc_TypeError, "lone_call: the transport's Ends expected first");
+        return NULL;
+    }
+    U64(1, ring); U64(2, frame); U64(3, known_kinds); U64(4, request); U64(5, reply);
+    DBL(6, busy_s); DBL(7, spin_s);
+    int spin_yield = PyObject_IsTrue(args[8]);
+    if (spin_yield < 0)
+        return NULL;
     LoneCall *L = PyObject_GC_New(LoneCall, &LoneCallType);
     if (!L)
         return NULL;
@@ -474,45 +488,34 @@ static PyObject *new_lone_call(PyObject *module, PyObject *const *args, Py_ssize
     LONE_OBJECTS(NULLED)
 #undef NULLED
     L->vectorcall = lone_call;
-    L->ring = (const rgpu_ring *)ring;
-    L->frame = (rgpu_frame *)frame;
+    L->reading = 0, L->waiters = 0;
+    L->seq = L->sending_seq = L->messages = L->round_trips = L->bytes_out = L->bytes_in = 0;
+    L->dead = Py_NewRef(Py_None), L->async_error = Py_NewRef(Py_None);
+    L->ring = (const rgpu_ring *)ring, L->frame = (rgpu_frame *)frame;
     L->known_kinds = known_kinds, L->request = request, L->reply = reply;
-    PyObject *conn = args[0], *transport = args[1];
-    PyObject **kept[] = {&L->conn, &L->transport, &L->unpack, &L->pack, &L->pack_meta, &L->reply_type,
-                         &L->frame_type, &L->kinds, &L->as_bytes_view, &L->rgpu_error};
-    int from[] = {0, 1, 7, 8, 9, 10, 11, 12, 13, 14};
+    L->busy_s = busy_s, L->spin_s = spin_s, L->spin_yield = spin_yield;
+    PyObject *t_send = args[9], *t_recv = args[10], *rcv_lock = args[23], *rcv = args[24], *cv_lock = args[25];
+    PyObject *send_lock = args[26];
+    PyObject **kept[] = {(PyObject **)&L->ends, &L->recv_c, &L->unpack, &L->pack, &L->pack_meta, &L->reply_type,
+                         &L->frame_type, &L->kinds, &L->as_bytes_view, &L->rgpu_error, &L->limits, &L->pending,
+                         &L->queue, &L->exchange_alone, &L->read_alone, &L->lost};
+    int from[] = {0, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 27, 28, 29};
     for (size_t i = 0; i < sizeof from / sizeof from[0]; i++)
         *kept[i] = Py_NewRef(args[from[i]]);
     PyObject_GC_Track((PyObject *)L);
-    PyObject *yield = NULL;
-    int ok = (L->cdict = PyObject_GenericGetDict(conn, NULL)) && (L->tdict = PyObject_GenericGetDict(transport, NULL))
-        && (L->pending = getattr2(conn, "_pending", NULL)) && (L->queue = getattr2(conn, "_queue", NULL))
-        && (L->seq = getattr2(conn, "_seq", NULL)) && (L->stats = getattr2(conn, "stats", NULL))
-        && (L->limits = getattr2(conn, "limits", NULL))
-        && (L->rcv_acquire = getattr2(conn, "_rcv_lock", "acquire"))
-        && (L->rcv_release = getattr2(conn, "_rcv_lock", "release"))
-        && (L->notify_all = getattr2(conn, "_rcv", "notify_all"))
-        && (L->cv_acquire = getattr2(conn, "_cv_lock", "acquire"))
-        && (L->cv_release = getattr2(conn, "_cv_lock", "release"))
-        && (L->send_acquire = getattr2(conn, "_send_lock", "acquire"))
-        && (L->send_release = getattr2(conn, "_send_lock", "release"))
-        && (L->t_send_acquire = getattr2(transport, "_send_lock", "acquire"))
-        && (L->t_send_release = getattr2(transport, "_send_lock", "release"))
-        && (L->t_recv_acquire = getattr2(transport, "_recv_lock", "acquire"))
-        && (L->t_recv_release = getattr2(transport, "_recv_lock", "release"))
+    int ok = (L->rcv_acquire = method(rcv_lock, "acquire")) && (L->rcv_release = method(rcv_lock, "release"))
+        && (L->notify_all = method(rcv, "notify_all"))
+        && (L->cv_acquire = method(cv_lock, "acquire")) && (L->cv_release = method(cv_lock, "release"))
+        && (L->send_acquire = method(send_lock, "acquire")) && (L->send_release = method(send_lock, "release"))
+        && (L->t_send_acquire = method(t_send, "acquire")) && (L->t_send_release = method(t_send, "release"))
+        && (L->t_recv_acquire = method(t_recv, "acquire")) && (L->t_recv_release = method(t_recv, "release"))
         && limit(L->limits, "max_meta_bytes", &L->max_meta) && limit(L->limits, "max_buffers", &L->max_bufs)
         && limit(L->limits, "max_frame_bytes", &L->max_frame)
-        && field_double(L->tdict, s_spin_s, &(double){0}) == 0         /* the per-call fields are there */
-        && (yield = PyObject_GetAttr(transport, s_spin_yield)) && (L->spin_yield = PyObject_IsTrue(yield)) >= 0;
-    Py_XDECREF(yield);
-    PyObject *busy = ok ? PyObject_GetAttr(transport, s_busy_s) : NULL;
-    ok = busy && as_double(busy, &L->busy_s) && PyDict_Check(L->pending) && PyDict_Check(L->stats)
-        && PyIter_Check(L->seq) && PyType_Check(L->reply_type)
+        && PyDict_Check(L->pending) && PyType_Check(L->reply_type)
         && PyType_IsSubtype((PyTypeObject *)L->reply_type, &PyTuple_Type);
-    Py_XDECREF(busy);
     if (!ok) {
         if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_TypeError, "lone_call: a connection and an attached shm transport expected");
+            PyErr_SetString(PyExc_TypeError, "lone_call: a pending dict and a Reply that is a tuple expected");
         Py_DECREF(L);
         return NULL;
     }

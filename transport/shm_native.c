@@ -322,7 +322,7 @@ static PyObject *py_serve(PyObject *self, PyObject *const *args, Py_ssize_t narg
 static PyMethodDef methods[] = {
     {"put", (PyCFunction)(void (*)(void))py_put, METH_FASTCALL, "A frame into the ring."},
     {"take", (PyCFunction)(void (*)(void))py_take, METH_FASTCALL, "A frame out of the ring."},
-    {"lone_call", (PyCFunction)(void (*)(void))new_lone_call, METH_FASTCALL, "A connection's lone call over shm."},
+    {"lone_call", (PyCFunction)(void (*)(void))new_lone_call, METH_FASTCALL, "A connection's exchange state and lone call over shm."},
     {"serve", (PyCFunction)(void (*)(void))py_serve, METH_FASTCALL, "A server's frame loop, in the ring."},
     {NULL, NULL, 0, NULL},
 };
@@ -331,7 +331,10 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, .m_name = "_rgpu_shm_
                                      .m_methods = methods};
 
 PyMODINIT_FUNC PyInit__rgpu_shm_native(void) {
-    if (intern_names() < 0 || PyType_Ready(&LoneCallType) < 0)
+    if (PyType_Ready(&EndsType) < 0 || PyType_Ready(&LoneCallType) < 0)
         return NULL;
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m && PyModule_AddObjectRef(m, "Ends", (PyObject *)&EndsType) < 0)
+        Py_CLEAR(m);
+    return m;
 }

@@ -13,6 +13,7 @@ from rgpu.errors import ConnectionLost, RgpuError
 
 from . import shm_fast
 from .buffers import as_bytes_view
+from .connection_lone import LoneParts
 from .connection_recv import Reply
 from .shm_memory import Segment
 from .shm_ring import KNOWN_KINDS, RECORD_MAX, _KINDS
@@ -40,15 +41,20 @@ class NativeCalls:
         self._unpack, self._pack = unpack_spec(), meta_packer().pack
         self._n_ring, self._n_ring_any, self._n_frame = (
             int(ffi.cast("uintptr_t", p)) for p in (self._c_ring, self._c_ring_any, self._c_frame))
+        ends = self._ends
+        self._ends = fast.native.Ends(ends.tail, ends.head)   # the same ends, owned in C (shm_lone.c moves them)
+        self._ends.closed, self._ends.shared_until = ends.closed, ends.shared_until
         self.lone_call, self.serve = self._lone_call, self._serve
 
-    def _lone_call(self, conn):
-        """``lone_call``: ``conn``'s whole lone call over this transport in C (``shm_lone.c``): the
-        connection's checks, locks and reply as its ``_call_alone`` has them, the round trip in the ring,
-        and its ``_exchange_alone``, ``_read_alone`` and ``_lost`` for what is not the common case."""
-        return self._n_lone_call(conn, self, self._n_ring, self._n_frame, KNOWN_KINDS, _REQUEST, _REPLY,
-                                 self._unpack, meta_packer().pack, pack_meta, Reply, Frame, _KINDS, as_bytes_view,
-                                 RgpuError)
+    def _lone_call(self, parts: LoneParts):
+        """``lone_call``: a connection's exchange state and whole lone call over this transport, in C
+        (``shm_lone.c``'s ``LoneCall``): the connection's checks, locks and reply as its ``_call_alone``
+        has them, the round trip in the ring on this transport's ``Ends``, and ``parts``' Python
+        (``exchange_alone``, ``read_alone``, ``lost``) for what is not the common case."""
+        return self._n_lone_call(self._ends, self._n_ring, self._n_frame, KNOWN_KINDS, _REQUEST, _REPLY,
+                                 self.busy_s, self.spin_s, self.spin_yield, self._send_lock, self._recv_lock,
+                                 self._recv_c, self._unpack, meta_packer().pack, pack_meta, Reply, Frame, _KINDS,
+                                 as_bytes_view, RgpuError, *parts)
 
     def _serve(self, handle, applied: int, limits: Limits) -> tuple[int, int, object]:
         """A server's frame loop in C (``shm_native.c`` ``serve``) for frames wholly in the ring: each POST
@@ -57,24 +63,25 @@ class NativeCalls:
         spin), ``SERVE_PYTHON`` (the next frame is for ``recv_frame``), ``SERVE_RAISED`` (detail: seq,
         the exception ``handle`` raised), ``SERVE_REPLY`` (detail: seq, the answer, for ``send``)."""
         with self._send_lock, self._recv_lock:
-            if self._closed:
+            ends = self._ends
+            if ends.closed:
                 raise ConnectionLost("connection closed")
             frame = self._c_frame
-            frame.tail, frame.head = self._tail, self._head
+            frame.tail, frame.head = ends.tail, ends.head
             try:
-                got = self._n_serve(self._n_ring, self._n_frame, self._tail, self._head, handle, self._unpack,
+                got = self._n_serve(self._n_ring, self._n_frame, ends.tail, ends.head, handle, self._unpack,
                                     self._pack, limits.max_meta_bytes, limits.max_buffers, limits.max_frame_bytes,
                                     _POST, _REQUEST, _REPLY, self._busy_s(time.perf_counter()), self.spin_s,
                                     self.spin_yield, applied)
                 self._spun = got[0] == SERVE_IDLE    # recv_frame then sleeps without spinning again
                 return got
             finally:
-                self._tail, self._head = frame.tail, frame.head
+                ends.tail, ends.head = frame.tail, frame.head
 
     def _put_c(self, out) -> bool:
         """``out`` written and published by the C path, if it is a frame for the ring alone and the ring has room."""
-        tail = self._n_put(self._n_ring, self._tail, out.kind, out.flags, out.seq, out.ack, out.meta, out.views)
+        tail = self._n_put(self._n_ring, self._ends.tail, out.kind, out.flags, out.seq, out.ack, out.meta, out.views)
         if tail is None or tail < 0:
             return False     # too big for the ring alone, no room now, or not plain memory: the Python path
-        self._tail = tail
+        self._ends.tail = tail
         return True

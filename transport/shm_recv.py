@@ -124,10 +124,10 @@ class Receiving:
 
     def _busy_s(self, now: float) -> float:
         """How long a wait keeps its core before yielding it: none while the peer shares our core."""
-        return self.busy_s if now >= self._shared_until else 0.0
+        return self.busy_s if now >= self._ends.shared_until else 0.0
 
     def _wait_data(self, deadline: float | None = None) -> bool:
-        q, tail, head = self._q, self._tail_in, self._head
+        q, tail, head = self._q, self._tail_in, self._ends.head
         if q[tail] != head:
             return True
         now = time.perf_counter()
@@ -143,11 +143,11 @@ class Receiving:
         if got == 2 and now > self._core_checked + CORE_CHECK_S:
             self._core_checked = now
             if _same_core(self._peer_pid):
-                self._shared_until = now + SHARED_CORE_S    # keeping the core only delays the peer
+                self._ends.shared_until = now + SHARED_CORE_S    # keeping the core only delays the peer
         if got:
             return True
         while True:
-            if self._closed:
+            if self._ends.closed:
                 raise ConnectionLost("connection closed")
             q[self._asleep_in] = 1
             _fence()
@@ -168,7 +168,7 @@ class Receiving:
             for fd, _ev in events:
                 if fd == self._data_in:
                     _drain(fd)
-                elif not self._closed:
+                elif not self._ends.closed:
                     self._service_control()
             if q[tail] != head:
                 return True
@@ -216,12 +216,12 @@ class Receiving:
         ring = self._ring_in
         while True:
             self._wait_data()
-            pos = self._head % RING_BYTES
+            pos = self._ends.head % RING_BYTES
             rec_len, kind = REC_HEAD.unpack_from(ring, pos)          # positions are 8-aligned: always fits
             if kind == KIND_WRAP:
                 if pos + rec_len != RING_BYTES:
                     raise ProtocolError("shm: wrap marker does not reach the end of the ring")
-                self._head += rec_len
+                self._ends.head += rec_len
                 continue
             if rec_len % 8 or rec_len < REC.size or pos + rec_len > RING_BYTES:
                 raise ProtocolError(f"shm: record length {rec_len} at ring offset {pos}")
@@ -233,21 +233,21 @@ class Receiving:
         if self._c_take is not None:
             self._wait_data()    # the spin (in C), the same-core check, the eventfd: as on the Python path
             if into is None:     # the frame as Python objects, its record consumed, in one call
-                got = self._n_take(self._n_ring, self._n_frame, self._head, limits.max_meta_bytes,
+                got = self._n_take(self._n_ring, self._n_frame, self._ends.head, limits.max_meta_bytes,
                                    limits.max_buffers, limits.max_frame_bytes, KNOWN_KINDS)
                 if type(got) is tuple:
                     kind, seq, ack, meta, bufs = got
-                    self._head = self._c_frame.next
+                    self._ends.head = self._c_frame.next
                     return Frame(_KINDS[kind], seq, ack, unpack_meta(meta, limits) if meta else None, bufs)
             else:
-                got = self._c_take(self._c_ring, self._head, limits.max_meta_bytes, limits.max_buffers,
+                got = self._c_take(self._c_ring, self._ends.head, limits.max_meta_bytes, limits.max_buffers,
                                    limits.max_frame_bytes, self._c_frame)
             if got == 1:
                 frame = self._recv_c(limits, into)
                 if frame is not None:
                     return frame
             if got:
-                self._head = self._c_frame.head     # past any wrap marker; the Python path reads the rest
+                self._ends.head = self._c_frame.head     # past any wrap marker; the Python path reads the rest
         pos, rec_len, _, slot, ndesc, blob_len, blob_in_heap = self._next_record()
         if ndesc == 0 and slot == NO_SLOT and not blob_in_heap:
             return self._recv_inline(pos, rec_len, blob_len, limits, into)
@@ -293,7 +293,7 @@ class Receiving:
         if nbufs:   # back to back from the first one's offset, as rgpu_shm_take checked
             places = FRAME_BUFS.unpack_from(words, FRAME_HEAD.size)
             bufs = _ring_buffers(ring, places[0], list(places[FAST_BUFS:FAST_BUFS + nbufs]), into, msg_kind, seq)
-        self._head = nxt
+        self._ends.head = nxt
         self._c_consume(self._c_ring, nxt)
         return Frame(msg_kind, seq, ack, meta, bufs)
 
@@ -380,14 +380,14 @@ class Receiving:
 
     def _consume(self, rec_len: int) -> None:
         q = self._q
-        self._head += rec_len
-        q[self._head_in] = self._head
+        self._ends.head += rec_len
+        q[self._head_in] = self._ends.head
         _fence()
         if q[self._waiting_in]:
             os.eventfd_write(self._space_in, 1)
 
     def _release_slot(self, slot: int) -> None:
-        if self._closed:
+        if self._ends.closed:
             return
         try:
             self._slots_in[slot] = 0

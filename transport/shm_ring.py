@@ -93,3 +93,15 @@ def _drain(fd: int) -> None:
         os.eventfd_read(fd)
     except (BlockingIOError, InterruptedError):
         pass
+
+
+class Ends:
+    """A shm transport's ring ends, one owner: the tail it writes (published to the peer by ``_publish``),
+    the head it reads, whether it was closed, until when (``perf_counter``) the peer shares our core.
+    With the C path the transport holds shm_native.c's ``Ends`` instead, the same face, which the lone
+    call (``shm_lone.c``) moves in C; this is the Python path's."""
+
+    __slots__ = ("tail", "head", "closed", "shared_until")
+
+    def __init__(self, tail: int, head: int):
+        self.tail, self.head, self.closed, self.shared_until = tail, head, False, 0.0
