@@ -41,6 +41,7 @@ SAMPLES = {
     "RGPU_POST_COPY_BYTES": ("64k", 64 << 10),
     "RGPU_QUEUE_MAX_BYTES": ("1.5G", int(1.5 * GiB)),
     "RGPU_CONNECT_TIMEOUT": ("3", 3.0),
+    "RGPU_COLLECTIVE_TIMEOUT": ("20", 20.0),
     "RGPU_PEER_TIMEOUT": ("30", 30.0),
     "RGPU_TIMEOUT": ("0.25", 0.25),
     "RGPU_MAX_FRAME": ("512MiB", 512 * MiB),

@@ -39,7 +39,7 @@ class Msg(IntEnum):
     PEER_RECV = 19  # [events, tensor, ticket bytes]: in stream order, take one peer transfer's bytes into it  post
     PEER_SEND = 20  # [events, tensor, ticket bytes, host, port]: in stream order, push its bytes to that peer  post
     GROUP_STORE = 21  # [] request -> [host, port]: a rendezvous store (TCPStore) this server opens for a servers' group
-    GROUP_JOIN = 22  # [group, host, port, rank, size, backend, timeout s, [server per rank]] request -> None:
+    GROUP_JOIN = 22  # [group, host, port, rank, size, backend, device, timeout s, [server per rank]] request -> None:
     #                  this session joins the servers' process group (gloo or nccl) through that store
     COLLECTIVE = 23  # [events, group, name, reduce op, root, [tensor...], [tensor...]]: in stream order  post
     GROUP_LEAVE = 24  # [group]                                   post

@@ -12,6 +12,7 @@ import warnings
 import torch
 
 from rgpu.server.ops import fast_op
+from rgpu.server.ops.collectives import Collectives
 from rgpu.server.ops.codec import CODE_BY_DTYPE, Decoder, GeneratorArg, descriptor, encode_result, flatten
 from rgpu.server.ops.graphs import Graphs
 from rgpu.server.ops.peer import Peers, PeerError, as_bytes
@@ -94,6 +95,9 @@ class Executor(BaseExecutor):
                          Msg.SEED: self._seed, Msg.SYNC: self._sync, Msg.MEMORY: self._memory,
                          Msg.GET_RNG_STATE: self._get_rng_state, Msg.SET_RNG_STATE: self._set_rng_state,
                          Msg.PROFILE: self._profile, Msg.PEER_RECV: self._peer_recv, Msg.PEER_SEND: self._peer_send}
+        # torch.distributed groups among servers' sessions (rgpu/distributed.py's collectives)
+        self.collectives = Collectives(self.table, self.kind, session.settings.host)
+        self.handlers.update(self.collectives.handlers)
         # a peer listener only for a client of several servers (copies server to server)
         self.peers = (Peers(session.settings.host, session.settings.peer_timeout)
                       if session.options.get("peer") is True else None)
@@ -133,6 +137,7 @@ class Executor(BaseExecutor):
     def close(self) -> None:
         self._stop_profiling()
         self.uploads.close()  # pending staged copies finish before their pinned memory is unregistered
+        self.collectives.close()
         self.table.close()
         self.ops.clear()
         if self.peers is not None:
