@@ -215,15 +215,31 @@ int cudnnBackendGetAttribute(void *d, int name, int type, int64_t req, int64_t *
 int cudnnBackendExecute(void *h, void *plan, void *pack) {
     return CALL("dnn_execute %llx %llx %llx\n", U(h), U(plan), U(pack));
 }
-/* the legacy calls: bound by the server, never reached by the bench */
+/* the legacy tensor descriptors (objects like the others, their arguments logged) */
+int cudnnCreateTensorDescriptor(void **d) { *d = obj(); return CALL("dnn_tensor\n"); }
+int cudnnDestroyTensorDescriptor(void *d) { return CALL("dnn_tensor_destroy %llx\n", U(d)); }
+int cudnnSetTensorNdDescriptor(void *d, int t, int n, const int *dims, const int *strides) {
+    char el[8 * 24 + 1] = "";
+    for (int i = 0; i < n && i < 8; i++) snprintf(el + strlen(el), sizeof el - strlen(el), " %dx%d", dims[i], strides[i]);
+    return CALL("dnn_tensor_set %llx %d %d%s\n", U(d), t, n, el);
+}
+int cudnnDeriveBNTensorDescriptor(void *d, void *x, int mode) { return CALL("dnn_derive %llx %llx %d\n", U(d), U(x), mode); }
+/* a scalar's first 4 bytes (a float's; Python's path hands a float or a double by the x tensor's type) */
+static unsigned s4(const void *p) {
+    unsigned v = 0;
+    if (p) memcpy(&v, p, 4);
+    return v;
+}
+int cudnnBatchNormalizationForwardTrainingEx(void *h, int mode, int ops, const void *al, const void *be, void *xd,
+                                             const void *x, void *zd, const void *z, void *yd, void *y, void *bnd) {
+    (void)x; (void)z; (void)y;
+    return CALL("dnn_bn_forward %llx %d %d %x %x %llx %llx %llx %llx\n", U(h), mode, ops, s4(al), s4(be), U(xd), U(zd),
+                U(yd), U(bnd));
+}
+/* the rest: bound by the server, never reached by the bench */
 #define NOTHING(name, ...) int name(__VA_ARGS__) { return CALL(#name "\n"); }
-NOTHING(cudnnCreateTensorDescriptor, void **d)
-NOTHING(cudnnDestroyTensorDescriptor, void *d)
-NOTHING(cudnnSetTensorNdDescriptor, void *d, int t, int n, const int *dims, const int *strides)
-NOTHING(cudnnDeriveBNTensorDescriptor, void *d, void *x, int mode)
 NOTHING(cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize, void *h)
 NOTHING(cudnnGetBatchNormalizationBackwardExWorkspaceSize, void *h)
 NOTHING(cudnnGetBatchNormalizationTrainingExReserveSpaceSize, void *h)
-NOTHING(cudnnBatchNormalizationForwardTrainingEx, void *h)
 NOTHING(cudnnBatchNormalizationBackwardEx, void *h)
 NOTHING(cudnnBatchNormalizationForwardInference, void *h)

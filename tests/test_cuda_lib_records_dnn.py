@@ -2,7 +2,9 @@
 variant pack (created, set, finalized, destroyed) and the execute of a plain plan on it, with the same calls,
 values and stream setting as the Python path; a plan run there only once Python found it plain (and no longer
 once it changes), a by-value execute rebuilt by Python from the pack C kept, destroyed or unknown ids, short
-records and attributes a pack never takes refused with clear errors, the packs left destroyed at the end.
+records and attributes a pack never takes refused with clear errors, the packs left destroyed at the end; the
+legacy tensor descriptors around a batch norm made, set, derived and destroyed in C, the batch norm (Python's)
+on them.
 
 As in test_cuda_lib_records.py: NVIDIA's libraries are the bench's stand-in, each test in a forked child.
 """
@@ -199,3 +201,70 @@ def test_the_packs_c_holds_are_destroyed_when_the_session_ends(folder, monkeypat
     destroyed = [line for line in session.std.standin_take().decode().splitlines() if line.startswith("dnn_desc_destroy")]
     assert len(destroyed) == 5                              # the three packs (C's), then the two plans
     assert lib.fast is None
+
+
+T_X, T_BN, T_Y = 0x5247_0021, 0x5247_0022, 0x5247_0023
+
+
+def _tensor(tid, dtype=0, dims=(2, 3, 4, 4)) -> bytes:
+    strides = [1] * len(dims)
+    for i in range(len(dims) - 2, -1, -1):
+        strides[i] = strides[i + 1] * dims[i + 1]
+    return (bench.record("cudnnCreateTensorDescriptor", tid, 0, b"", CTX)
+            + bench.record("cudnnSetTensorNdDescriptor", tid, 0, struct.pack(f"<ii{2 * len(dims)}i", dtype, len(dims),
+                                                                             *dims, *strides), CTX))
+
+
+def _bn(dtype=0) -> bytes:
+    """A batch norm's records as torch queues them: x and y described, the BN parameters' derived, the
+    forward pass, the three destroyed."""
+    derive = bench.record("cudnnDeriveBNTensorDescriptor", T_BN, 0, struct.pack("<Qi", T_X, 2), CTX)
+    forward = bench.record("cudnnBatchNormalizationForwardTrainingEx", bench.DNN_HANDLE, S1, bench.pack(
+        "cudnnBatchNormalizationForwardTrainingEx", mode=2, alpha=1.0, x=T_X, x_data=0xA000, y=T_Y, y_data=0xC000,
+        bn=T_BN, scale=0xD000, bias=0xD100, factor=0.1, epsilon=1e-5), CTX)
+    gone = b"".join(bench.record("cudnnDestroyTensorDescriptor", t, 0, b"", CTX) for t in (T_X, T_BN, T_Y))
+    return (_tensor(T_X, dtype) + bench.record("cudnnCreateTensorDescriptor", T_BN, 0, b"", CTX) + derive
+            + _tensor(T_Y, dtype) + forward + gone)
+
+
+@isolated
+def test_a_batch_norms_tensor_descriptors_run_in_c_and_its_call_on_them_in_python(folder, monkeypatch):
+    logs = {}
+    for native in ("auto", "off"):
+        session = dnn_session(folder, monkeypatch, native)
+        logs[native], through_python = run(session, _bn() + _bn(dtype=9), monkeypatch)
+        assert session.executor.deferred == []
+        assert through_python == (2 if native == "auto" else 20)       # in C: all but the two batch norms
+        lib = session.libs.library("cudnn")
+        if native == "auto":
+            assert lib.c.rgpu_cudnn_count(lib.fast, 3) == 0            # each destroyed
+        session.libs.close()
+    assert logs["auto"] == logs["off"]
+    one = [line.split() for line in logs["auto"][:11]]
+    assert [w[0] for w in one] == ["ctx", "dnn_tensor", "dnn_tensor_set", "dnn_tensor", "dnn_derive", "dnn_tensor",
+                                   "dnn_tensor_set", "dnn_stream", "dnn_bn_forward", "dnn_tensor_destroy",
+                                   "dnn_tensor_destroy"]
+    x, bn, y = one[2][1], one[4][1], one[6][1]
+    assert one[2][2:] == ["0", "4", "2x48", "3x16", "4x4", "4x1"] and one[4][2:] == [x, "2"]
+    one_f = f"{struct.unpack('<I', struct.pack('<f', 1.0))[0]:x}"
+    assert one[8][4:] == [one_f, "0", x, "0", y, bn]               # alpha a float (fp32 x), the tensors C made
+
+
+@isolated
+def test_a_tensors_unusual_records_are_refused_by_python_and_c_s_tensors_destroyed_at_the_end(folder, monkeypatch):
+    session = dnn_session(folder, monkeypatch, "auto")
+    nine = bench.record("cudnnSetTensorNdDescriptor", T_X, 0, struct.pack("<ii", 0, 9) + bytes(72), CTX)
+    gone = bench.record("cudnnDestroyTensorDescriptor", T_Y, 0, b"", CTX)
+    derive = bench.record("cudnnDeriveBNTensorDescriptor", T_BN, 0, struct.pack("<Qi", T_Y, 2), CTX)
+    _, through_python = run(session, _tensor(T_X) + _tensor(T_X) + nine + gone + derive, monkeypatch)
+    messages = [message for _, _, message in session.executor.deferred]
+    assert len(messages) == 4 and through_python == 4, messages
+    assert f"tensor descriptor {T_X:#x} exists already" in messages[0]
+    assert "cudnnSetTensorNdDescriptor: 72 bytes for 9 dims and strides" in messages[1]
+    assert f"{T_Y:#x} is not a tensor descriptor of this session" in messages[2]
+    assert f"{T_BN:#x} is not a tensor descriptor of this session" in messages[3]
+    lib = session.libs.library("cudnn")
+    assert lib.c.rgpu_cudnn_count(lib.fast, 3) == 1
+    session.std.standin_take()
+    session.libs.close()
+    assert "dnn_tensor_destroy" in session.std.standin_take().decode()

@@ -48,7 +48,7 @@ struct rgpu_cudnn;
 int rgpu_cublaslt_record(struct rgpu_cublaslt *t, struct rgpu_cublas *cublas, uint64_t client, uint64_t stream,
                          const char *p, size_t len);
 int rgpu_cudnn_record(struct rgpu_cudnn *t, uint64_t client, uint64_t stream, const char *p, size_t len);
-int rgpu_cudnn_pack_record(struct rgpu_cudnn *t, uint32_t call, uint64_t client, const char *p, size_t len);
+int rgpu_cudnn_desc_record(struct rgpu_cudnn *t, uint32_t call, uint64_t client, const char *p, size_t len);
 
 typedef struct rgpu_cublas {
     void *fn[NFUNCS];
@@ -192,8 +192,10 @@ int rgpu_cublas_record(rgpu_cublas_t *t, uint32_t call, uint64_t client, uint64_
     if (call == RGPU_LIB_cudnnBackendExecute)
         return t && t->dnn ? rgpu_cudnn_record(t->dnn, client, stream, p, len) : NOT_HERE;
     if (call == RGPU_LIB_cudnnBackendCreateDescriptor || call == RGPU_LIB_cudnnBackendSetAttribute ||
-        call == RGPU_LIB_cudnnBackendFinalizeQueued || call == RGPU_LIB_cudnnBackendDestroyDescriptor)
-        return t && t->dnn ? rgpu_cudnn_pack_record(t->dnn, call, client, p, len) : NOT_HERE;  /* a variant pack's */
+        call == RGPU_LIB_cudnnBackendFinalizeQueued || call == RGPU_LIB_cudnnBackendDestroyDescriptor ||
+        call == RGPU_LIB_cudnnCreateTensorDescriptor || call == RGPU_LIB_cudnnSetTensorNdDescriptor ||
+        call == RGPU_LIB_cudnnDestroyTensorDescriptor || call == RGPU_LIB_cudnnDeriveBNTensorDescriptor)
+        return t && t->dnn ? rgpu_cudnn_desc_record(t->dnn, call, client, p, len) : NOT_HERE;  /* packs, tensors */
     size_t need;
     int slot = slot_of(call, &need);
     if (!t || slot < 0 || !rgpu_cublas_runs(t, call)) return NOT_HERE;

@@ -7,8 +7,8 @@ handle only when it changed. A Finalize (and a Get that fills the caller's descr
 the readable attributes of the descriptors it made readable (``READABLE``), so the client answers the
 frontend's later Gets itself. Every call runs on the session's thread with its context current.
 With cuBLAS's C table, a convolution's per-execution records run in C (``cudnn_records.c``, ``self.fast``): the
-variant packs live there (their create, sets, finalize and destroy, however they come: this file hands it the
-same calls), and executes of the plans found plain here (no by-value tensors: a plan's first execute here); told
+variant packs and the legacy tensor descriptors live there (their create, sets, finalize, derive and destroy,
+however they come: this file hands it the same calls), and executes of the plans found plain here (no by-value tensors: a plan's first execute here); told
 of each handle and plain plan as they come and go, it owns the handles' streams.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ from .cudnn_by_value import ByValue
 BAD_PARAM, NOT_INITIALIZED, VERSION_MISMATCH, NOT_SUPPORTED = 2000, 1001, 1002, 3000
 DOUBLE = 1                              # CUDNN_DATA_DOUBLE: its scalars are doubles, every other type's floats
 VARIANT_PACK = 16                       # CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR
-HANDLE, PACK, PLAN, ALLOC_FAILED = 0, 1, 2, 4001   # a client id's kind in the C table; CUDNN_STATUS_ALLOC_FAILED
+HANDLE, PACK, PLAN, TENSOR, ALLOC_FAILED = 0, 1, 2, 3, 4001   # a client id's kind in the C table; CUDNN_STATUS_ALLOC_FAILED
 NOT_HERE, PACK_TYPES = -2, (3, 6)       # the C table's "not one of mine"; the attribute types a pack takes there
 STATUS = {0: "CUDNN_STATUS_SUCCESS", 1001: "CUDNN_STATUS_NOT_INITIALIZED", 2000: "CUDNN_STATUS_BAD_PARAM",
           2002: "CUDNN_STATUS_BAD_PARAM_NULL_POINTER", 2004: "CUDNN_STATUS_BAD_PARAM_NOT_FINALIZED",
@@ -150,8 +150,8 @@ class Library:
         return bool(self.fast) and desc not in self.descs and bool(self.c.rgpu_cudnn_real(self.fast, PACK, desc))
 
     def _in_c(self, call: str, desc: int, payload: bytes = b"") -> int:
-        """A variant pack's call run by the C table, as the walker runs it (NOT_HERE: not one it runs)."""
-        return self.c.rgpu_cudnn_pack_record(self.fast, BY_NAME[call].id, desc, payload, len(payload))
+        """A variant pack's or legacy tensor's call run by the C table, as the walker runs it (NOT_HERE: not one it runs)."""
+        return self.c.rgpu_cudnn_desc_record(self.fast, BY_NAME[call].id, desc, payload, len(payload))
 
     def _pack_attrs(self, pack: int) -> dict:
         """A pack's attributes as set (name -> (type, count, bytes)): the C table's, or those kept here."""
@@ -168,14 +168,20 @@ class Library:
     def _tensor(self, name: str, t: int, optional: bool = False):
         if optional and t == 0:
             return None
-        d = self.tensors.get(t)
-        if d is None:
+        d = self.tensors.get(t) or (self.fast and [self.c.rgpu_cudnn_tensor(self.fast, t, None)])   # or C's
+        if not d or not d[0]:
             raise LibError(BAD_PARAM, f"{name}: {t:#x} is not a tensor descriptor of this session")
         return d[0]
 
+    def _dtype(self, t: int) -> int:
+        if not self.fast:
+            return self.tensors[t][1] if t in self.tensors else 0
+        dtype = ctypes.c_int32(0)
+        self.c.rgpu_cudnn_tensor(self.fast, t, byref(dtype))
+        return dtype.value
+
     def _scalar(self, name: str, x: int, value: float):
-        dtype = self.tensors[x][1] if x in self.tensors else 0
-        return byref(c_double(value) if dtype == DOUBLE else c_float(value))
+        return byref(c_double(value) if self._dtype(x) == DOUBLE else c_float(value))
 
     # ---- handles -------------------------------------------------------------------------------
     def cudnnCreate(self, handle, stream, tail, client_version):
@@ -224,6 +230,8 @@ class Library:
             self.fast = c.rgpu_cudnn_new(ctypes.cast(lib.cudnnBackendExecute, _P), ctypes.cast(lib.cudnnSetStream, _P))
             c.rgpu_cudnn_bind_packs(self.fast, *(ctypes.cast(getattr(lib, f"cudnnBackend{f}"), _P) for f in
                                                  ("CreateDescriptor", "SetAttribute", "Finalize", "DestroyDescriptor")))
+            c.rgpu_cudnn_bind_tensors(self.fast, *(ctypes.cast(getattr(lib, f"cudnn{f}"), _P) for f in (
+                "CreateTensorDescriptor", "SetTensorNdDescriptor", "DestroyTensorDescriptor", "DeriveBNTensorDescriptor")))
             c.rgpu_cublas_set_dnn(table, self.fast)
 
     def _fast(self, verb: str, kind: int, client: int, real=None) -> None:
@@ -390,8 +398,10 @@ class Library:
     # ---- legacy tensor descriptors and batch normalization -------------------------------------
     def cudnnCreateTensorDescriptor(self, handle, stream, tail):
         self._need_lib()
-        if handle in self.tensors:
+        if handle in self.tensors or (self.fast and self.c.rgpu_cudnn_tensor(self.fast, handle, None)):
             raise LibError(BAD_PARAM, f"tensor descriptor {handle:#x} exists already")
+        if self.fast:                               # the C table's, as when the walker runs it
+            return self._check("cudnnCreateTensorDescriptor", self._in_c("cudnnCreateTensorDescriptor", handle))
         real = _P()
         self._check("cudnnCreateTensorDescriptor", self.lib.cudnnCreateTensorDescriptor(byref(real)))
         self.tensors[handle] = [real, 0]
@@ -401,6 +411,9 @@ class Library:
         real = self._tensor("cudnnSetTensorNdDescriptor", handle)
         if not 0 < nbdims <= 8 or len(tail) != 8 * nbdims:
             raise LibError(BAD_PARAM, f"cudnnSetTensorNdDescriptor: {len(tail)} bytes for {nbdims} dims and strides")
+        if self.fast:
+            payload = struct.pack("<ii", dtype, nbdims) + bytes(tail)
+            return self._check("cudnnSetTensorNdDescriptor", self._in_c("cudnnSetTensorNdDescriptor", handle, payload))
         v = struct.unpack(f"<{2 * nbdims}i", tail)
         dims, strides = (c_int * nbdims)(*v[:nbdims]), (c_int * nbdims)(*v[nbdims:])
         self._check("cudnnSetTensorNdDescriptor", self.lib.cudnnSetTensorNdDescriptor(real, dtype, nbdims, dims, strides))
@@ -409,12 +422,19 @@ class Library:
 
     def cudnnDestroyTensorDescriptor(self, handle, stream, tail):
         real = self._tensor("cudnnDestroyTensorDescriptor", handle)
+        if self.fast:
+            status = self._in_c("cudnnDestroyTensorDescriptor", handle)
+            self._fast("remove", TENSOR, handle)      # gone either way, as below
+            return self._check("cudnnDestroyTensorDescriptor", status)
         del self.tensors[handle]
         return self._check("cudnnDestroyTensorDescriptor", self.lib.cudnnDestroyTensorDescriptor(real))
 
     def cudnnDeriveBNTensorDescriptor(self, handle, stream, tail, x, mode):
         n = "cudnnDeriveBNTensorDescriptor"
-        self._check(n, self.lib.cudnnDeriveBNTensorDescriptor(self._tensor(n, handle), self._tensor(n, x), mode))
+        derived, of = self._tensor(n, handle), self._tensor(n, x)
+        if self.fast:
+            return self._check(n, self._in_c(n, handle, struct.pack("<Qi", x, mode)))
+        self._check(n, self.lib.cudnnDeriveBNTensorDescriptor(derived, of, mode))
         dtype = self.tensors[x][1]
         self.tensors[handle][1] = 0 if dtype in (2, 9) else dtype       # half, bfloat16 -> float parameters
         return 0

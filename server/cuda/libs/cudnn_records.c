@@ -1,12 +1,14 @@
 /* cuDNN's per-execution records in C, run beside the launches and cuBLAS's GEMMs: a convolution's variant pack
  * (created, its workspace, unique ids and data pointers set, finalized, destroyed: one per execution, as
- * cudnn-frontend makes them) and the execute of a finalized plan whose tensors all live on the device.
+ * cudnn-frontend makes them), the execute of a finalized plan whose tensors all live on the device, and the
+ * legacy tensor descriptors torch makes around each batch norm (created, set, derived, destroyed).
  *
  * A session's table (rgpu_cudnn_t, made by cudnn_real.py) holds the client ids it may run with: the handles
  * (each with the stream last set on it: the table owns that, Python sets streams through it), the plans Python
  * found plain (no by-value tensors), each with its real object, and the variant packs, which it owns: it
  * creates and destroys their real objects and keeps each attribute set on them (Python reads those to rebuild
- * a pack around by-value bytes).  Python owns the handles' and plans' lives and tells this table of each
+ * a pack around by-value bytes), and the legacy tensor descriptors, which it owns too (each with its data type,
+ * which Python's batch-norm calls read for their scalars' width).  Python owns the handles' and plans' lives and tells this table of each
  * creation and destruction (and unmarks a plan it changes); a record naming anything else, carrying by-value
  * bytes or an attribute type a pack never takes, is left to Python (NOT_HERE), which explains it.
  * cublas_records.c hands it the cuDNN records it walks; cudnn_real.py hands it the same pack calls when they
@@ -30,8 +32,12 @@ typedef int (*set_stream_fn)(void *, void *);
 typedef int (*create_fn)(int, void **);
 typedef int (*set_fn)(void *, int, int, int64_t, const void *);
 typedef int (*one_fn)(void *);
+typedef int (*create_tensor_fn)(void **);
+typedef int (*set_nd_fn)(void *, int, int, const int *, const int *);
+typedef int (*derive_fn)(void *, void *, int);
 
-enum { HANDLE, PACK, PLAN, NKINDS };  /* what a client id names (rgpu_cudnn_add's kind) */
+enum { HANDLE, PACK, PLAN, TENSOR, NKINDS };  /* what a client id names (rgpu_cudnn_add's kind) */
+#define DIM_MAX 8                             /* a legacy tensor's dimensions at most (CUDNN_DIM_MAX) */
 
 typedef struct {
     int32_t name, type;
@@ -47,6 +53,7 @@ typedef struct {
 typedef struct {
     uint64_t client, real, stream;  /* stream: a handle's, as last set */
     attrs_t *attrs;                 /* a pack's, as set */
+    int32_t dtype;                  /* a tensor's cudnnDataType_t, as set or derived */
 } entry_t;
 
 typedef struct {
@@ -60,6 +67,10 @@ typedef struct rgpu_cudnn {
     create_fn create;
     set_fn set;
     one_fn finalize, destroy;
+    create_tensor_fn create_tensor;
+    set_nd_fn set_nd;
+    one_fn destroy_tensor;
+    derive_fn derive;
     list_t kind[NKINDS];
 } rgpu_cudnn_t;
 
@@ -76,6 +87,12 @@ void rgpu_cudnn_bind_packs(rgpu_cudnn_t *t, void *create, void *set, void *final
     t->destroy = (one_fn)destroy;
 }
 
+/* The legacy tensor descriptor calls, with which it runs their records (none bound: Python does). */
+void rgpu_cudnn_bind_tensors(rgpu_cudnn_t *t, void *create, void *set_nd, void *destroy, void *derive) {
+    t->create_tensor = (create_tensor_fn)create, t->set_nd = (set_nd_fn)set_nd, t->destroy_tensor = (one_fn)destroy,
+    t->derive = (derive_fn)derive;
+}
+
 static void free_attrs(entry_t *e) {
     if (!e->attrs) return;
     for (int i = 0; i < e->attrs->n; i++) free(e->attrs->a[i].v);
@@ -83,14 +100,16 @@ static void free_attrs(entry_t *e) {
     e->attrs = 0;
 }
 
-/* Everything freed, the packs it still owns destroyed (the session's end). */
+/* Everything freed, the packs and tensors it still owns destroyed (the session's end). */
 void rgpu_cudnn_free(rgpu_cudnn_t *t) {
     if (!t) return;
-    list_t *packs = &t->kind[PACK];
+    list_t *packs = &t->kind[PACK], *tensors = &t->kind[TENSOR];
     for (size_t i = 0; i < packs->n; i++) {
         if (t->destroy) t->destroy((void *)(uintptr_t)packs->e[i].real);
         free_attrs(&packs->e[i]);
     }
+    for (size_t i = 0; i < tensors->n; i++)
+        if (t->destroy_tensor) t->destroy_tensor((void *)(uintptr_t)tensors->e[i].real);
     for (int k = 0; k < NKINDS; k++) free(t->kind[k].e);
     free(t);
 }
@@ -108,11 +127,11 @@ static entry_t *append(list_t *l, uint64_t client, uint64_t real) {
         if (!p) return 0;
         l->e = p, l->cap = cap;
     }
-    l->e[l->n] = (entry_t){client, real, 0, 0};
+    l->e[l->n] = (entry_t){client, real, 0, 0, 0};
     return &l->e[l->n++];
 }
 
-/* A client id of `kind` (HANDLE or PLAN: packs are made here) over its real object (a handle's stream: the
+/* A client id of `kind` (HANDLE or PLAN: packs and tensors are made here) over its real object (a handle's stream: the
  * default).  0, or -1: a bad kind, or no memory.  One known already keeps its stream and takes the real object
  * given. */
 int rgpu_cudnn_add(rgpu_cudnn_t *t, int kind, uint64_t client, uint64_t real) {
@@ -125,7 +144,7 @@ int rgpu_cudnn_add(rgpu_cudnn_t *t, int kind, uint64_t client, uint64_t real) {
     return append(&t->kind[kind], client, real) ? 0 : -1;
 }
 
-/* A client id of `kind` forgotten (destroyed, or a plan changed; a pack's real object is not destroyed here);
+/* A client id of `kind` forgotten (destroyed, or a plan changed; a pack's or tensor's real object is not destroyed);
  * nothing when it was not known. */
 void rgpu_cudnn_remove(rgpu_cudnn_t *t, int kind, uint64_t client) {
     if (kind < 0 || kind >= NKINDS) return;
@@ -141,6 +160,13 @@ size_t rgpu_cudnn_count(rgpu_cudnn_t *t, int kind) { return kind >= 0 && kind < 
 /* The real object of a client id of `kind`; 0 when unknown. */
 uint64_t rgpu_cudnn_real(rgpu_cudnn_t *t, int kind, uint64_t client) {
     entry_t *e = kind >= 0 && kind < NKINDS ? find(&t->kind[kind], client) : 0;
+    return e ? e->real : 0;
+}
+
+/* A tensor's real descriptor (0: unknown) and, in *dtype, its data type. */
+uint64_t rgpu_cudnn_tensor(rgpu_cudnn_t *t, uint64_t client, int32_t *dtype) {
+    entry_t *e = find(&t->kind[TENSOR], client);
+    if (e && dtype) *dtype = e->dtype;
     return e ? e->real : 0;
 }
 
@@ -184,12 +210,57 @@ static int pack_set(rgpu_cudnn_t *t, entry_t *e, const char *p, size_t len) {
     return t->set((void *)(uintptr_t)e->real, s.name, s.type, s.count, a->v);
 }
 
+static int tensor_record(rgpu_cudnn_t *t, uint32_t call, uint64_t client, const char *p, size_t len) {
+    list_t *tensors = &t->kind[TENSOR];
+    entry_t *e = find(tensors, client);
+    if (call == RGPU_LIB_cudnnCreateTensorDescriptor) {
+        if (e) return NOT_HERE;
+        if (!(e = append(tensors, client, 0))) return ALLOC_FAILED;
+        void *real = 0;
+        int rc = t->create_tensor(&real);
+        if (rc) tensors->n--;
+        else e->real = (uint64_t)(uintptr_t)real;
+        return rc;
+    }
+    if (!e) return NOT_HERE;
+    void *real = (void *)(uintptr_t)e->real;
+    if (call == RGPU_LIB_cudnnDestroyTensorDescriptor) {
+        int rc = t->destroy_tensor(real);
+        if (!rc) rgpu_cudnn_remove(t, TENSOR, client);
+        return rc;
+    }
+    if (call == RGPU_LIB_cudnnSetTensorNdDescriptor) {
+        rgpu_lib_cudnnSetTensorNdDescriptor_t s;
+        int32_t v[2 * DIM_MAX];
+        if (len < sizeof s) return MALFORMED;
+        memcpy(&s, p, sizeof s);
+        if (s.nbdims < 1 || s.nbdims > DIM_MAX || len - sizeof s != (size_t)s.nbdims * 8) return NOT_HERE;
+        memcpy(v, p + sizeof s, (size_t)s.nbdims * 8);      /* dims, then strides */
+        int rc = t->set_nd(real, s.dtype, s.nbdims, v, v + s.nbdims);
+        if (!rc) e->dtype = s.dtype;
+        return rc;
+    }
+    rgpu_lib_cudnnDeriveBNTensorDescriptor_t d;             /* cudnnDeriveBNTensorDescriptor: e is the derived */
+    if (len < sizeof d) return MALFORMED;
+    memcpy(&d, p, sizeof d);
+    entry_t *x = find(tensors, d.x);
+    if (!x) return NOT_HERE;
+    int rc = t->derive(real, (void *)(uintptr_t)x->real, d.mode);
+    if (!rc) e->dtype = x->dtype == 2 || x->dtype == 9 ? 0 : x->dtype;    /* half, bfloat16: float parameters */
+    return rc;
+}
+
 /* Run one record of a variant pack's life (cudnnBackendCreateDescriptor of a pack, SetAttribute,
- * FinalizeQueued, DestroyDescriptor of one this table holds): the library's cudnnStatus_t (0: done), NOT_HERE
- * (another call or descriptor, a pack's id made twice, an attribute type a pack never takes: Python's) or
- * MALFORMED.  A failed destroy keeps the pack (Python's retry says why). */
-int rgpu_cudnn_pack_record(rgpu_cudnn_t *t, uint32_t call, uint64_t client, const char *p, size_t len) {
-    if (!t || !t->create) return NOT_HERE;
+ * FinalizeQueued, DestroyDescriptor of one this table holds) or of a legacy tensor descriptor's (create, set,
+ * derive, destroy): the library's cudnnStatus_t (0: done), NOT_HERE (another call or descriptor, an id made
+ * twice, an attribute type a pack never takes, dimensions out of range: Python's) or MALFORMED.  A failed
+ * destroy keeps the descriptor (Python's retry says why). */
+int rgpu_cudnn_desc_record(rgpu_cudnn_t *t, uint32_t call, uint64_t client, const char *p, size_t len) {
+    if (!t) return NOT_HERE;
+    if (call == RGPU_LIB_cudnnCreateTensorDescriptor || call == RGPU_LIB_cudnnSetTensorNdDescriptor ||
+        call == RGPU_LIB_cudnnDestroyTensorDescriptor || call == RGPU_LIB_cudnnDeriveBNTensorDescriptor)
+        return t->create_tensor ? tensor_record(t, call, client, p, len) : NOT_HERE;
+    if (!t->create) return NOT_HERE;
     list_t *packs = &t->kind[PACK];
     entry_t *e = find(packs, client);
     if (call == RGPU_LIB_cudnnBackendCreateDescriptor) {
