@@ -11,7 +11,8 @@ cuBLASLt matmuls, the cuDNN variant packs and executes after each state's or pla
 beside ``Libraries.run`` called per record (the Python path a queued record took before the C walker ran
 them). ``metric`` is ``time`` in microseconds per record; the ``cudnn convolution`` row's per convolution:
 its seven records as cudnn-frontend queues them (a variant pack made, three sets, finalized, the execute,
-the pack destroyed).
+the pack destroyed); the ``cudnn batch norm descriptors`` row's per batch norm: the nine legacy tensor-descriptor
+records torch queues around it.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ SOURCE = Path(__file__).resolve().parent / "cuda_lib_standin.c"
 SONAMES = ("libcublas.so.13", "libcublasLt.so.13", "libcudnn.so.9")
 HANDLE, LT_HANDLE, DNN_HANDLE, PLAN, PACK = 0x52475055_00000001, 0x52475055_00000002, 0x5247_0003, 0x5247_0004, 0x5247_0005
 CONV_PACK = 0x5247_0006                 # the convolution row's variant pack: made and destroyed per convolution
+BN_TENSORS = (0x5247_0007, 0x5247_0008, 0x5247_0009)    # the batch norm row's x, parameters and y descriptors
 
 
 def standin_dir() -> str:
@@ -86,6 +88,20 @@ def conv_records(handle: int, stream: int, plan: int, pack: int, ptrs=(0xA000, 0
     return b"".join(out)
 
 
+def bn_descriptor_records(x: int, bn: int, y: int, dims=(16, 32, 32, 32), ctx: int = 0) -> bytes:
+    """The legacy tensor descriptors torch queues around one batch norm: x and y made and set, the parameters'
+    derived from x, the three destroyed (the batch norm's own call between them is Python's)."""
+    strides = [1] * len(dims)
+    for i in range(len(dims) - 2, -1, -1):
+        strides[i] = strides[i + 1] * dims[i + 1]
+    nd = struct.pack(f"<ii{2 * len(dims)}i", 0, len(dims), *dims, *strides)
+    made = [record("cudnnCreateTensorDescriptor", t, 0, b"", ctx) for t in (x, bn, y)]
+    return b"".join([made[0], record("cudnnSetTensorNdDescriptor", x, 0, nd, ctx), made[1],
+                     record("cudnnDeriveBNTensorDescriptor", bn, 0, struct.pack("<Qi", x, 2), ctx), made[2],
+                     record("cudnnSetTensorNdDescriptor", y, 0, nd, ctx),
+                     *(record("cudnnDestroyTensorDescriptor", t, 0, b"", ctx) for t in (x, bn, y))])
+
+
 pack_of = pack                          # (conv_records' argument "pack" is a descriptor id)
 SCALAR = struct.pack("<f", 1.0).ljust(16, b"\0")
 GEMM = dict(transa=0, transb=1, m=128, n=128, k=128, lda=128, ldb=128, ldc=128, A=0xA000, B=0xB000, C=0xC000,
@@ -119,6 +135,7 @@ def cases() -> dict[str, tuple[str, int, int, bytes]]:
         "cudnnBackendExecute": ("cudnnBackendExecute", DNN_HANDLE, 0x5000,
                                 pack("cudnnBackendExecute", plan=PLAN, pack=PACK)),
         "cudnn convolution": (None, DNN_HANDLE, 0x5000, conv_records(DNN_HANDLE, 0x5000, PLAN, CONV_PACK)),
+        "cudnn batch norm descriptors": (None, 0, 0, bn_descriptor_records(*BN_TENSORS)),
     }
 
 
