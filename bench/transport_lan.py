@@ -2,6 +2,7 @@
 
     rgpu bench transport --netns [--rate 10gbit] [--transport tcp,ucx] [--json]        (root)
     python -m rgpu.bench.transport_lan [--rate 10gbit] [--json] [--quick] [--repeats N] [--sizes 1M,64M]
+    RGPU_TCP_STREAMS=4 rgpu bench transport --netns --rate 25gbit    (both ends on 4 tcp streams; rows say tcp_streams)
 
 The server side (``rgpu serve`` and bench/transport.py's raw-socket server) runs in
 namespace b, the measuring client in namespace a (``ip netns exec``), joined by a
@@ -38,7 +39,10 @@ def client(address: str, raw: str, transports: list[str], sizes: list[int], repe
         rgpu, base = tb.RgpuEcho(t, address, TOKEN), tb.RawSocket(host, int(port))
         try:
             pairs = {"bandwidth": (rgpu, base), "download": (rgpu, base), "rtt": (rgpu, base)}
-            out += tb.transport_rows(t, pairs, sizes, repeats, tb.RUN_SECONDS / (3 if quick else 1))
+            inner = getattr(rgpu.conn.transport, "_inner", rgpu.conn.transport)   # (a resumable session's tcp end)
+            streams = getattr(inner, "stream_count", 1)                          # RGPU_TCP_STREAMS, as it came out
+            out += [{**r, "tcp_streams": streams} if t == "tcp" else r
+                    for r in tb.transport_rows(t, pairs, sizes, repeats, tb.RUN_SECONDS / (3 if quick else 1))]
         finally:
             rgpu.close()
             base.close()
@@ -68,7 +72,7 @@ def rows(args=None) -> list[dict]:
     rate = getattr(args, "rate", None)
     wanted = [t for t in (getattr(args, "transport", None) or "tcp,ucx").split(",") if t in ("tcp", "ucx")]
     transports = [t for t in wanted if negotiate.unavailable(t) is None] or ["tcp"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RGPU_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RGPU_") or k == "RGPU_TCP_STREAMS"}   # (both ends)
     env.update(RGPU_TOKEN=TOKEN, RGPU_TOKEN_FILE="/nonexistent/rgpu-bench-lan-token")
     env.setdefault("UCX_TLS", "^shm,cma")
     procs = []

@@ -9,6 +9,7 @@
 # rgpu tcp) with a plot each, copy.json (numba prange copy beside numpy.copyto, 4-256 MiB: whether fastcopy's
 # parallel copy wins here), streams.json (rgpu bench streams: 256 MiB and 1 GiB up and down over tcp on one stream
 # and on 4 (RGPU_TCP_STREAMS) beside one raw socket, and TLS over 4 beside plain tcp on 4; STREAMS=8 for 8),
+# lan_{10,25}gbit_x{1,4}.json (the namespace LAN at 10 and 25 Gbit/s on 1 and 4 tcp streams, where root),
 # host.json, summary.txt, one log and one .rc per step. No UCXX there: no ucx rows.
 # A failed step is recorded and the next one still runs.
 set -u
@@ -18,7 +19,7 @@ mkdir -p "$OUT"
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1
 PY=$(command -v python3 || command -v python)   # the GPU host has python3, maybe no `python`
 T0=$(date +%s)
-BUDGET=${BUDGET:-450}   # seconds for the whole script: no step runs past it
+BUDGET=${BUDGET:-460}   # seconds for the whole script: no step runs past it
 step() {  # step NAME TIMEOUT_S COMMAND...: output to $OUT/NAME.log, status to $OUT/NAME.rc
   local name=$1 limit=$2; shift 2
   local left=$(( BUDGET - ($(date +%s) - T0) ))
@@ -70,15 +71,30 @@ else
   echo "pytest or hypothesis missing: shm tests not run here" >"$OUT/tests.log"; echo skipped >"$OUT/tests.rc"
 fi
 
+# the namespace LAN (root, `ip`): tcp on 1 and on 4 streams at 10 and 25 Gbit/s beside a raw socket there,
+# with what is left of the budget (rows carry tcp_streams)
+if "$PY" -c "from rgpu.bench import netns; import sys; sys.exit(1 if netns.unavailable() else 0)" 2>/dev/null; then
+  for rate in 10gbit 25gbit; do
+    for n in 1 4; do
+      step "lan_${rate}_x$n" 45 env RGPU_TCP_STREAMS=$n bash -c "'$PY' -m rgpu bench transport --netns --rate $rate \
+        --transport tcp --sizes 256M --repeats 3 --json >'$OUT/lan_${rate}_x$n.json'"
+    done
+  done
+else
+  echo "no network namespaces here (root and ip needed): no LAN rows" >"$OUT/lan.log"
+fi
+
 "$PY" - "$OUT" <<'EOF' >"$OUT/summary.txt" 2>&1
 import json, sys
 out = sys.argv[1]
-for name in ("transport_tcp", "transport_shm", "streams", "copy"):
+lans = [f"lan_{r}_x{n}" for r in ("10gbit", "25gbit") for n in (1, 4)]
+for name in ("transport_tcp", "transport_shm", "streams", "copy", *lans):
     try:
         rows = json.load(open(f"{out}/{name}.json"))
     except (OSError, ValueError) as exc:
         print(f"{name}: no rows ({exc})")
         continue
+    print(f"== {name}")
     for r in rows:
         size = r.get("size")
         print(f"{r['transport']:12} {r['metric']:10} {r.get('direction') or '':8} {size!s:>10} "

@@ -229,7 +229,7 @@ class StripedTcp(TcpTransport):
         try:
             fn(*args)
         except BaseException:
-            self.abort()
+            self._shut()
             raise
 
     def _wait(self, jobs: list, sending: bool) -> None:
@@ -255,12 +255,14 @@ class StripedTcp(TcpTransport):
         """A stripe failed or the main socket did: shut every socket (a lane blocked in a read or write
         wakes), then wait for the lanes, so no thread still touches the caller's memory. Returns what a
         lane met (a bad stripe first): the cause, where the main socket's error is only our shutting it."""
-        self.abort()
+        self._shut()
         for job in jobs:
             job.done.wait(5.0)
         errors = [job.error for job in jobs if job.error is not None]
         errors.sort(key=lambda e: not isinstance(e, ProtocolError))
-        return self._translated(errors[0]) if errors else None
+        cause = self._translated(errors[0]) if errors else None
+        self.close()       # (only now: an fd closed under a lane still in its call could be reused meanwhile)
+        return cause
 
     def close(self) -> None:
         if self._closed:
@@ -275,10 +277,14 @@ class StripedTcp(TcpTransport):
             lane.stop()
         super().close()
 
-    def abort(self) -> None:
-        for s in self.streams:
+    def _shut(self) -> None:
+        """Every socket shut both ways: whoever is blocked on one wakes to an error, and so does the peer."""
+        for s in [self.sock, *self.streams]:
             try:
                 s.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-        super().abort()
+
+    def abort(self) -> None:
+        self._shut()
+        self.close()
