@@ -236,3 +236,23 @@ def test_a_send_whose_stream_the_peer_dropped_fails_with_connection_lost():
     sending["thread"].join(5)
     assert not sending["thread"].is_alive() and isinstance(sending.get("error"), RgpuError), sending
     a.close()
+
+
+def test_a_session_on_four_streams_whose_main_connection_is_cut_mid_frame_resumes_on_one(start_server):
+    from session_proxy import Cut, CuttingProxy
+
+    server = start_server(env={"RGPU_TCP_STREAMS": "4", "RGPU_SESSION_GRACE": "30"})
+    proxy = CuttingProxy((server.host, server.port), {0: Cut("up", offset=STRIPE_BYTES // 4)})   # inside range 0
+    try:
+        from rgpu.transport.client import connect
+        conn = connect("echo", settings=server.settings(tcp_streams=4).with_(server=proxy.address))
+        assert _streams_of(conn) == 4
+        src = _random(4 * STRIPE_BYTES + 11, 3)
+        reply = conn.call({"op": "echo"}, [src])          # cut mid-frame, resumed, replayed
+        assert bytes(reply.buffers[0]) == src.tobytes()
+        reply.release()
+        assert conn.transport.resumes == 1 and proxy.cuts_done and _streams_of(conn) == 1
+        _echo_both_ways(conn)                              # and on one stream from there
+        conn.close()
+    finally:
+        proxy.close()
