@@ -44,6 +44,14 @@ def _reduce_name(op) -> str:
     raise NotImplementedError(f"rgpu process group: reduce op {said} is not supported (SUM, AVG, MAX, MIN, PRODUCT)")
 
 
+def _address(server) -> str:
+    """``host:port`` of a rank's server, as its client reached it (a local server: its loopback address)."""
+    if ":" in server.where:  # one of several servers: the address RGPU_SERVER gave
+        return server.where
+    addr = server.conn.settings.server_address()
+    return f"{addr[0]}:{addr[1]}" if addr else "the local server"
+
+
 def _done(value) -> dist.Work:
     """A Work already complete: the server's stream orders the collective before anything posted later."""
     fut = Future()
@@ -62,32 +70,33 @@ class ProcessGroupRgpu(dist.ProcessGroup):
         self._cpu = None
         s = self._s = _session.get()
         self._device = s.C.current_device()
+        self._server = s.server(self._device)  # with several servers (RGPU_SERVER=a,b), the device's own
         self._gid = next(_ids)
-        self._join(s, seconds)
+        self._join(seconds)
 
-    def _join(self, s, seconds: float) -> None:
-        here = s.conn.settings.server_address()
-        mine = f"{here[0]}:{here[1]}" if here else "the local server"
+    def _join(self, seconds: float) -> None:
+        server = self._server
+        mine = _address(server)
         self._store.set(f"rgpu/servers/{self._rank}", mine)
         if self._rank == 0:
-            host, port = s.request([Msg.GROUP_STORE])
+            host, port = server.request([Msg.GROUP_STORE])
             if host in ("", "0.0.0.0", "::"):  # a server bound to every address: reach it as this client does
-                host = here[0] if here else "127.0.0.1"
+                host = mine.rpartition(":")[0].strip("[]") or "127.0.0.1"
             self._store.set(_RENDEZVOUS, f"{host}:{port}")
         host, _, port = self._store.get(_RENDEZVOUS).decode().rpartition(":")
         self.servers = [self._store.get(f"rgpu/servers/{r}").decode() for r in range(self._size)]
-        s.request([Msg.GROUP_JOIN, self._gid, host, int(port), self._rank, self._size, None, self._device,
-                   seconds, self.servers])
+        server.request([Msg.GROUP_JOIN, self._gid, host, int(port), self._rank, self._size, None, self._device,
+                        seconds, self.servers])
 
     def _post(self, name: str, ins: list, outs: list = (), op=None, root: int = 0) -> None:
-        s = self._s
+        s, server = self._s, self._server
         for t in (*ins, *outs):
             if t.device.type != s.devtype or t.device.index != self._device:
                 raise ValueError(f"rgpu process group: {name} of a tensor on {t.device}; this rank's group "
                                  f"runs on {s.devtype}:{self._device}")
-        with s.lock:  # the allocator's events first, in the same message, as an op's
-            s.post([Msg.COLLECTIVE, s.C.drain_events(), self._gid, name, op, root,
-                    [s.C.describe(t) for t in ins], [s.C.describe(t) for t in outs]])
+        with s.lock:  # the allocator's events due at this server first, in the same message, as an op's
+            server.conn.post([Msg.COLLECTIVE, server.events(), self._gid, name, op, root,
+                              [s.C.describe(t) for t in ins], [s.C.describe(t) for t in outs]])
 
     def _on_cpu(self, tensors) -> bool:
         return all(t.device.type == "cpu" for t in tensors)
@@ -159,7 +168,7 @@ class ProcessGroupRgpu(dist.ProcessGroup):
     def barrier(self, opts=BarrierOptions()):
         """Every rank's server has reached it before this returns (one round trip, as NCCL's barrier blocks)."""
         self._post("barrier", [])
-        self._s.request([Msg.SYNC])
+        self._server.request([Msg.SYNC])
         return _done([])
 
     def _refuse(name: str):
@@ -181,9 +190,9 @@ class ProcessGroupRgpu(dist.ProcessGroup):
         return "rgpu"
 
     def shutdown(self) -> None:
-        s = _session.current()
-        if s is self._s:
-            s.post([Msg.GROUP_LEAVE, self._gid])
+        if _session.current() is self._s:
+            with self._s.lock:
+                self._server.conn.post([Msg.GROUP_LEAVE, self._gid])
 
     def __repr__(self) -> str:
         return f"ProcessGroupRgpu(rank={self._rank}, size={self._size}, device=rgpu:{self._device})"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import time
 
 import torch
 import torch.distributed as dist
@@ -25,15 +26,16 @@ from rgpu.server.route import OpFailed
 # wire name -> torch's reduce op; AVG is summed and divided here (gloo has no AVG of its own)
 REDUCE = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
           "min": dist.ReduceOp.MIN, "product": dist.ReduceOp.PRODUCT}
-PROBE_SECONDS = 1.0  # how long a failed collective waits for each peer server to answer a connect
+PROBE_SECONDS = 1.5  # how long a failed collective looks for a peer server that no longer takes connections
 
 
 class Group:
     """One joined group: the torch backend object, this session's rank in it, every rank's server (for errors)."""
 
-    def __init__(self, pg, rank: int, size: int, backend: str, servers: list[str], device: torch.device):
+    def __init__(self, pg, rank: int, size: int, backend: str, servers: list[str], device: torch.device,
+                 store: tuple[str, int]):
         self.pg, self.rank, self.size, self.backend = pg, rank, size, backend
-        self.servers, self.device = servers, device
+        self.servers, self.device, self.store = servers, device, store
         self.broken: str | None = None  # the first failure: every later collective on the group fails with it
 
 
@@ -58,6 +60,10 @@ class Collectives:
         backend = backend or ("nccl" if self.kind == "cuda" else "gloo")
         device = self.table.device(dev)
         wait = datetime.timedelta(seconds=timeout)
+        if any(g.store == (host, port) for g in self.groups.values()):
+            # this worker runs one message at a time: a second rank here would wait behind the first forever
+            raise OpFailed("init_process_group", f"two ranks of one group in one session (rgpu:{dev} and another "
+                                                 f"device of this server): give each rank its own process")
         try:
             store = dist.PrefixStore("rgpu", dist.TCPStore(host, port, is_master=False, timeout=wait))
             pg = self._backend(backend, store, rank, size, wait, device)
@@ -66,7 +72,7 @@ class Collectives:
         except Exception as exc:
             raise OpFailed("init_process_group", f"rank {rank} of {size} could not join the servers' {backend} "
                                                  f"group through {host}:{port}: {_reason(exc)}") from None
-        self.groups[gid] = Group(pg, rank, size, backend, list(servers), device)
+        self.groups[gid] = Group(pg, rank, size, backend, list(servers), device, (host, port))
         return None, []
 
     def _backend(self, backend: str, store, rank: int, size: int, wait, device: torch.device):
@@ -79,7 +85,9 @@ class Collectives:
         if backend == "nccl":
             if self.kind != "cuda":
                 raise OpFailed("init_process_group", "backend nccl needs a GPU server (this one runs on the CPU)")
-            os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off, as the hosts require
+            for var in ("NCCL_NVLS_ENABLE", "NVSHMEM_DISABLE_NVLS"):  # NVLink multicast off, as the hosts require
+                os.environ.setdefault(var, "0" if var == "NCCL_NVLS_ENABLE" else "1")
+            os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
             torch.cuda.set_device(device)
             opts = dist.ProcessGroupNCCL.Options()
             opts._timeout = wait
@@ -177,8 +185,13 @@ class Collectives:
 
     def _why(self, group: Group, name: str, exc: Exception) -> str:
         """The failure in words, naming each peer rank whose server no longer takes a connection."""
-        gone = [f"rank {r}'s server {addr}" for r, addr in enumerate(group.servers)
-                if r != group.rank and not _answers(addr)]
+        peers = {r: addr for r, addr in enumerate(group.servers) if r != group.rank}
+        gone: list[str] = []
+        deadline = time.monotonic() + PROBE_SECONDS
+        while not gone and time.monotonic() < deadline:  # a killed host's listener may outlive its worker a moment
+            gone = [f"rank {r}'s server {addr}" for r, addr in peers.items() if not _answers(addr)]
+            if not gone:
+                time.sleep(0.1)
         who = (f"{', '.join(gone)} {'does' if len(gone) == 1 else 'do'} not answer" if gone
                else "every peer server still answers")
         return (f"{name} on the servers' {group.backend} group (rank {group.rank} of {group.size}) failed: "
@@ -208,7 +221,7 @@ def _answers(addr: str) -> bool:
     if not host or not port.isdigit():
         return True
     try:
-        socket.create_connection((host, int(port)), timeout=PROBE_SECONDS).close()
+        socket.create_connection((host, int(port)), timeout=0.5).close()
         return True
     except OSError:
         return False
