@@ -9,7 +9,7 @@ from pathlib import Path
 from rgpu.protocol import HEADER, HEADER_LIBS, cuda, header, ops, wire
 
 ROOT = Path(__file__).resolve().parent.parent
-INCLUDERS = ("device_backend/rgpu_device.h", "server/ops/fast_op.cpp", "server/ops/fast_table.h",
+INCLUDERS = ("device_backend/rgpu_device.h", "server/ops/fast_op.cpp", "server/ops/handle_table.h",
              "transport/shm_fast.c", "cuda_intercept/shim.c", "server/cuda/launch_records.c")
 
 

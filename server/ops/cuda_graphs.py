@@ -112,10 +112,10 @@ class Captured:
         self.stable = stable    # [(position, address, layout)]: captured in place
         self.varying = varying  # [(position, static buffer, layout)]: copied in at each replay
         self.values = values    # [(position, entry)]: must equal the captured value
-        # [(position, its descriptor, its table entry, the tensor, its storage's address)] of the stable
+        # [(position, its descriptor, the address its id named (table.address), the tensor, its storage's address)] of the stable
         # inputs, as captured: a call naming the same memory and layout passes that very tensor
         # (Replayer.inputs_from)
-        self.known: list[tuple[int, list, object, torch.Tensor, int]] = []
+        self.known: list[tuple[int, list, int | None, torch.Tensor, int]] = []
         self.unknown: list[int] = []   # the other positions: decoded at every call
 
     def misfit(self, inputs: list, stable_known: bool = False) -> tuple[str, set] | None:
@@ -167,14 +167,13 @@ class Replayer:
         if c is None or not c.known or len(wire) != c.n:
             return [decode(x) for x in wire], False
         inputs = [None] * c.n
-        entries, known = self.table.entries, True
-        for i, desc, entry, tensor, ptr in c.known:
+        address, known = self.table.address, True
+        for i, desc, at, tensor, ptr in c.known:
             x = wire[i]
-            if x == desc and entries.get(desc[0]) is entry:
+            if x == desc and address(desc[0]) == at:
                 inputs[i] = tensor
                 continue
-            e = entries.get(x[0]) if type(x) is list and len(x) == 7 else None
-            if e is not None and e.ptr == ptr and e.poison is None and x[1:] == desc[1:]:
+            if type(x) is list and len(x) == 7 and address(x[0]) == ptr and x[1:] == desc[1:]:
                 inputs[i] = tensor
             else:
                 inputs[i], known = decode(x), False
@@ -257,8 +256,8 @@ class Replayer:
         owned -= in_place | {0}  # a stable input written by the graph is the client's own business
         self.captured = c = Captured(graph, len(inputs), stable, varying, values, outputs, owned)
         if wire is not None and len(wire) == len(inputs):
-            table_entries = self.table.entries
-            c.known = [(i, wire[i], table_entries.get(wire[i][0]), inputs[i], inputs[i].untyped_storage().data_ptr())
+            address = self.table.address
+            c.known = [(i, wire[i], address(wire[i][0]), inputs[i], inputs[i].untyped_storage().data_ptr())
                        for i, _, _ in stable if type(wire[i]) is list]
             named = {k[0] for k in c.known}
             c.unknown = [i for i in range(len(inputs)) if i not in named]

@@ -18,7 +18,7 @@ from rgpu.server.ops.graphs import Graphs
 from rgpu.server.ops.peer import Peers, PeerError, as_bytes
 from rgpu.server.ops.staging import RING_BYTES
 from rgpu.server.ops.uploads import Uploads
-from rgpu.server.ops.handles import DTYPE_BY_CODE, MAX_VIEWS, Entry, HandleTable, Poisoned, dtype_of
+from rgpu.server.ops.handles import DTYPE_BY_CODE, Poisoned, dtype_of, table as handle_table
 from rgpu.protocol.ops import Msg
 from rgpu.server.ops.as_on_cuda import CPU_ADAPT, CPU_RESULTS
 from rgpu.server.ops.resolve import OpRefused, Resolved, resolve
@@ -73,7 +73,11 @@ class Executor(BaseExecutor):
         # an op only to the server of its device, so those indices never come)
         self.offset = _offset(session.options)
         devices = [devices[0]] * self.offset + devices
-        self.table = HandleTable(devices, session.settings.max_session_bytes)
+        # A session with a device memory quota runs ops in Python: the C++ op path allocates an op's fresh
+        # outputs before the table counts them, past the quota's check (RGPU_MAX_SESSION_BYTES)
+        use_c = session.settings.server_c and session.settings.max_session_bytes is None
+        fast = fast_op.for_session(use_c)
+        self.table = handle_table(devices, session.settings.max_session_bytes, fast)  # C++ beside the C++ op path
         self.ops: dict[int, object] = {}
         # TF32 off unless asked for, so results match a CPU reference
         torch.backends.cuda.matmul.allow_tf32 = session.settings.tf32
@@ -102,15 +106,9 @@ class Executor(BaseExecutor):
         self.peers = (Peers(session.settings.host, session.settings.peer_timeout)
                       if session.options.get("peer") is True else None)
         self.profiler = None
-        # A session with a device memory quota runs ops in Python: the C++ op path allocates an op's fresh
-        # outputs before the table counts them, past the quota's check (RGPU_MAX_SESSION_BYTES)
-        use_c = session.settings.server_c and session.settings.max_session_bytes is None
-        fast = fast_op.for_session(use_c)
         # the common op in C++; what it does not take, and whatever is unusual after an op, is done here
-        self.fast = fast.FastOps(self.table, Entry, MAX_VIEWS, DTYPE_BY_CODE, self.kind == "cuda",
-                                 self._check_written, self._bind) if fast is not None else None
-        if self.fast is not None:
-            self.table.free_all = self.fast.free_events   # every message's frees (ops, graph runs, uploads)
+        self.fast = fast.FastOps(self.table, self.kind == "cuda", self._check_written,
+                                 self._bind) if fast is not None else None
         self.op_path = fast_op.describe(fast, use_c)
         # said apart from the words: `rgpu doctor` tells its user to install a compiler when this is true
         self.op_path_failed = fast is None and use_c and fast_op.why_not() is not None

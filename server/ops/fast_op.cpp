@@ -4,7 +4,8 @@
 // was the executor's Python around the aten call (decoding the wire's values, the view cache, the
 // op's own argument parsing, binding the outputs). Here the wire's values (already unpacked by
 // msgpack) become a boxed stack by the op's schema, views and fresh outputs come straight out of the
-// Python handle table (fast_table.h), and the op runs through the dispatcher. GPU host, an eager
+// session's handle table (handle_table.h, a C++ object the Python side uses too), and the op runs through
+// the dispatcher. GPU host, an eager
 // nanoGPT step's messages replayed (tools/diag/diag_replay.py): docs/perf/fast_path-history.md, run9.
 //
 // The Python executor stays the reference and the rest: run() answers false, having changed
@@ -24,7 +25,7 @@
 #include "rgpu_protocol.h"  // rgpu/protocol: message kinds, events, value tags (generated)
 #include "fast_schema.h"
 #include "fast_substitutes.h"
-#include "fast_table.h"
+#include "handle_table.h"
 #include "fast_upload.h"
 
 #include <chrono>
@@ -38,14 +39,18 @@ namespace {
 
 using namespace rgpu_server;
 
+// A wire value {"tag": x} with one key: x, else nullptr.
+inline PyObject* tagged(PyObject* v, PyObject* tag) {
+  if (!PyDict_CheckExact(v) || PyDict_GET_SIZE(v) != 1) return nullptr;
+  return PyDict_GetItem(v, tag);
+}
+
 class FastOps {
  public:
-  // table, entry_type, max_views, dtypes: what fast_table.h's Table reads (one table for both paths);
-  // written(name, kwarg_only, tensor, wire) and bind(results, outs, input_ptrs): the executor's own
-  // Python for what is unusual after an op ran.
-  FastOps(py::object table, py::object entry_type, int64_t max_views, py::sequence dtypes, bool on_cuda,
-          py::object written, py::object bind)
-      : table_(table, entry_type, max_views, dtypes), on_written_(written), on_bind_(bind), on_cuda_(on_cuda) {
+  // table: the session's handle table (one for both paths); written(name, kwarg_only, tensor, wire) and
+  // bind(results, outs, input_ptrs): the executor's own Python for what is unusual after an op ran.
+  FastOps(std::shared_ptr<HandleTable> table, bool on_cuda, py::object written, py::object bind)
+      : table_(std::move(table)), on_written_(written), on_bind_(bind), on_cuda_(on_cuda) {
     for (const char* k : {RGPU_TAG_TENSOR, RGPU_TAG_DTYPE, RGPU_TAG_DEVICE, RGPU_TAG_LAYOUT, RGPU_TAG_MEMORY_FORMAT})
       tags_.push_back(steal(PyUnicode_InternFromString(k)));
   }
@@ -91,7 +96,7 @@ class FastOps {
         ops_.find(index) == ops_.end())
       return 0;
     PyObject* events = PyList_GET_ITEM(m, 1);
-    if (!PyList_CheckExact(events) || (PyList_GET_SIZE(events) != 0 && !table_.free_all(events))) return 0;
+    if (!PyList_CheckExact(events) || (PyList_GET_SIZE(events) != 0 && !table_->free_all(events))) return 0;
     return run(index, PyList_GET_ITEM(m, 3), PyList_GET_ITEM(m, 4), PyList_GET_ITEM(m, 5)) ? 2 : 1;
   }
 
@@ -144,14 +149,10 @@ class FastOps {
 
   // A whole upload (Msg.UPLOAD: a training step's batch), after its frees (fast_upload.h); false for Python.
   bool upload(py::handle events, py::handle desc, py::handle data) {
-    if (!upload_whole(table_, events, desc, data)) return false;
+    if (!upload_whole(*table_, events, desc, data)) return false;
     ++uploads;
     return true;
   }
-
-  // The frees a message carries (its events), applied here when they are all frees; false (nothing
-  // done) for the table's Python to apply them (HandleTable.free_all is this).
-  bool free_events(py::handle events) { return table_.free_all(events.ptr()); }
 
   int64_t ran = 0, declined = 0;  // ops run here (failed ones too); ops defined here but left to Python
   int64_t uploads = 0;            // whole uploads done here
@@ -274,8 +275,8 @@ class FastOps {
       case Kind::ScalarType: {
         PyObject* code = tagged(v, tags_[1].ptr());
         int64_t c;
-        if (code == nullptr || !as_int(code, c) || !table_.dtype(c)) return false;
-        stack.emplace_back(static_cast<int64_t>(*table_.dtype(c)));
+        if (code == nullptr || !as_int(code, c) || !table_->dtype(c)) return false;
+        stack.emplace_back(static_cast<int64_t>(*table_->dtype(c)));
         return true;
       }
       case Kind::Device: {
@@ -285,8 +286,8 @@ class FastOps {
         int64_t i = 0;
         if (!PyUnicode_Check(kind) || PyUnicode_CompareWithASCIIString(kind, "rgpu") != 0) return false;
         if (PyList_GET_ITEM(d, 1) != Py_None && !as_int(PyList_GET_ITEM(d, 1), i)) return false;
-        if (i < 0 || i >= static_cast<int64_t>(table_.devices().size())) return false;
-        stack.emplace_back(table_.devices()[i]);
+        if (!table_->usable(i)) return false;  // the Python path names what is wrong with it
+        stack.emplace_back(table_->devices[i]);
         return true;
       }
       case Kind::Layout: {
@@ -350,14 +351,25 @@ class FastOps {
     return true;
   }
 
-  // A tensor argument: the table's tensor, its storage's address kept (outputs must not alias it).
+  // A tensor argument: the table's view, its storage's address kept (outputs must not alias it); false for
+  // a malformed descriptor (the Python path says what is wrong with it). What the table raises propagates.
   bool tensor(PyObject* desc, at::Tensor& out) {
     const auto t0 = std::chrono::steady_clock::now();
-    const bool found = table_.tensor(desc, out);
+    Desc d;
+    if (!d.parse(desc)) return false;
+    std::optional<int64_t> read;
+    out = table_->view(d, read);
     table_ns += ns(std::chrono::steady_clock::now() - t0);
-    if (!found) return false;
     inputs_.push_back(out.storage().data_ptr().get());
     return true;
+  }
+
+  // HandleTable.keep's test: ``t`` (a written argument) still has the descriptor's layout and storage.
+  bool keeps(const at::Tensor& t, PyObject* desc) {
+    Desc d;
+    if (!d.parse(desc) || !HandleTable::laid_out(t, d)) return false;
+    const Entry* e = table_->find(d.sid);
+    return e == nullptr || e->ptr == reinterpret_cast<int64_t>(t.storage().data_ptr().get());
   }
 
   // After an op that wrote argument ``pos`` (``written``, as passed): whether each written tensor kept the
@@ -369,12 +381,12 @@ class FastOps {
     bool same = true;
     if (written.isTensor()) {
       PyObject* desc = tagged(wire, tags_[0].ptr());
-      same = desc != nullptr && table_.keeps(written.toTensor(), desc);
+      same = desc != nullptr && keeps(written.toTensor(), desc);
     } else if (written.isTensorList() && PyList_CheckExact(wire)) {
       auto list = written.toTensorList();
       for (size_t i = 0; same && i < list.size() && static_cast<Py_ssize_t>(i) < PyList_GET_SIZE(wire); ++i) {
         PyObject* desc = tagged(PyList_GET_ITEM(wire, i), tags_[0].ptr());
-        same = desc == nullptr || table_.keeps(list.get(i), desc);
+        same = desc == nullptr || keeps(list.get(i), desc);
       }
     }
     if (!same) on_written_(a.name, a.kwarg_only, torch::jit::toPyObject(written), py::handle(wire));
@@ -392,15 +404,16 @@ class FastOps {
       else if (r.isNone() || r.isInt() || r.isDouble() || r.isBool()) flat.emplace_back();
       else plain = false;
     }
-    const Py_ssize_t n = PyList_GET_SIZE(outs.ptr());
-    for (Py_ssize_t i = 0; plain && i < n && i < static_cast<Py_ssize_t>(flat.size()); ++i) {
+    const Py_ssize_t n = std::min(PyList_GET_SIZE(outs.ptr()), static_cast<Py_ssize_t>(flat.size()));
+    std::vector<Desc> descs(n);
+    for (Py_ssize_t i = 0; plain && i < n; ++i) {
       PyObject* desc = PyList_GET_ITEM(outs.ptr(), i);
       if (desc == Py_None) continue;
       const at::Tensor& t = flat[i];
-      int64_t code, dev;
-      if (!t.defined() || !Table::laid_out(t, desc) || !PyLong_CheckExact(PyList_GET_ITEM(desc, 0)) ||
-          !as_int(PyList_GET_ITEM(desc, 2), code) || table_.dtype(code) != t.scalar_type() ||
-          !as_int(PyList_GET_ITEM(desc, 6), dev) || dev < 0 || dev >= static_cast<int64_t>(table_.devices().size())) {
+      const Desc& d = descs[i];
+      if (!t.defined() || !descs[i].parse(desc) || !PyLong_CheckExact(PySequence_Fast_GET_ITEM(desc, 0)) ||
+          !HandleTable::laid_out(t, d) || table_->dtype(d.code) != t.scalar_type() || d.dev < 0 ||
+          d.dev >= static_cast<int64_t>(table_->devices.size())) {
         plain = false;
         break;
       }
@@ -424,14 +437,11 @@ class FastOps {
       on_bind_(values, outs, ptrs);
       return;
     }
-    for (Py_ssize_t i = 0; i < n && i < static_cast<Py_ssize_t>(flat.size()); ++i) {
-      PyObject* desc = PyList_GET_ITEM(outs.ptr(), i);
-      if (desc == Py_None) continue;
-      table_.bind(desc, flat[i]);
-    }
+    for (Py_ssize_t i = 0; i < n; ++i)
+      if (PyList_GET_ITEM(outs.ptr(), i) != Py_None) table_->bind(descs[i].sid, flat[i].storage(), descs[i].dev, &descs[i], &flat[i]);
   }
 
-  Table table_;
+  std::shared_ptr<HandleTable> table_;
   py::object on_written_, on_bind_;
   bool on_cuda_;
   std::vector<py::object> tags_;
@@ -443,8 +453,9 @@ class FastOps {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  rgpu_server::bind_handle_table(m);
   py::class_<FastOps>(m, "FastOps")
-      .def(py::init<py::object, py::object, int64_t, py::sequence, bool, py::object, py::object>())
+      .def(py::init<std::shared_ptr<HandleTable>, bool, py::object, py::object>())
       .def("define", &FastOps::define)
       .def("undefine", &FastOps::undefine)
       .def("op", torch::wrap_pybind_function([](FastOps& self, py::handle meta) { return self.op(meta); }))
@@ -459,8 +470,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                          [](FastOps& self, py::handle events, py::handle desc, py::handle data) {
                            return self.upload(events, desc, data);
                          }))
-      .def("free_events", torch::wrap_pybind_function(
-                              [](FastOps& self, py::handle events) { return self.free_events(events); }))
       .def("run", torch::wrap_pybind_function(
                       [](FastOps& self, int64_t index, py::handle args, py::handle kwargs, py::handle outs) {
                         return self.run(index, args, kwargs, outs);

@@ -10,7 +10,7 @@
 
 #include <ATen/core/CachingHostAllocator.h>
 
-#include "fast_table.h"
+#include "handle_table.h"
 
 #include <cstring>
 #include <memory>
@@ -20,7 +20,7 @@ namespace rgpu_server {
 // ``data`` into the contiguous tensor ``desc`` names, after the message's frees (``events``): true when
 // done; false for the executor's Python (events that are not all frees, a poisoned, strided or
 // malformed destination, a size that does not match), which then redoes it all (frees twice are none).
-inline bool upload_whole(Table& table, py::handle events, py::handle desc, py::handle data) {
+inline bool upload_whole(HandleTable& table, py::handle events, py::handle desc, py::handle data) {
   Py_buffer view;
   if (PyObject_GetBuffer(data.ptr(), &view, PyBUF_C_CONTIGUOUS) < 0) {
     PyErr_Clear();
@@ -30,9 +30,14 @@ inline bool upload_whole(Table& table, py::handle events, py::handle desc, py::h
   const auto n = static_cast<size_t>(view.len);
   if (!table.free_all(events.ptr())) return false;
   at::Tensor dst;
+  Desc d;
+  if (!d.parse(desc.ptr())) return false;
   try {
-    if (!table.tensor(desc.ptr(), dst)) return false;
+    std::optional<int64_t> read;
+    dst = table.view(d, read);
   } catch (const py::error_already_set&) {  // poisoned, or the table refused it: Python says which
+    return false;
+  } catch (const c10::Error&) {             // a geometry past the storage: likewise
     return false;
   }
   if (!dst.is_contiguous() || dst.nbytes() != n || dst.is_conj() || dst.is_neg()) return false;

@@ -1,5 +1,11 @@
 """One session's handle table: storages by client-minted id, their poison, and tensor views of them.
 
+Two implementations of one interface: the C++ class ``handle_table.h`` (built with the C++ op path,
+which uses it directly; the server's Python uses its Python face) and ``HandleTable`` here, the same
+table in Python where the C++ part is not built (``RGPU_NATIVE=off``, no compiler, a build still
+running) or a session has a memory quota. ``table()`` picks one; tests/test_handle_table.py runs both
+against the same cases.
+
 The client mints storage ids and never tells the server when it allocates: the
 first message that names an id materialises its storage (uninitialised, like
 CUDA memory). Tensors are rebuilt from descriptors as strided views of a
@@ -41,6 +47,12 @@ def _contiguous(size: tuple) -> tuple:
     return got
 
 
+def _check_id(sid) -> None:
+    """A new entry's id is an int of 64 bits (what the C++ table holds); anything else is refused by name."""
+    if not isinstance(sid, int) or not -(1 << 63) <= sid < (1 << 63):
+        raise TypeError(f"a storage id is an int of 64 bits, not {sid!r}"[:200])
+
+
 def dtype_of(code) -> torch.dtype:
     """The torch dtype of a descriptor's dtype code; a clear error for a code this torch lacks."""
     dtype = DTYPE_BY_CODE[code] if type(code) is int and 0 <= code < len(DTYPE_BY_CODE) else None
@@ -72,9 +84,6 @@ class HandleTable:
         self.max_bytes = max_bytes     # RGPU_MAX_SESSION_BYTES: over it an allocation fails (quotas.py)
         self.allocated = quotas.counts(len(devices), max_bytes)
         self.peak = [0] * len(devices)
-        # free_all(events) -> bool: the C++ op path's (FastOps.free_events), which applies an events list
-        # when it is all frees (nearly always) and else does nothing; None: everything here
-        self.free_all = None
 
     def device(self, index: int) -> torch.device:
         if not 0 <= index < len(self.devices):
@@ -88,6 +97,7 @@ class HandleTable:
     def entry(self, sid: int, nbytes: int, dev: int) -> Entry:
         e = self.entries.get(sid)
         if e is None:
+            _check_id(sid)
             if self.max_bytes is not None:
                 self.allocated.check(nbytes)
             storage = torch.empty(nbytes, dtype=torch.uint8, device=self.device(dev)).untyped_storage()
@@ -161,6 +171,7 @@ class HandleTable:
         when that is a contiguous tensor of exactly the storage's bytes, else as bytes and viewed."""
         sid, nbytes, code, size, stride, offset, dev = desc
         dtype = dtype_of(code)
+        _check_id(sid)
         size_key = tuple(size)
         contiguous = _CONTIGUOUS.get(size_key) or _contiguous(size_key)
         if offset == 0 and stride == contiguous[0] and contiguous[1] * dtype.itemsize == nbytes:
@@ -198,6 +209,7 @@ class HandleTable:
 
     def bind(self, sid: int, storage, dev: int, view: tuple | None = None) -> None:
         """Make ``sid`` name ``storage`` (an op's fresh output); ``view``: (descriptor, the tensor it names)."""
+        _check_id(sid)
         self.free(sid)
         e = self.entries[sid] = Entry(storage, dev)
         self._account(dev, storage.nbytes())
@@ -217,6 +229,7 @@ class HandleTable:
         return True
 
     def poison(self, sid: int, dev: int, cause: Poisoned) -> None:
+        _check_id(sid)
         self.free(sid)
         self.entries[sid] = Entry(None, dev, cause)
 
@@ -225,9 +238,13 @@ class HandleTable:
         if e is not None and e.storage is not None:
             self.allocated[e.device] -= e.storage.nbytes()
 
+    def address(self, sid) -> int | None:
+        """The storage address ``sid`` names; None when it names nothing or a failure (a CUDA graph's replay
+        checks so that an input it captured is still the one the client names)."""
+        e = self.entries.get(sid)
+        return None if e is None or e.poison is not None else e.ptr
+
     def apply_events(self, events: list[int]) -> None:
-        if self.free_all is not None and self.free_all(events):
-            return
         i, n = 0, len(events)
         while i < n:
             kind = events[i]
@@ -250,6 +267,13 @@ class HandleTable:
             as_bytes(fresh.storage)[:count].copy_(as_bytes(old.storage)[:count])
 
     def close(self) -> None:
-        self.free_all = None
         self.entries.clear()
         self.allocated = quotas.counts(len(self.devices), self.max_bytes)
+
+
+def table(devices: list[torch.device], max_bytes: int | None, native=None):
+    """A session's handle table: the C++ one when ``native`` (the C++ op path's module) is there, else this
+    module's. A session with a quota keeps this one: its counts raise past the quota (quotas.Allocated)."""
+    if native is None or max_bytes is not None:
+        return HandleTable(devices, max_bytes)
+    return native.HandleTable(devices, DTYPE_BY_CODE, MAX_VIEWS)
