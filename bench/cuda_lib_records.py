@@ -11,8 +11,8 @@ cuBLASLt matmuls, the cuDNN variant packs and executes after each state's or pla
 beside ``Libraries.run`` called per record (the Python path a queued record took before the C walker ran
 them). ``metric`` is ``time`` in microseconds per record; the ``cudnn convolution`` row's per convolution:
 its seven records as cudnn-frontend queues them (a variant pack made, three sets, finalized, the execute,
-the pack destroyed); the ``cudnn batch norm descriptors`` row's per batch norm: the nine legacy tensor-descriptor
-records torch queues around it.
+the pack destroyed); the ``cudnn batch norm`` row's per batch norm: its ten records (three legacy tensor
+descriptors made, set or derived, the forward training pass, the three destroyed).
 """
 from __future__ import annotations
 
@@ -88,9 +88,9 @@ def conv_records(handle: int, stream: int, plan: int, pack: int, ptrs=(0xA000, 0
     return b"".join(out)
 
 
-def bn_descriptor_records(x: int, bn: int, y: int, dims=(16, 32, 32, 32), ctx: int = 0) -> bytes:
-    """The legacy tensor descriptors torch queues around one batch norm: x and y made and set, the parameters'
-    derived from x, the three destroyed (the batch norm's own call between them is Python's)."""
+def bn_records(handle: int, stream: int, x: int, bn: int, y: int, dims=(16, 32, 32, 32), ctx: int = 0) -> bytes:
+    """One batch norm's records as torch queues them: x and y's legacy tensor descriptors made and set, the
+    parameters' derived from x, the forward training pass, the three destroyed."""
     strides = [1] * len(dims)
     for i in range(len(dims) - 2, -1, -1):
         strides[i] = strides[i + 1] * dims[i + 1]
@@ -99,6 +99,9 @@ def bn_descriptor_records(x: int, bn: int, y: int, dims=(16, 32, 32, 32), ctx: i
     return b"".join([made[0], record("cudnnSetTensorNdDescriptor", x, 0, nd, ctx), made[1],
                      record("cudnnDeriveBNTensorDescriptor", bn, 0, struct.pack("<Qi", x, 2), ctx), made[2],
                      record("cudnnSetTensorNdDescriptor", y, 0, nd, ctx),
+                     record("cudnnBatchNormalizationForwardTrainingEx", handle, stream, pack_of(
+                         "cudnnBatchNormalizationForwardTrainingEx", mode=2, alpha=1.0, x=x, x_data=0xA000, y=y,
+                         y_data=0xC000, bn=bn, scale=0xD000, bias=0xD100, factor=0.1, epsilon=1e-5), ctx),
                      *(record("cudnnDestroyTensorDescriptor", t, 0, b"", ctx) for t in (x, bn, y))])
 
 
@@ -135,7 +138,7 @@ def cases() -> dict[str, tuple[str, int, int, bytes]]:
         "cudnnBackendExecute": ("cudnnBackendExecute", DNN_HANDLE, 0x5000,
                                 pack("cudnnBackendExecute", plan=PLAN, pack=PACK)),
         "cudnn convolution": (None, DNN_HANDLE, 0x5000, conv_records(DNN_HANDLE, 0x5000, PLAN, CONV_PACK)),
-        "cudnn batch norm descriptors": (None, 0, 0, bn_descriptor_records(*BN_TENSORS)),
+        "cudnn batch norm": (None, DNN_HANDLE, 0x5000, bn_records(DNN_HANDLE, 0x5000, *BN_TENSORS)),
     }
 
 

@@ -3,8 +3,8 @@ variant pack (created, set, finalized, destroyed) and the execute of a plain pla
 values and stream setting as the Python path; a plan run there only once Python found it plain (and no longer
 once it changes), a by-value execute rebuilt by Python from the pack C kept, destroyed or unknown ids, short
 records and attributes a pack never takes refused with clear errors, the packs left destroyed at the end; the
-legacy tensor descriptors around a batch norm made, set, derived and destroyed in C, the batch norm (Python's)
-on them.
+legacy tensor descriptors around a batch norm made, set, derived and destroyed in C, the batch norm run there on
+them (its scalars by the x tensor's type), an unknown tensor's left to Python, which refuses it.
 
 As in test_cuda_lib_records.py: NVIDIA's libraries are the bench's stand-in, each test in a forked child.
 """
@@ -228,13 +228,13 @@ def _bn(dtype=0) -> bytes:
 
 
 @isolated
-def test_a_batch_norms_tensor_descriptors_run_in_c_and_its_call_on_them_in_python(folder, monkeypatch):
+def test_a_batch_norm_and_its_tensor_descriptors_run_in_c_with_the_python_paths_calls(folder, monkeypatch):
     logs = {}
     for native in ("auto", "off"):
         session = dnn_session(folder, monkeypatch, native)
         logs[native], through_python = run(session, _bn() + _bn(dtype=9), monkeypatch)
         assert session.executor.deferred == []
-        assert through_python == (2 if native == "auto" else 20)       # in C: all but the two batch norms
+        assert through_python == (0 if native == "auto" else 20)       # in C: all, the batch norms too
         lib = session.libs.library("cudnn")
         if native == "auto":
             assert lib.c.rgpu_cudnn_count(lib.fast, 3) == 0            # each destroyed
@@ -248,6 +248,8 @@ def test_a_batch_norms_tensor_descriptors_run_in_c_and_its_call_on_them_in_pytho
     assert one[2][2:] == ["0", "4", "2x48", "3x16", "4x4", "4x1"] and one[4][2:] == [x, "2"]
     one_f = f"{struct.unpack('<I', struct.pack('<f', 1.0))[0]:x}"
     assert one[8][4:] == [one_f, "0", x, "0", y, bn]               # alpha a float (fp32 x), the tensors C made
+    bf16 = next(line.split() for line in logs["auto"][11:] if line.startswith("dnn_bn_forward"))
+    assert bf16[4] == one_f                                        # a bf16 x: float scalars too
 
 
 @isolated
@@ -256,13 +258,16 @@ def test_a_tensors_unusual_records_are_refused_by_python_and_c_s_tensors_destroy
     nine = bench.record("cudnnSetTensorNdDescriptor", T_X, 0, struct.pack("<ii", 0, 9) + bytes(72), CTX)
     gone = bench.record("cudnnDestroyTensorDescriptor", T_Y, 0, b"", CTX)
     derive = bench.record("cudnnDeriveBNTensorDescriptor", T_BN, 0, struct.pack("<Qi", T_Y, 2), CTX)
-    _, through_python = run(session, _tensor(T_X) + _tensor(T_X) + nine + gone + derive, monkeypatch)
+    bn = bench.record("cudnnBatchNormalizationForwardInference", bench.DNN_HANDLE, S1, bench.pack(
+        "cudnnBatchNormalizationForwardInference", x=T_X, y=T_Y, bn=T_X), CTX)
+    _, through_python = run(session, _tensor(T_X) + _tensor(T_X) + nine + gone + derive + bn, monkeypatch)
     messages = [message for _, _, message in session.executor.deferred]
-    assert len(messages) == 4 and through_python == 4, messages
+    assert len(messages) == 5 and through_python == 5, messages
     assert f"tensor descriptor {T_X:#x} exists already" in messages[0]
     assert "cudnnSetTensorNdDescriptor: 72 bytes for 9 dims and strides" in messages[1]
     assert f"{T_Y:#x} is not a tensor descriptor of this session" in messages[2]
     assert f"{T_BN:#x} is not a tensor descriptor of this session" in messages[3]
+    assert f"{T_Y:#x} is not a tensor descriptor of this session" in messages[4]
     lib = session.libs.library("cudnn")
     assert lib.c.rgpu_cudnn_count(lib.fast, 3) == 1
     session.std.standin_take()

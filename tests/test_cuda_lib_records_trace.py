@@ -1,7 +1,7 @@
 """A recorded cuDNN session replayed through the server's C record path: the conv program's calls (its variant pack
 made, set, finalized, executed and destroyed among them) as rgpu's client library sent them, run into a stand-in
 session with the C walker and with ``RGPU_NATIVE=off``: the same library calls with the same values, the packs'
-records and the batch norm's legacy tensor descriptors never reaching Python in C.
+records, the batch norms and their legacy tensor descriptors never reaching Python in C.
 
 The trace is recorded here (``RGPU_CUDA_LIB_RECORD``, server/cuda/libs/trace.py) from ``lib_programs/cudnn_conv_bn.c``
 run through rgpu against the fake server; its payloads are replayed in order, the queued ones as the records the
@@ -25,7 +25,9 @@ from rgpu.protocol.cuda_libs import BY_NAME
 PACK_CALLS = {BY_NAME[n].id for n in ("cudnnBackendCreateDescriptor", "cudnnBackendSetAttribute",
                                       "cudnnBackendFinalizeQueued", "cudnnBackendDestroyDescriptor")}
 TENSOR_CALLS = {BY_NAME[n].id for n in ("cudnnCreateTensorDescriptor", "cudnnSetTensorNdDescriptor",
-                                        "cudnnDestroyTensorDescriptor", "cudnnDeriveBNTensorDescriptor")}
+                                        "cudnnDestroyTensorDescriptor", "cudnnDeriveBNTensorDescriptor",
+                                        "cudnnBatchNormalizationForwardTrainingEx", "cudnnBatchNormalizationBackwardEx",
+                                        "cudnnBatchNormalizationForwardInference")}
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +88,8 @@ def test_the_conv_programs_trace_makes_the_same_calls_in_c_and_in_python_its_pac
     assert not {(c["call"], c["handle"]) for c in pack_calls + tensor_calls} & set(seen["auto"])
     assert len(seen["off"]) == len(conv_trace)
     assert len(seen["auto"]) == len(conv_trace) - len(pack_calls) - len(tensor_calls)
-    assert any(line.startswith("dnn_bn_forward") for line in logs["auto"])     # on C's tensors, by Python's path
+    assert any(line.startswith("dnn_bn_forward") for line in logs["auto"])
+    assert {"cudnnBatchNormalizationForwardTrainingEx", "cudnnBatchNormalizationBackwardEx"} <= set(names)
     # value by value: the data pointers the program set reached the library as it sent them
     ptrs = next(c for c in pack_calls if c["name"] == "cudnnBackendSetAttribute"
                 and struct.unpack_from("<i", c["payload"])[0] == 1001)

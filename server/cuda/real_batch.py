@@ -56,6 +56,7 @@ SIGNATURES = {   # name -> (argument types, result type)
     "rgpu_cudnn_desc_record": ([c_void_p, c_uint32, c_uint64, c_void_p, c_size_t], c_int),
     "rgpu_cudnn_bind_tensors": ([c_void_p, c_void_p, c_void_p, c_void_p, c_void_p], None),
     "rgpu_cudnn_tensor": ([c_void_p, c_uint64, POINTER(c_int32)], c_uint64),
+    "rgpu_cudnn_bind_bn": ([c_void_p, c_void_p, c_void_p, c_void_p], None),
 }
 
 

@@ -49,6 +49,8 @@ int rgpu_cublaslt_record(struct rgpu_cublaslt *t, struct rgpu_cublas *cublas, ui
                          const char *p, size_t len);
 int rgpu_cudnn_record(struct rgpu_cudnn *t, uint64_t client, uint64_t stream, const char *p, size_t len);
 int rgpu_cudnn_desc_record(struct rgpu_cudnn *t, uint32_t call, uint64_t client, const char *p, size_t len);
+int rgpu_cudnn_bn_record(struct rgpu_cudnn *t, uint32_t call, uint64_t client, uint64_t stream, const char *p,
+                         size_t len);
 
 typedef struct rgpu_cublas {
     void *fn[NFUNCS];
@@ -196,6 +198,9 @@ int rgpu_cublas_record(rgpu_cublas_t *t, uint32_t call, uint64_t client, uint64_
         call == RGPU_LIB_cudnnCreateTensorDescriptor || call == RGPU_LIB_cudnnSetTensorNdDescriptor ||
         call == RGPU_LIB_cudnnDestroyTensorDescriptor || call == RGPU_LIB_cudnnDeriveBNTensorDescriptor)
         return t && t->dnn ? rgpu_cudnn_desc_record(t->dnn, call, client, p, len) : NOT_HERE;  /* packs, tensors */
+    if (call == RGPU_LIB_cudnnBatchNormalizationForwardTrainingEx || call == RGPU_LIB_cudnnBatchNormalizationBackwardEx ||
+        call == RGPU_LIB_cudnnBatchNormalizationForwardInference)
+        return t && t->dnn ? rgpu_cudnn_bn_record(t->dnn, call, client, stream, p, len) : NOT_HERE;
     size_t need;
     int slot = slot_of(call, &need);
     if (!t || slot < 0 || !rgpu_cublas_runs(t, call)) return NOT_HERE;

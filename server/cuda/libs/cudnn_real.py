@@ -6,10 +6,11 @@ are device addresses and pass through). The stream travels with each call and is
 handle only when it changed. A Finalize (and a Get that fills the caller's descriptors) answers with
 the readable attributes of the descriptors it made readable (``READABLE``), so the client answers the
 frontend's later Gets itself. Every call runs on the session's thread with its context current.
-With cuBLAS's C table, a convolution's per-execution records run in C (``cudnn_records.c``, ``self.fast``): the
-variant packs and the legacy tensor descriptors live there (their create, sets, finalize, derive and destroy,
-however they come: this file hands it the same calls), and executes of the plans found plain here (no by-value tensors: a plan's first execute here); told
-of each handle and plain plan as they come and go, it owns the handles' streams.
+With cuBLAS's C table, a steady step's cuDNN records run in C (``cudnn_records.c``, ``self.fast``): the variant
+packs and the legacy tensor descriptors live there (their create, sets, finalize, derive and destroy, however
+they come: this file hands it the same calls), the walker's batch norms run there on them, and executes of the
+plans found plain here (no by-value tensors: a plan's first execute here); told of each handle and plain plan
+as they come and go, it owns the handles' streams.
 """
 from __future__ import annotations
 
@@ -232,6 +233,8 @@ class Library:
                                                  ("CreateDescriptor", "SetAttribute", "Finalize", "DestroyDescriptor")))
             c.rgpu_cudnn_bind_tensors(self.fast, *(ctypes.cast(getattr(lib, f"cudnn{f}"), _P) for f in (
                 "CreateTensorDescriptor", "SetTensorNdDescriptor", "DestroyTensorDescriptor", "DeriveBNTensorDescriptor")))
+            c.rgpu_cudnn_bind_bn(self.fast, *(ctypes.cast(getattr(lib, f"cudnnBatchNormalization{f}"), _P) for f in (
+                "ForwardTrainingEx", "BackwardEx", "ForwardInference")))
             c.rgpu_cublas_set_dnn(table, self.fast)
 
     def _fast(self, verb: str, kind: int, client: int, real=None) -> None:

@@ -1,18 +1,20 @@
 /* cuDNN's per-execution records in C, run beside the launches and cuBLAS's GEMMs: a convolution's variant pack
  * (created, its workspace, unique ids and data pointers set, finalized, destroyed: one per execution, as
  * cudnn-frontend makes them), the execute of a finalized plan whose tensors all live on the device, and the
- * legacy tensor descriptors torch makes around each batch norm (created, set, derived, destroyed).
+ * legacy tensor descriptors torch makes around each batch norm (created, set, derived, destroyed) and the batch
+ * norm itself (forward training, backward, forward inference) on them.
  *
  * A session's table (rgpu_cudnn_t, made by cudnn_real.py) holds the client ids it may run with: the handles
  * (each with the stream last set on it: the table owns that, Python sets streams through it), the plans Python
  * found plain (no by-value tensors), each with its real object, and the variant packs, which it owns: it
  * creates and destroys their real objects and keeps each attribute set on them (Python reads those to rebuild
- * a pack around by-value bytes), and the legacy tensor descriptors, which it owns too (each with its data type,
- * which Python's batch-norm calls read for their scalars' width).  Python owns the handles' and plans' lives and tells this table of each
+ * a pack around by-value bytes), and the legacy tensor descriptors, which it owns too (each with its data type:
+ * the batch norms' scalars' width).  Python owns the handles' and plans' lives and tells this table of each
  * creation and destruction (and unmarks a plan it changes); a record naming anything else, carrying by-value
  * bytes or an attribute type a pack never takes, is left to Python (NOT_HERE), which explains it.
- * cublas_records.c hands it the cuDNN records it walks; cudnn_real.py hands it the same pack calls when they
- * come another way, so both paths share one state and one code. */
+ * cublas_records.c hands it the cuDNN records it walks; cudnn_real.py hands it the same pack and tensor calls
+ * when they come another way, so both paths share one state and one code (a batch norm that comes another way
+ * is Python's own, on this table's tensors). */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -35,6 +37,13 @@ typedef int (*one_fn)(void *);
 typedef int (*create_tensor_fn)(void **);
 typedef int (*set_nd_fn)(void *, int, int, const int *, const int *);
 typedef int (*derive_fn)(void *, void *, int);
+typedef const void *cp;
+typedef int (*bn_train_fn)(void *, int, int, cp, cp, void *, cp, void *, cp, void *, void *, void *, cp, cp, double,
+                           void *, void *, double, void *, void *, void *, void *, size_t, void *, size_t);
+typedef int (*bn_back_fn)(void *, int, int, cp, cp, cp, cp, void *, cp, void *, cp, void *, cp, void *, cp, void *,
+                          void *, void *, cp, cp, void *, void *, double, cp, cp, void *, void *, size_t, void *, size_t);
+typedef int (*bn_infer_fn)(void *, int, cp, cp, void *, cp, void *, void *, void *, cp, cp, cp, cp, double);
+enum { BN_TRAIN, BN_BACK, BN_INFER, NBN };    /* the batch-norm calls, in rgpu_cudnn_bind_bn's order */
 
 enum { HANDLE, PACK, PLAN, TENSOR, NKINDS };  /* what a client id names (rgpu_cudnn_add's kind) */
 #define DIM_MAX 8                             /* a legacy tensor's dimensions at most (CUDNN_DIM_MAX) */
@@ -71,6 +80,7 @@ typedef struct rgpu_cudnn {
     set_nd_fn set_nd;
     one_fn destroy_tensor;
     derive_fn derive;
+    void *bn[NBN];
     list_t kind[NKINDS];
 } rgpu_cudnn_t;
 
@@ -91,6 +101,11 @@ void rgpu_cudnn_bind_packs(rgpu_cudnn_t *t, void *create, void *set, void *final
 void rgpu_cudnn_bind_tensors(rgpu_cudnn_t *t, void *create, void *set_nd, void *destroy, void *derive) {
     t->create_tensor = (create_tensor_fn)create, t->set_nd = (set_nd_fn)set_nd, t->destroy_tensor = (one_fn)destroy,
     t->derive = (derive_fn)derive;
+}
+
+/* The batch-norm calls (forward training, backward, forward inference), with which it runs their records. */
+void rgpu_cudnn_bind_bn(rgpu_cudnn_t *t, void *train, void *back, void *infer) {
+    t->bn[BN_TRAIN] = train, t->bn[BN_BACK] = back, t->bn[BN_INFER] = infer;
 }
 
 static void free_attrs(entry_t *e) {
@@ -315,4 +330,85 @@ int rgpu_cudnn_record(rgpu_cudnn_t *t, uint64_t client, uint64_t stream, const c
     int rc = use(t, h, stream == RGPU_CUDA_NO_STREAM ? 0 : stream);
     if (rc) return rc;
     return t->execute((void *)(uintptr_t)h->real, (void *)(uintptr_t)plan->real, (void *)(uintptr_t)pack->real);
+}
+
+/* A legacy tensor's real descriptor into *real (0, an optional one's id 0: NULL), or NOT_HERE (unknown). */
+static int tensor_of(rgpu_cudnn_t *t, uint64_t id, int optional, void **real, int32_t *dtype) {
+    entry_t *e = id || !optional ? find(&t->kind[TENSOR], id) : 0;
+    if (!e && !(optional && !id)) return NOT_HERE;
+    *real = e ? (void *)(uintptr_t)e->real : 0;
+    if (dtype && e) *dtype = e->dtype;
+    return 0;
+}
+
+/* A scalar as the library reads it: a double for a double tensor, else a float (as cudnn_real.py's _scalar). */
+typedef struct {
+    double d;
+    float f;
+} scalar_t;
+static cp scalar(scalar_t *s, int32_t dtype, double v) {
+    s->d = v, s->f = (float)v;
+    return dtype == 1 ? (cp)&s->d : (cp)&s->f;
+}
+
+#define P(v) ((void *)(uintptr_t)(v))
+#define TENSOR_OR_LEAVE(id, optional, out, dtype) \
+    if (tensor_of(t, id, optional, &out, dtype)) return NOT_HERE
+
+/* Run one batch-norm record (forward training, backward, forward inference) on this table's tensors: the
+ * library's cudnnStatus_t, NOT_HERE (no table or function, an unknown handle or tensor: Python's, which explains)
+ * or MALFORMED.  The activation descriptor is never passed, as on Python's path. */
+int rgpu_cudnn_bn_record(rgpu_cudnn_t *t, uint32_t call, uint64_t client, uint64_t stream, const char *p, size_t len) {
+    int which = call == RGPU_LIB_cudnnBatchNormalizationForwardTrainingEx ? BN_TRAIN
+                : call == RGPU_LIB_cudnnBatchNormalizationBackwardEx      ? BN_BACK
+                : call == RGPU_LIB_cudnnBatchNormalizationForwardInference ? BN_INFER : -1;
+    if (!t || which < 0 || !t->bn[which]) return NOT_HERE;
+    entry_t *h = find(&t->kind[HANDLE], client);
+    if (!h) return NOT_HERE;
+    void *x, *y, *z, *bn, *dy, *dz, *dx;
+    int32_t dtype = 0;
+    scalar_t a, b, ap, bp;
+    if (which == BN_TRAIN) {
+        rgpu_lib_cudnnBatchNormalizationForwardTrainingEx_t f;
+        if (len < sizeof f) return MALFORMED;
+        memcpy(&f, p, sizeof f);
+        TENSOR_OR_LEAVE(f.x, 0, x, &dtype);
+        TENSOR_OR_LEAVE(f.z, 1, z, 0);
+        TENSOR_OR_LEAVE(f.y, 0, y, 0);
+        TENSOR_OR_LEAVE(f.bn, 0, bn, 0);
+        int rc = use(t, h, stream == RGPU_CUDA_NO_STREAM ? 0 : stream);
+        return rc ? rc : ((bn_train_fn)t->bn[which])(
+            P(h->real), f.mode, f.ops, scalar(&a, dtype, f.alpha), scalar(&b, dtype, f.beta), x, P(f.x_data), z,
+            P(f.z_data), y, P(f.y_data), bn, P(f.scale), P(f.bias), f.factor, P(f.running_mean), P(f.running_var),
+            f.epsilon, P(f.save_mean), P(f.save_inv_var), 0, P(f.workspace), f.workspace_size, P(f.reserve),
+            f.reserve_size);
+    }
+    if (which == BN_BACK) {
+        rgpu_lib_cudnnBatchNormalizationBackwardEx_t f;
+        if (len < sizeof f) return MALFORMED;
+        memcpy(&f, p, sizeof f);
+        TENSOR_OR_LEAVE(f.x, 0, x, &dtype);
+        TENSOR_OR_LEAVE(f.y, 1, y, 0);
+        TENSOR_OR_LEAVE(f.dy, 0, dy, 0);
+        TENSOR_OR_LEAVE(f.dz, 1, dz, 0);
+        TENSOR_OR_LEAVE(f.dx, 0, dx, 0);
+        TENSOR_OR_LEAVE(f.dbn, 0, bn, 0);
+        int rc = use(t, h, stream == RGPU_CUDA_NO_STREAM ? 0 : stream);
+        return rc ? rc : ((bn_back_fn)t->bn[which])(
+            P(h->real), f.mode, f.ops, scalar(&a, dtype, f.alpha_data), scalar(&b, dtype, f.beta_data),
+            scalar(&ap, dtype, f.alpha_param), scalar(&bp, dtype, f.beta_param), x, P(f.x_data), y, P(f.y_data), dy,
+            P(f.dy_data), dz, P(f.dz_data), dx, P(f.dx_data), bn, P(f.scale), P(f.bias), P(f.dscale), P(f.dbias),
+            f.epsilon, P(f.save_mean), P(f.save_inv_var), 0, P(f.workspace), f.workspace_size, P(f.reserve),
+            f.reserve_size);
+    }
+    rgpu_lib_cudnnBatchNormalizationForwardInference_t f;
+    if (len < sizeof f) return MALFORMED;
+    memcpy(&f, p, sizeof f);
+    TENSOR_OR_LEAVE(f.x, 0, x, &dtype);
+    TENSOR_OR_LEAVE(f.y, 0, y, 0);
+    TENSOR_OR_LEAVE(f.bn, 0, bn, 0);
+    int rc = use(t, h, stream == RGPU_CUDA_NO_STREAM ? 0 : stream);
+    return rc ? rc : ((bn_infer_fn)t->bn[which])(P(h->real), f.mode, scalar(&a, dtype, f.alpha),
+                                                 scalar(&b, dtype, f.beta), x, P(f.x_data), y, P(f.y_data), bn,
+                                                 P(f.scale), P(f.bias), P(f.mean), P(f.var), f.epsilon);
 }
