@@ -12,22 +12,27 @@
   hand-off costs a cross-core wake-up each way); ``call()`` of a lone request
   writes and reads on the caller's thread with no future at all (over shm, the
   whole of it in one C call: ``shm_lone.c``).
-- Replies, futures, a failed post's error and the reading while a write is blocked
-  are the receiving half, ``connection_recv.py``.
+
+A ``Connection`` is composed of parts, each given what it needs when made: its exchange state
+(``exchange.py``: the sequence, the reader's token, why it died, a post's kept error, the counters;
+over shm with its C path a C object, ``shm_lone.c``), the ``WriteQueue`` here (frames in order to
+the transport), the ``ReplyRouter`` (``connection_recv.py``: replies to their futures, a failed
+post's error, the reading while a write is blocked) and the ``LoneCaller`` (``connection_lone.py``).
+The deque, dict and locks that more than one part looks at are made here and handed to each.
 """
 from __future__ import annotations
 
 import threading
 import time
 from collections import deque
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from rgpu.errors import ConnectionLost, ProtocolError, RgpuError, Timeout, VersionMismatch
 
 from .base import Transport
 from .buffers import BufferPool, as_bytes_view, copied, writable_view
-from .connection_lone import LoneCalls, LoneParts
-from .connection_recv import Future, Receiving, Reply
+from .connection_lone import LoneCaller, LoneParts
+from .connection_recv import Future, Reply, ReplyRouter
 from .exchange import Counts, Exchange
 from .wire import Limits, MsgKind, encode_prefix
 
@@ -46,35 +51,27 @@ def _packed_parts(seq: int, meta: bytes, views) -> list:
     return [encode_prefix(_POST, seq, 0, meta, [v.nbytes for v in views]), *views]
 
 
-class Connection(LoneCalls, Receiving):
-    """One session's client end over ``transport`` (handshake done; ``welcome`` the server's dict).
+class WriteQueue:
+    """A connection's frames, in seq order, to ``transport``: posts queued or written on the caller's thread
+    as the transport's ``Capabilities`` say, requests written at once when nothing is ahead, the rest by an
+    I/O thread. Given: ``settings`` (the batch and queue bounds), ``state`` (the exchange state: the
+    sequence, ``dead``, the counters, the seq being written), ``queue`` (a deque of (parts, nbytes,
+    written-event or None, seq)), ``cv_lock`` (guards the queue, the seq order and the writer's state) and
+    ``send_lock`` (held by whoever writes to the transport), ``expect(fut, seq)`` (a request's future
+    registered with the router, under ``cv_lock``), ``lost(exc)`` (a write failed: the error to raise) and
+    ``fail(exc)`` (the connection ends). Every method raises the connection's ``dead`` once it failed."""
 
-    Thread-safe: any thread may post, request or call. It owns the transport from here on: it sets the
-    transport's ``on_block`` and ``on_acks`` and is the only one to send, receive or close on it. Every
-    method raises ``ConnectionLost`` (or the ``ProtocolError``/``SessionLost`` that ended it) once the
-    connection has failed or was closed.
-    """
-
-    def __init__(self, transport: Transport, settings, welcome: dict | None = None,
-                 limits: Limits | None = None, pool: BufferPool | None = None):
-        self.transport = transport
-        self.welcome = welcome or {}
-        self.settings = settings
-        self.limits = limits or Limits.from_settings(settings)
-        self.pool = pool or BufferPool()
-        self._cv_lock = threading.Lock()          # C-level `with` on the hot path; Condition's own is Python
-        self._cv = threading.Condition(self._cv_lock)   # guards the queue, seq order and writer state
-        self._queue: deque = deque()              # (parts, nbytes, written-event or None, seq)
+    def __init__(self, transport: Transport, settings, state, queue: deque, cv_lock, send_lock,
+                 expect: Callable, lost: Callable, fail: Callable):
+        self.transport, self.settings, self._x = transport, settings, state
+        self.queue, self.cv_lock, self.send_lock = queue, cv_lock, send_lock
+        self._expect, self._lost, self._fail = expect, lost, fail
+        self._cv = threading.Condition(cv_lock)   # C-level `with` on cv_lock on the hot path; Condition's is Python
         self._queued_bytes = 0
-        self._send_lock = threading.Lock()        # held by whoever is writing to the transport
         self._io_thread: threading.Thread | None = None
-        self._pending: dict[int, Future] = {}
-        self._rcv_lock = threading.Lock()
-        self._rcv = threading.Condition(self._rcv_lock)  # guards _reading and wakes waiters
-        self._closing = False
+        self.closing = False                      # close() began: the I/O thread ends once the queue is empty
         # read on every call: plain attributes, not a dataclass lookup each time (settings are frozen)
         self._copy_bytes, self._queue_max = settings.post_copy_bytes, settings.queue_max_bytes
-        self._request_timeout = settings.request_timeout
         caps = transport.capabilities
         self._posts_inline = caps.writes_inline
         # Where the transport has a batch window (tcp), small posts gather and the caller writes them
@@ -85,31 +82,13 @@ class Connection(LoneCalls, Receiving):
         # step's first message, after the last one's .item()), and gathering would only delay it; the
         # caller's next batches then go at 2, 4, 8... frames up to POST_FLUSH_COUNT, so the server has
         # work at once while the client's stream builds up (a fast start).
-        self._batch_s = None if self._posts_inline else caps.batch_window_s
+        self.batch_s = None if self._posts_inline else caps.batch_window_s
         self._queue_since = 0.0                   # when the oldest queued frame was queued
-        self._wrote_at = 0.0                      # when the last write ended: a quiet connection gathers nothing
+        self.wrote_at = 0.0                       # when the last write ended: a quiet connection gathers nothing
         self._flush_at = POST_FLUSH_COUNT         # frames the caller's next batch waits for (the fast start's)
         self._io_idle = False                     # the I/O thread waits for a first frame (a notify wakes it)
         self._urgent = False                      # a queued frame someone waits on (a request, a big post)
         self._flushing = 0                        # threads in flush()
-        # The exchange state (sequence, reader's token, why it died, a post's kept error, counters), one
-        # owner: over shm with its C path a C object that is also call()'s whole lone request, else Python's
-        lone_call = None if self._batch_s is not None else transport.lone_call
-        if lone_call is None:
-            self._x, self._lone = Exchange(), self._call_alone
-        else:
-            self._x = self._lone = lone_call(LoneParts(
-                self.limits, self._pending, self._queue, self._rcv_lock, self._rcv, self._cv_lock, self._send_lock,
-                self._exchange_alone, self._read_alone, self._lost))
-        self.stats = Counts(self._x)   # messages, round_trips, bytes_out, bytes_in
-        transport.on_block = self._drain_while_blocked
-        transport.on_acks = self._read_acks       # called by a resuming transport (resume.py) only
-
-    @property
-    def transport_name(self) -> str:
-        return self.transport.name
-
-    # ---- sending -------------------------------------------------------------------
 
     def post(self, meta: Any, buffers: Sequence = ()) -> int:
         """Send a call that needs no answer; returns its sequence number.
@@ -119,7 +98,7 @@ class Connection(LoneCalls, Receiving):
         copied, big ones written first). Blocks while more than ``RGPU_QUEUE_MAX_BYTES`` are queued. A
         failure on the server comes back later, at the next ``request()`` (``RemoteError``).
         """
-        return self._submit(_POST, meta, buffers, None)
+        return self.submit(_POST, meta, buffers, None)
 
     def post_packed(self, meta: bytes, buffers: Sequence = ()) -> int:
         """``post()`` of metadata that is already msgpack (the device's C++ fast path packs its ops itself).
@@ -132,18 +111,18 @@ class Connection(LoneCalls, Receiving):
         nbytes = sum([as_bytes_view(b).nbytes for b in buffers]) if buffers else 0
         views = None if self._posts_inline or not buffers else copied(buffers)   # copied at the call
         inline, gathered = False, None
-        with self._cv_lock:
+        with self.cv_lock:
             seq = self._admit()
             x = self._x
             x.messages += 1
             x.bytes_out += nbytes
-            if self._posts_inline and not self._queue and self._send_lock.acquire(blocking=False):
+            if self._posts_inline and not self.queue and self.send_lock.acquire(blocking=False):
                 inline = True                     # nothing ahead of us: write on this thread
             else:
                 if views is None:                 # copied here, under the lock, only when shm's queue is busy
                     views = copied(buffers) if buffers else ()
                 self._enqueue(_packed_parts(seq, meta, views), nbytes, None, seq)
-                if self._batch_s is not None:
+                if self.batch_s is not None:
                     gathered = self._take_if_due()
         if gathered:
             self._write_gathered(gathered)
@@ -151,38 +130,7 @@ class Connection(LoneCalls, Receiving):
             self._write_inline(seq, self.transport.send_meta, _POST, seq, meta, buffers)
         return seq
 
-    def request(self, meta: Any, buffers: Sequence = (), reply_into: Sequence[memoryview] | None = None) -> Future:
-        """Send a call and return the future of its answer (``Future.result(timeout)`` waits for the ``Reply``).
-
-        ``reply_into``: writable, contiguous caller memory the answer's buffers land in when their sizes
-        match (``TypeError`` before anything is sent otherwise). Raises first the kept ``RemoteError`` of
-        an earlier failed post, if any.
-        """
-        if reply_into is not None:
-            reply_into = [writable_view(b) for b in reply_into]  # refused here, not halfway through a read
-        if self._x.async_error is not None or self._x.dead is not None:
-            self._raise_async_error()
-        fut = Future(self, 0, reply_into)
-        self._x.round_trips += 1
-        self._submit(_REQUEST, meta, buffers, fut)
-        return fut
-
-    def call(self, meta: Any, buffers: Sequence = (), reply_into=None, timeout: float | None = None) -> Reply:
-        """``request(...).result(timeout)``: the ``Reply`` (``release()`` it), ``RemoteError`` when the server's
-        handler failed, ``Timeout`` past ``timeout`` (or ``RGPU_TIMEOUT``). With nothing else in
-        flight it is written and read on this thread with no future (``connection_lone.py``)."""
-        if timeout is None and not self._request_timeout:
-            reply = self._lone(meta, buffers, reply_into)
-            if reply is not None:
-                return reply
-        return self.request(meta, buffers, reply_into).result(timeout)
-
-    def _lost(self, exc: RgpuError) -> RgpuError:
-        """A write or read failed: the connection is lost; the error to raise."""
-        self._fail(self._why_lost(exc))
-        return self._x.dead
-
-    def _submit(self, kind: MsgKind, meta, buffers: Sequence, fut: Future | None) -> int:
+    def submit(self, kind: MsgKind, meta, buffers: Sequence, fut: Future | None) -> int:
         views = [as_bytes_view(b) for b in buffers]
         nbytes = 0
         for v in views:
@@ -192,28 +140,27 @@ class Connection(LoneCalls, Receiving):
             views = [memoryview(bytearray(v)) for v in views]  # the caller may change its memory once we return
         written = threading.Event() if big else None
         inline, ahead, gathered = False, None, None
-        with self._cv_lock:
+        with self.cv_lock:
             seq = self._admit()
-            if ((kind is _REQUEST or big or self._posts_inline) and (not self._queue or self._batch_s is not None)
-                    and self._send_lock.acquire(blocking=False)):
+            if ((kind is _REQUEST or big or self._posts_inline) and (not self.queue or self.batch_s is not None)
+                    and self.send_lock.acquire(blocking=False)):
                 inline = True                     # nothing ahead of us, or what is ahead goes first: write it here
-                ahead = self._take_all() if self._queue else None
+                ahead = self._take_all() if self.queue else None
             elif views and not big and kind is _REQUEST:
                 views = [memoryview(bytearray(v)) for v in views]  # queued: the caller may change its memory
             try:
                 parts = self.transport.frame_parts(kind, seq, 0, meta, views)
             except BaseException:                 # metadata msgpack cannot encode: nothing was sent
                 if inline:
-                    self._send_lock.release()
+                    self.send_lock.release()
                 raise
             if fut is not None:
-                fut.seq = seq
-                self._pending[seq] = fut
+                self._expect(fut, seq)
             self._x.messages += 1
             self._x.bytes_out += nbytes
             if not inline:
                 self._enqueue(parts, nbytes, written, seq, urgent=written is not None or kind is _REQUEST)
-                if self._batch_s is not None and kind is _POST:
+                if self.batch_s is not None and kind is _POST:
                     gathered = self._take_if_due()
         if inline:
             if ahead:
@@ -240,14 +187,14 @@ class Connection(LoneCalls, Receiving):
 
     def _enqueue(self, parts: list, nbytes: int, written, seq: int, urgent: bool = False) -> None:
         """Hand a frame to the I/O thread (called with ``_cv_lock`` held)."""
-        first = not self._queue
-        self._queue.append((parts, nbytes, written, seq))
+        first = not self.queue
+        self.queue.append((parts, nbytes, written, seq))
         self._queued_bytes += nbytes
         self._ensure_io_thread()
         if first:
             self._queue_since = time.perf_counter()
         # gathering: the I/O thread is woken only from its idle wait (each wake takes the GIL from the caller)
-        if self._batch_s is None or urgent or (first and self._io_idle):
+        if self.batch_s is None or urgent or (first and self._io_idle):
             self._urgent = self._urgent or urgent
             self._cv.notify_all()
 
@@ -256,20 +203,20 @@ class Connection(LoneCalls, Receiving):
         waited the batch window, or there are ``_flush_at`` (1 when the one queued found the connection quiet
         that long, doubling batch by batch up to POST_FLUSH_COUNT) or POST_FLUSH_BYTES, and no one else is
         writing; else None."""
-        n, now = len(self._queue), time.perf_counter()
-        if n == 1 and now - self._wrote_at >= self._batch_s:
+        n, now = len(self.queue), time.perf_counter()
+        if n == 1 and now - self.wrote_at >= self.batch_s:
             self._flush_at = 1
-        if ((n < self._flush_at and self._queued_bytes < POST_FLUSH_BYTES and now - self._queue_since < self._batch_s)
-                or not self._send_lock.acquire(blocking=False)):
+        if ((n < self._flush_at and self._queued_bytes < POST_FLUSH_BYTES and now - self._queue_since < self.batch_s)
+                or not self.send_lock.acquire(blocking=False)):
             return None
         self._flush_at = min(2 * self._flush_at, POST_FLUSH_COUNT)
         return self._take_all()
 
     def _take_all(self) -> list:
         """(With ``_cv_lock`` held.) Every queued frame, out of the queue, for the send-lock holder to write."""
-        items = list(self._queue)
+        items = list(self.queue)
         waiting = self._queued_bytes > self._queue_max or self._flushing   # a post held back, or flush()
-        self._queue.clear()
+        self.queue.clear()
         self._queued_bytes = 0
         self._urgent = False
         if waiting:   # never the gathering I/O thread: woken, it would only take the GIL to find nothing
@@ -294,8 +241,8 @@ class Connection(LoneCalls, Receiving):
         except RgpuError as exc:
             raise self._lost(exc) from None
         finally:
-            self._wrote_at = time.perf_counter()
-            self._send_lock.release()
+            self.wrote_at = time.perf_counter()
+            self.send_lock.release()
 
     def _ensure_io_thread(self) -> None:
         if self._io_thread is None:
@@ -311,38 +258,38 @@ class Connection(LoneCalls, Receiving):
 
     def _write_queued(self) -> None:
         max_count, max_bytes = self.settings.post_batch_count, self.settings.post_batch_bytes
-        slack = self._batch_s or 0.0
+        slack = self.batch_s or 0.0
         while True:
             with self._cv:
-                while not self._queue and not self._x.dead and not self._closing:
+                while not self.queue and not self._x.dead and not self.closing:
                     self._io_idle = True
                     self._cv.wait()
                 self._io_idle = False
-                if self._x.dead or (self._closing and not self._queue):
+                if self._x.dead or (self.closing and not self.queue):
                     return
-                if self._batch_s is not None and not (self._urgent or self._closing):
+                if self.batch_s is not None and not (self._urgent or self.closing):
                     # gathering: the caller writes its posts as they gather; ours are what sat longer. Frames
                     # younger than that (the caller wrote the older ones meanwhile) are left to the caller: a
                     # write here splits its batches and takes the GIL from it (GPU host: ~26 a step did). While
                     # the caller keeps writing its own, we look less and less often (each look takes the GIL)
-                    self._cv.wait(max(0.0, self._queue_since + self._batch_s - time.perf_counter()) + slack)
-                    if not self._queue or (not (self._urgent or self._closing)
-                                           and time.perf_counter() - self._queue_since < self._batch_s):
+                    self._cv.wait(max(0.0, self._queue_since + self.batch_s - time.perf_counter()) + slack)
+                    if not self.queue or (not (self._urgent or self.closing)
+                                           and time.perf_counter() - self._queue_since < self.batch_s):
                         slack = min(2 * slack, IO_SLACK_MAX_S)
                         continue
-                slack = self._batch_s or 0.0
-            with self._send_lock:
+                slack = self.batch_s or 0.0
+            with self.send_lock:
                 with self._cv:
-                    if not self._queue:
+                    if not self.queue:
                         continue                  # a caller wrote them while we waited for the send lock
                     batch, size = [], 0
-                    while self._queue and len(batch) < max_count and (not batch or size < max_bytes):
-                        item = self._queue.popleft()
+                    while self.queue and len(batch) < max_count and (not batch or size < max_bytes):
+                        item = self.queue.popleft()
                         batch.append(item)
                         size += item[1]
                     self._queued_bytes -= size
-                    self._urgent = self._urgent and bool(self._queue)
-                    if self._queue:
+                    self._urgent = self._urgent and bool(self.queue)
+                    if self.queue:
                         self._queue_since = time.perf_counter()
                     self._cv.notify_all()
                 try:
@@ -351,7 +298,7 @@ class Connection(LoneCalls, Receiving):
                 except RgpuError as exc:
                     self._lost(exc)
                     return
-                self._wrote_at = time.perf_counter()
+                self.wrote_at = time.perf_counter()
             for _, _, written, _ in batch:
                 if written is not None:
                     written.set()
@@ -362,37 +309,151 @@ class Connection(LoneCalls, Receiving):
         with self._cv:
             self._flushing += 1
             try:
-                if self._queue:
+                if self.queue:
                     self._urgent = True           # a gathering I/O thread writes now, not after the window
                     self._cv.notify_all()
-                while self._queue and not self._x.dead:
+                while self.queue and not self._x.dead:
                     left = 0.5 if deadline is None else deadline - time.monotonic()
                     if left <= 0:
-                        raise Timeout(f"{len(self._queue)} frames still queued after {timeout} s")
+                        raise Timeout(f"{len(self.queue)} frames still queued after {timeout} s")
                     self._cv.wait(min(0.5, left))
             finally:
                 self._flushing -= 1
-        if not self._send_lock.acquire(timeout=-1 if deadline is None else max(0.0, deadline - time.monotonic())):
+        if not self.send_lock.acquire(timeout=-1 if deadline is None else max(0.0, deadline - time.monotonic())):
             raise Timeout(f"a write still in progress after {timeout} s")
-        self._send_lock.release()
+        self.send_lock.release()
         if self._x.dead:
             raise self._x.dead
 
+    def fail(self, exc: RgpuError) -> RgpuError:
+        """Keep why the connection ended (the first reason; what does not name a cause is ``ConnectionLost``)
+        and wake every thread waiting to queue or flush; returns the kept error."""
+        x = self._x
+        with self._cv:
+            if x.dead is None:
+                keep = isinstance(exc, (ConnectionLost, ProtocolError, VersionMismatch))
+                x.dead = exc if keep else ConnectionLost(str(exc))
+                x.dead.__cause__ = None if keep else exc
+            self._cv.notify_all()
+        return x.dead
+
+    def say_bye(self) -> None:
+        """A BYE after everything queued (the caller flushed): the server ends the session at once."""
+        with self.send_lock:
+            self.transport.send(self.transport.frame_parts(MsgKind.BYE, self._x.next_seq(), 0, None, []))
+
+
+class Connection:
+    """One session's client end over ``transport`` (handshake done; ``welcome`` the server's dict), from
+    ``settings`` (``rgpu.config``): frames within ``limits`` (default: the settings'), received buffers
+    leased from ``pool``.
+
+    Thread-safe: any thread may post, request or call. It owns the transport from here on: it sets the
+    transport's ``on_block`` and ``on_acks`` and is the only one to send, receive or close on it. Every
+    method raises ``ConnectionLost`` (or the ``ProtocolError``/``SessionLost`` that ended it) once the
+    connection has failed or was closed. ``post(meta, buffers)`` and ``post_packed(meta, buffers)`` are
+    its write queue's (bound here: no call between), ``stats`` counts messages, round_trips, bytes_out
+    and bytes_in (a dict-like view; adjusting a count in place is allowed).
+    """
+
+    def __init__(self, transport: Transport, settings, welcome: dict | None = None,
+                 limits: Limits | None = None, pool: BufferPool | None = None):
+        self._transport = transport
+        self.welcome = welcome or {}
+        self.settings = settings
+        self.limits = limits or Limits.from_settings(settings)
+        self.pool = pool or BufferPool()
+        # what more than one part looks at (the lone call checks the queue and pending, takes the locks)
+        queue, pending = deque(), {}
+        cv_lock, send_lock, rcv_lock = threading.Lock(), threading.Lock(), threading.Lock()
+        rcv = threading.Condition(rcv_lock)
+        caps = transport.capabilities
+        # The exchange state, one owner: over shm with its C path a C object that is also call()'s whole
+        # lone request (shm_lone.c), else exchange.py's; a transport that gathers posts has no lone call
+        lone_call = transport.lone_call if caps.writes_inline or caps.batch_window_s is None else None
+        if lone_call is None:
+            self._x = Exchange()
+        else:
+            self._x = lone_call(LoneParts(self.limits, pending, queue, rcv_lock, rcv, cv_lock, send_lock,
+                                          self._exchange_alone, self._read_alone, self._lost))
+        self.router = ReplyRouter(transport, self.limits, self.pool, self._x, pending, rcv_lock, rcv,
+                                  settings.request_timeout, self._fail)
+        self.writes = WriteQueue(transport, settings, self._x, queue, cv_lock, send_lock, self.router.expect,
+                                 self._lost, self._fail)
+        self._lone_py = LoneCaller(self.writes, self.router, transport, self._x, self._lost)
+        self._lone = self._x if lone_call is not None else self._lone_py._call_alone
+        self._request_timeout = settings.request_timeout
+        self.post, self.post_packed = self.writes.post, self.writes.post_packed
+        self.stats = Counts(self._x)
+        transport.on_block = self.router.drain_while_blocked
+        transport.on_acks = self.router.read_acks  # called by a resuming transport (resume.py) only
+
+    @property
+    def transport(self) -> Transport:
+        return self._transport
+
+    @transport.setter
+    def transport(self, transport: Transport) -> None:
+        """A live connection's transport replaced by one wrapping it (``delay.set_rtt``), for every part."""
+        self._transport = self.writes.transport = self.router.transport = self._lone_py.transport = transport
+
+    @property
+    def transport_name(self) -> str:
+        return self.transport.name
+
+    def request(self, meta: Any, buffers: Sequence = (), reply_into: Sequence[memoryview] | None = None) -> Future:
+        """Send a call and return the future of its answer (``Future.result(timeout)`` waits for the ``Reply``).
+
+        ``meta``: any msgpack value (``TypeError`` before anything is sent for others); ``buffers``:
+        bytes-like or CPU tensors, left alone until the answer came; ``reply_into``: writable, contiguous
+        caller memory the answer's buffers land in when their sizes match (``TypeError`` before anything
+        is sent otherwise). Raises first the kept ``RemoteError`` of an earlier failed post, if any.
+        """
+        if reply_into is not None:
+            reply_into = [writable_view(b) for b in reply_into]  # refused here, not halfway through a read
+        x = self._x
+        if x.async_error is not None or x.dead is not None:
+            self.router.raise_async_error()
+        fut = Future(self.router, 0, reply_into)
+        x.round_trips += 1
+        self.writes.submit(_REQUEST, meta, buffers, fut)
+        return fut
+
+    def call(self, meta: Any, buffers: Sequence = (), reply_into=None, timeout: float | None = None) -> Reply:
+        """``request(...).result(timeout)``: the ``Reply`` (``release()`` it), ``RemoteError`` when the server's
+        handler failed, ``Timeout`` past ``timeout`` (or ``RGPU_TIMEOUT``). With nothing else in
+        flight it is written and read on this thread with no future (``connection_lone.py``)."""
+        if timeout is None and not self._request_timeout:
+            reply = self._lone(meta, buffers, reply_into)
+            if reply is not None:
+                return reply
+        return self.request(meta, buffers, reply_into).result(timeout)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every queued frame has been written (``Timeout`` after ``timeout`` seconds)."""
+        self.writes.flush(timeout)
+
+    def take_async_error(self, before: int | None = None):
+        """The kept ``RemoteError`` of a failed post (only one sent before seq ``before``), forgotten once taken."""
+        return self.router.take_async_error(before)
+
+    # the lone call's rare cases, as the C lone call is given them (it is made before the parts they use)
+    def _exchange_alone(self, seq: int, packed: bytes, buffers: Sequence, reply_into) -> Reply:
+        return self._lone_py._exchange_alone(seq, packed, buffers, reply_into)
+
+    def _read_alone(self, seq: int, reply_into, frame) -> Reply:
+        return self._lone_py._read_alone(seq, reply_into, frame)
+
     # ---- failure and close -------------------------------------------------------------
+
+    def _lost(self, exc: RgpuError) -> RgpuError:
+        """A write or read failed: the connection is lost; the error to raise (a BYE read meanwhile names why)."""
+        self._fail(self.router.why_lost(exc))
+        return self._x.dead
 
     def _fail(self, exc: RgpuError) -> None:
         """The connection is unusable: every waiter and later call gets ``exc``."""
-        with self._cv:
-            if self._x.dead is None:   # keep what names the cause; anything else is a lost connection
-                keep = isinstance(exc, (ConnectionLost, ProtocolError, VersionMismatch))
-                self._x.dead = exc if keep else ConnectionLost(str(exc))
-                self._x.dead.__cause__ = None if keep else exc
-            self._cv.notify_all()
-        for fut in list(self._pending.values()):
-            fut._error, fut.done = self._x.dead, True
-        self._pending.clear()
-        with self._rcv:
-            self._rcv.notify_all()
+        self.router.fail_all(self.writes.fail(exc))
         self.transport.abort()
 
     @property
@@ -404,16 +465,27 @@ class Connection(LoneCalls, Receiving):
 
         Threads still waiting for an answer get ``ConnectionLost``; so does every later call.
         """
-        if self._closing:
+        writes = self.writes
+        if writes.closing:
             return
-        self._closing = True
+        writes.closing = True
         try:
             if self._x.dead is None:
-                self.flush(self.settings.connect_timeout if timeout is None else timeout)
-                with self._send_lock:
-                    self.transport.send(self.transport.frame_parts(MsgKind.BYE, self._x.next_seq(), 0, None, []))
+                writes.flush(self.settings.connect_timeout if timeout is None else timeout)
+                writes.say_bye()
         except RgpuError:
             pass
         finally:
             self._fail(ConnectionLost("the connection was closed"))
             self.transport.close()
+
+    # the parts' state under the names tests and bench/client_profile.py look at
+    _queue = property(lambda self: self.writes.queue)
+    _queued_bytes = property(lambda self: self.writes._queued_bytes)
+    _batch_s = property(lambda self: self.writes.batch_s)
+    _io_thread = property(lambda self: self.writes._io_thread)
+    _io_idle = property(lambda self: self.writes._io_idle)
+    _cv = property(lambda self: self.writes._cv)
+    _call_alone = property(lambda self: self._lone_py._call_alone)
+    _write_queued = property(lambda self: self.writes._write_queued,
+                             lambda self, fn: setattr(self.writes, "_write_queued", fn))

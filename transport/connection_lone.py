@@ -1,11 +1,11 @@
 """A connection's lone call: ``call()`` with nothing else in flight, written and read on the caller's thread.
 
-``LoneCalls`` is mixed into ``Connection`` (``connection.py``), whose attributes it uses: the queue, the
-pending requests, the reader election (``_rcv_lock``, ``_rcv``, ``_reading``, ``_waiters``), the send
-lock, the sequence and the stats. A lone request needs no future: its round trip is a few microseconds
-over shm, where the future's bookkeeping was most of it. Over shm the whole of it runs in one C call
-(``shm_lone.c``, the same steps on the same objects); this is the reference, and every other
-transport's path, and the C call hands the rare cases to ``_exchange_alone`` and ``_read_alone``.
+A lone request needs no future: its round trip is a few microseconds over shm, where the future's
+bookkeeping was most of it. ``LoneCaller`` is the reference and every transport's path but shm's C
+one, where the whole call is one C call on state C owns (``shm_lone.c``'s ``LoneCall``, made by
+``Transport.lone_call(LoneParts)``), which hands the rare cases back to ``exchange_alone`` and
+``read_alone`` here. Both take the same steps: nothing pending or queued, the reader's token, the
+send lock and the next seq under the queue's lock, the write, the read.
 """
 from __future__ import annotations
 
@@ -38,44 +38,51 @@ class LoneParts(NamedTuple):
     lost: Callable             # (RgpuError) -> the error to raise: the connection is lost
 
 
-class LoneCalls:
-    """Connection's lone call (the attributes it uses are set in its ``__init__``)."""
+class LoneCaller:
+    """The lone call over ``writes`` (the connection's ``WriteQueue``) and ``router`` (its ``ReplyRouter``),
+    on ``state`` (its exchange state); ``lost(exc)`` ends the connection after a failed write and returns
+    the error to raise."""
+
+    def __init__(self, writes, router, transport, state, lost: Callable):
+        self.writes, self.router, self.transport, self._x, self._lost = writes, router, transport, state, lost
 
     def _call_alone(self, meta: Any, buffers: Sequence, reply_into) -> Reply | None:
         """``call()`` when nothing else is in flight: write, then read until the reply, with no future.
 
         None when another thread reads or writes, a request is pending or frames are queued: ``request()``
-        then does it.
+        then does it. Raises as ``call()`` does (``TypeError`` for metadata msgpack cannot encode, first).
         """
-        if self._pending or self._queue or self._x.dead or self._x.async_error is not None:
+        x, pending, queue = self._x, self.router.pending, self.writes.queue
+        if pending or queue or x.dead or x.async_error is not None:
             return None
         packed = pack_meta(meta)              # raises before anything is sent
-        rcv_lock, cv_lock = self._rcv_lock, self._cv_lock    # acquire/release, not `with`: a third cheaper
+        rcv_lock, cv_lock = self.router.rcv_lock, self.writes.cv_lock    # acquire/release, not `with`: cheaper
         rcv_lock.acquire()
-        reading, self._x.reading = self._x.reading, True
+        reading, x.reading = x.reading, True
         rcv_lock.release()
         if reading:
             return None
         try:
             cv_lock.acquire()
             try:
-                if self._queue or self._pending or self._x.dead or not self._send_lock.acquire(blocking=False):
+                if queue or pending or x.dead or not self.writes.send_lock.acquire(blocking=False):
                     return None
-                seq = self._x.next_seq()
+                seq = x.next_seq()
             finally:
                 cv_lock.release()
-            self._x.messages += 1
-            self._x.round_trips += 1
+            x.messages += 1
+            x.round_trips += 1
             return self._exchange_alone(seq, packed, buffers, reply_into)
         finally:
-            rcv_lock.acquire()                # _end_read(), inline: a lone call is a few microseconds
-            self._x.reading = False
-            if self._x.waiters:
-                self._rcv.notify_all()
+            rcv_lock.acquire()                # the router's end_read(), inline: a lone call is a few microseconds
+            x.reading = False
+            if x.waiters:
+                self.router.rcv.notify_all()
             rcv_lock.release()
 
     def _exchange_alone(self, seq: int, packed: bytes, buffers: Sequence, reply_into) -> Reply:
         """A lone call's write and read the usual way: this thread reads and holds the send lock (released here)."""
+        writes = self.writes
         try:
             self._x.sending_seq = seq
             views = [as_bytes_view(b) for b in buffers]
@@ -85,13 +92,13 @@ class LoneCalls:
         except RgpuError as exc:
             raise self._lost(exc) from None
         finally:
-            if self._batch_s is not None:
-                self._wrote_at = time.perf_counter()
-            self._send_lock.release()
+            if writes.batch_s is not None:
+                writes.wrote_at = time.perf_counter()
+            writes.send_lock.release()
         self._x.bytes_out += sum([v.nbytes for v in views])
-        return self._read_reply(seq, into)
+        return self.router.read_reply(seq, into)
 
     def _read_alone(self, seq: int, reply_into, frame: Frame | None) -> Reply:
         """A lone call's answer after shm's C path wrote it (this thread reads): ``frame``, if it read one, first."""
         into = [writable_view(b) for b in reply_into] if reply_into is not None else None
-        return self._read_reply(seq, into, frame)
+        return self.router.read_reply(seq, into, frame)

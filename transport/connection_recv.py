@@ -1,22 +1,22 @@
-"""A connection's receiving half: replies handed to their futures by whichever thread reads.
+"""A connection's reply router: replies handed to their futures by whichever thread reads.
 
-``Receiving`` is mixed into ``Connection`` (``connection.py``, the sending half and the public calls),
-whose attributes it uses: the transport, ``_pending`` futures by seq, the reader election
-(``_rcv_lock``, ``_rcv``, ``_reading``, ``_waiters``) and the kept error of a failed post.
+``ReplyRouter`` owns the pending futures by seq and the reader's lock and condition; the reader's
+token itself (``reading``, ``waiters``), a failed post's kept error and the counters are the
+connection's exchange state (``exchange.py``), which it is given with everything else it needs.
 
-- Whichever waiting thread gets the receive lock reads frames and hands each reply to its future;
+- Whichever waiting thread takes the reader's token reads frames and hands each reply to its future;
   the others wait on a condition until theirs is done.
 - A post that fails on the server comes back as an ERROR frame with no request waiting for it; the
   first is kept and raised once, at the next wait for a request sent after that post.
 - A write never waits on a full socket while replies are due: the writer reads them meanwhile
-  (``_drain_while_blocked``), because the server, blocked writing a reply nobody reads, would never
-  read our write.
+  (``drain_while_blocked``, the transport's ``on_block``), because the server, blocked writing a reply
+  nobody reads, would never read our write.
 """
 from __future__ import annotations
 
 import time
 from operator import itemgetter
-from typing import Any
+from typing import Any, Callable
 
 from rgpu.errors import ConnectionLost, ProtocolError, RemoteError, RgpuError, SessionLost, Timeout
 
@@ -52,10 +52,10 @@ class Reply(tuple):
 class Future:
     """The pending answer to one request; ``result()`` waits (and may do the reading)."""
 
-    __slots__ = ("_conn", "seq", "into", "_reply", "_error", "done")
+    __slots__ = ("_router", "seq", "into", "_reply", "_error", "done")
 
-    def __init__(self, conn, seq: int, into):
-        self._conn, self.seq, self.into = conn, seq, into
+    def __init__(self, router: "ReplyRouter", seq: int, into):
+        self._router, self.seq, self.into = router, seq, into
         self._reply: Reply | None = None
         self._error: BaseException | None = None
         self.done = False
@@ -64,10 +64,11 @@ class Future:
         """The answer, waiting up to ``timeout`` seconds (None: as long as it takes; ``Timeout`` after).
         Raises the server's ``RemoteError`` for this request, or for a post sent before it that failed,
         and ``ConnectionLost`` once the connection is gone."""
+        router = self._router
         if not self.done:
-            self._conn._wait(self, timeout)
-        if self._conn._x.async_error is not None:
-            err = self._conn.take_async_error(self.seq)   # a post before this request failed: it wins
+            router.wait(self, timeout)
+        if router.state.async_error is not None:
+            err = router.take_async_error(self.seq)   # a post before this request failed: it wins
             if err is not None:
                 raise err
         if self._error is not None:
@@ -81,10 +82,38 @@ def _remote_error(meta) -> RemoteError:
                        remote_type=meta.get("type"))
 
 
-class Receiving:
-    """Connection's receiving methods (the attributes they use are set in its ``__init__``)."""
+class ReplyRouter:
+    """A connection's receiving half over ``transport``: frames read into ``pool`` leases within ``limits``
+    (``wire.Limits``), each reply handed to its future in ``pending`` (by seq); ``state`` is the
+    connection's exchange state (the reader's token, the kept error, the counters), ``rcv_lock`` guards
+    the token and ``pending`` (``rcv`` its condition), ``request_timeout`` is the default wait (0: none),
+    ``fail(exc)`` ends the connection (its ``dead`` is then what every waiter raises)."""
 
-    def _read_reply(self, seq: int, into, frame: Frame | None = None) -> Reply:
+    def __init__(self, transport, limits, pool, state, pending: dict, rcv_lock, rcv, request_timeout: float,
+                 fail: Callable[[RgpuError], None]):
+        self.transport, self.limits, self.pool, self._x = transport, limits, pool, state
+        self.pending, self.rcv_lock, self.rcv = pending, rcv_lock, rcv
+        self._request_timeout = request_timeout
+        self._fail = fail
+
+    @property
+    def state(self):
+        return self._x
+
+    def expect(self, fut: Future, seq: int) -> None:
+        """``fut`` answers request ``seq`` (called under the write queue's lock, in seq order)."""
+        fut.seq = seq
+        self.pending[seq] = fut
+
+    def fail_all(self, dead: RgpuError) -> None:
+        """The connection failed: every pending future gets ``dead``, every waiting thread wakes."""
+        for fut in list(self.pending.values()):
+            fut._error, fut.done = dead, True
+        self.pending.clear()
+        with self.rcv:
+            self.rcv.notify_all()
+
+    def read_reply(self, seq: int, into, frame: Frame | None = None) -> Reply:
         """Frames until request ``seq``'s answer (this thread is the reader); earlier posts' errors first."""
         recv, limits, pool = self.transport.recv_frame, self.limits, self.pool
         want = (lambda kind, s, lengths: into if kind is _REPLY and s == seq else None) if into is not None else None
@@ -115,15 +144,15 @@ class Receiving:
             raise _remote_error(frame.meta)
         return Reply(frame.meta, frame.buffers, frame)
 
-    def _drain_while_blocked(self) -> bool | None:
+    def drain_while_blocked(self) -> bool | None:
         """The transport's ``on_block``: our write waits on the server; read the replies it may be blocked on."""
         try:
-            oldest = next(iter(self._pending), None)
+            oldest = next(iter(self.pending), None)
         except RuntimeError:                      # changed under us by the reader: look again next time
             return False
         if oldest is None or oldest >= self._x.sending_seq:
             return None                           # no reply can come before this write ends
-        with self._rcv_lock:
+        with self.rcv_lock:
             if self._x.reading:
                 return False                      # another thread reads for us
             self._x.reading = True
@@ -131,13 +160,13 @@ class Receiving:
             if self.transport_readable(0):
                 self._dispatch(self.transport.recv_frame(self.limits, self.pool, self._into_for))
         finally:
-            self._end_read()
+            self.end_read()
         return True
 
-    def _read_acks(self) -> None:
+    def read_acks(self) -> None:
         """A resuming transport's ``on_acks``: its replay log fills; read what has arrived (the server's
         acknowledgements, replies due), never waiting, unless another thread reads already."""
-        with self._rcv_lock:
+        with self.rcv_lock:
             if self._x.reading:
                 return
             self._x.reading = True
@@ -145,20 +174,20 @@ class Receiving:
             while self.transport_readable(0):
                 self._dispatch(self.transport.recv_frame(self.limits, self.pool, self._into_for))
         finally:
-            self._end_read()
+            self.end_read()
 
-    def _wait(self, fut: Future, timeout: float | None) -> None:
+    def wait(self, fut: Future, timeout: float | None) -> None:
         if timeout is None and self._request_timeout > 0:
             timeout = self._request_timeout
         deadline = None if timeout is None else time.monotonic() + timeout
         while not fut.done:
-            with self._rcv_lock:
+            with self.rcv_lock:
                 if fut.done:
                     break
                 if self._x.reading:                 # another thread reads: it will hand us our reply
                     self._x.waiters += 1
                     try:
-                        self._rcv.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+                        self.rcv.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
                     finally:
                         self._x.waiters -= 1
                     if deadline is not None and time.monotonic() >= deadline and not fut.done:
@@ -174,32 +203,32 @@ class Receiving:
             except RgpuError as exc:
                 self._fail(exc)
             finally:
-                self._end_read()
+                self.end_read()
 
-    def _end_read(self) -> None:
-        with self._rcv_lock:
+    def end_read(self) -> None:
+        with self.rcv_lock:
             self._x.reading = False
             if self._x.waiters:
-                self._rcv.notify_all()
+                self.rcv.notify_all()
 
     def transport_readable(self, timeout: float) -> bool:
         return self.transport.readable(max(0.0, timeout))
 
     def _into_for(self, kind: int, seq: int, lengths: list):
-        fut = self._pending.get(seq) if kind is _REPLY else None
+        fut = self.pending.get(seq) if kind is _REPLY else None
         return fut.into if fut is not None else None
 
     def _dispatch(self, frame: Frame) -> None:
         if frame.buffers:
             self._x.bytes_in += sum([b.nbytes for b in frame.buffers])
         if frame.kind is _REPLY:  # the common case first
-            fut = self._pending.pop(frame.seq, None)
+            fut = self.pending.pop(frame.seq, None)
             if fut is not None:
                 fut._reply = Reply(frame.meta, frame.buffers, frame)
                 fut.done = True
                 return
         if frame.kind is _REPLY or frame.kind is _ERROR:  # (a reply to no request: refused below)
-            fut = self._pending.pop(frame.seq, None)
+            fut = self.pending.pop(frame.seq, None)
             if fut is None:
                 frame.release()
                 if frame.seq == 0:                # an acknowledgement (transport/resume.py read its ack)
@@ -225,11 +254,11 @@ class Receiving:
             frame.release()
             raise ProtocolError(f"kind: unexpected {frame.kind.name} from the server")
 
-    def _why_lost(self, exc: RgpuError) -> RgpuError:
+    def why_lost(self, exc: RgpuError) -> RgpuError:
         """A write failed: a BYE the server sent before hanging up says why (a frame over its limit, say)."""
         if not isinstance(exc, ConnectionLost):
             return exc
-        with self._rcv_lock:
+        with self.rcv_lock:
             if self._x.reading:
                 return exc
             self._x.reading = True
@@ -243,10 +272,10 @@ class Receiving:
         except RgpuError:
             pass
         finally:
-            self._end_read()
+            self.end_read()
         return exc
 
-    def _raise_async_error(self) -> None:
+    def raise_async_error(self) -> None:
         err = self.take_async_error()
         if err is not None:
             raise err
