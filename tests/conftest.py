@@ -93,9 +93,11 @@ class RunningServer:
     def settings(self, **overrides) -> config.Settings:
         """Client settings for this server, independent of the environment the tests run in.
 
-        The transport is tcp unless ``transport=`` says otherwise: a test names what it tests.
+        The transport is tcp unless ``transport=`` says otherwise, on one stream unless ``tcp_streams=`` does
+        (unset, a host of 8+ cores takes 4, whose stripes would go around a test's proxy): a test names what it tests.
         """
         overrides.setdefault("transport", "tcp")
+        overrides.setdefault("tcp_streams", 1)
         return config.settings(environ={}, server=self.address, token=self.token, **overrides)
 
     def connect(self, route: str = "echo", **overrides):

@@ -142,9 +142,12 @@ class StripedTcp(TcpTransport):
     def send(self, parts: Sequence) -> None:
         if self._closed:
             raise ConnectionLost("connection closed")
-        sizes = [len(p) if type(p) is bytes else memoryview(p).nbytes for p in parts]
-        if sum(sizes) < self.stripe_bytes:
+        total = 0
+        for p in parts:                     # (a loop, no list: every small post passes here)
+            total += len(p) if type(p) is bytes else memoryview(p).nbytes
+        if total < self.stripe_bytes:
             return super().send(parts)     # no frame here can be big: the one-stream path as it was
+        sizes = [len(p) if type(p) is bytes else memoryview(p).nbytes for p in parts]
         jobs, pending, i = [], [], 0
         try:
             while i < len(parts):           # frame by frame: the prefix says how many buffers follow
