@@ -1,7 +1,8 @@
 """The "rgpu" torch.distributed backend: collectives on the servers (gloo among CPU servers), DDP unchanged.
 
 Two ``rgpu serve`` on loopback, two rank processes (``distributed_rank.py``), each on its own
-server (and both on one). Every value is checked against the CPU computing the same thing here.
+server (and both on one), and one client of both servers with a thread per device
+(``distributed_threads.py``). Every value is checked against the CPU computing the same thing here.
 The two-server run ends by killing rank 1's server: rank 0 must hear, naming it, within seconds.
 """
 from __future__ import annotations
@@ -94,6 +95,43 @@ def one_server_run(tmp_path_factory):
         server.stop()
 
 
+@pytest.fixture(scope="module")
+def one_client_run(tmp_path_factory):
+    work = tmp_path_factory.mktemp("dist-threads")
+    servers = [RunningServer(work / f"server{i}") for i in range(WORLD)]
+    try:
+        env = clean_env(RGPU_SERVER=",".join(s.address for s in servers), RGPU_TOKEN=TOKEN, RGPU_TRANSPORT="tcp",
+                        PYTHONPATH=str(HERE))
+        done = subprocess.run([sys.executable, str(HERE / "distributed_threads.py"), str(work / "out.pt")],
+                              env=env, capture_output=True, text=True, timeout=150)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return torch.load(work / "out.pt")
+    finally:
+        for s in servers:
+            s.stop()
+
+
+def _full_batch_training(steps: int, last_in_two: bool) -> torch.nn.Module:
+    """The reference: the same model trained on the CPU on each step's full batch."""
+    net = model()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    xs, ys = batch()
+    rows = xs.shape[1] // WORLD
+    for step in range(steps):
+        opt.zero_grad()
+        x, y = xs[step], ys[step]
+        if last_in_two and step == steps - 1:  # the ranks' two micro-batches (the first under no_sync)
+            half = rows // 2
+            first = torch.cat([torch.arange(r * rows, r * rows + half) for r in range(WORLD)])
+            second = torch.cat([torch.arange(r * rows + half, (r + 1) * rows) for r in range(WORLD)])
+            loss = sum(torch.nn.functional.mse_loss(net(x[i]), y[i]) for i in (first, second))
+        else:
+            loss = torch.nn.functional.mse_loss(net(x), y)
+        loss.backward()
+        opt.step()
+    return net
+
+
 def _reference(rank: int) -> dict:
     """What each collective gives rank ``rank``, computed on the CPU from every rank's inputs."""
     x = [inputs(r) for r in range(WORLD)]
@@ -141,22 +179,7 @@ def test_an_unsupported_collective_or_reduce_op_is_refused_by_name(one_server_ru
 
 def test_ddp_on_two_servers_trains_as_one_cpu_on_the_full_batch(two_servers_run):
     results = [r["ddp"] for r in two_servers_run[0]]
-    net = model()
-    opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    xs, ys = batch()
-    rows = xs.shape[1] // WORLD
-    for step in range(STEPS):
-        opt.zero_grad()
-        x, y = xs[step], ys[step]
-        if step == STEPS - 1:  # the ranks' two micro-batches (the first under no_sync): each a full-batch loss
-            half = rows // 2
-            first = torch.cat([torch.arange(r * rows, r * rows + half) for r in range(WORLD)])
-            second = torch.cat([torch.arange(r * rows + half, (r + 1) * rows) for r in range(WORLD)])
-            loss = sum(torch.nn.functional.mse_loss(net(x[i]), y[i]) for i in (first, second))
-        else:
-            loss = torch.nn.functional.mse_loss(net(x), y)
-        loss.backward()
-        opt.step()
+    net = _full_batch_training(STEPS, last_in_two=True)
     for rank, got in enumerate(results):
         for want, have in zip(net.parameters(), got["params"]):
             torch.testing.assert_close(have, want.detach(), rtol=1e-5, atol=1e-6,
@@ -179,3 +202,14 @@ def test_a_killed_server_is_named_to_the_other_rank_within_seconds(two_servers_r
     assert got["at"] - killed_at < KILL_NOTICE_S, got
     assert f"rank 1's server {servers[1].address} does not answer" in got["error"], got["error"]
     assert "all_reduce" in got["error"]
+
+
+def test_one_client_trains_ddp_on_two_servers_devices_one_thread_each(one_client_run):
+    got = one_client_run
+    assert not [k for k in got if k.startswith("error/")], {k: v for k, v in got.items() if k.startswith("error/")}
+    want = sum(inputs(r)["f"] for r in range(WORLD))
+    net = _full_batch_training(2, last_in_two=False)
+    for r in range(WORLD):
+        torch.testing.assert_close(got[f"all_reduce/{r}"], want, rtol=0, atol=0)
+        for ref, have in zip(net.parameters(), got[f"params/{r}"]):
+            torch.testing.assert_close(have, ref.detach(), rtol=1e-5, atol=1e-6)
