@@ -189,6 +189,20 @@ def test_striped_frames_among_small_ones_in_one_send_arrive_in_order_and_exact(n
     b.close()
 
 
+def test_once_a_striped_send_or_read_returns_no_stream_holds_a_view_of_the_callers_memory():
+    a, b, *_ = _pair(4, 1 << 16)
+    src, dest = bytearray(_random(1 << 20, 5).tobytes()), bytearray(1 << 20)
+    sending = _in_thread(a.send, _frame(1, src))
+    frame = b.recv_frame(Limits(), BufferPool(), into=lambda kind, seq, lengths: [memoryview(dest)])
+    sending["thread"].join(10)
+    assert "error" not in sending and dest == src
+    del frame, sending
+    src.append(0)             # a bytearray with a view still exported cannot be resized (BufferError)
+    dest.append(0)
+    a.close()
+    b.close()
+
+
 def test_ranges_cover_every_byte_once_on_page_boundaries():
     for total in (0, 1, 4095, 4096 * 4 + 1, 10 << 20):
         cuts = ranges(total, 4)

@@ -88,9 +88,11 @@ class _Lane:
             job, fn, args = item
             try:
                 fn(*args)
-            except BaseException as exc:   # the caller raises it
-                job.error = exc
+            except BaseException as exc:   # the caller raises it (without the frames that held the views)
+                job.error = exc.with_traceback(None)
             finally:
+                # the views of the caller's memory go before the caller hears (it may free or reuse it then)
+                item = fn = args = None
                 job.done.set()
 
 
