@@ -149,6 +149,8 @@ class PerShape:
 def compile_graph(gm: torch.fx.GraphModule, example_inputs, mode: str = "default"):
     """aot_autograd's compiler for one aten graph: shipped, or eager with one warning saying why."""
     try:
+        if _session.get().several:  # a graph would run on server 0 whatever its inputs' devices
+            raise Unshippable("graphs are not shipped in a session of several servers (RGPU_SERVER=a,b)")
         g = ShippedGraph(gm, mode)
     except Unshippable as why:
         _counts["eager"] += 1

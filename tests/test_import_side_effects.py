@@ -126,7 +126,8 @@ def _edges() -> dict[str, set[str]]:
 def test_device_backend_imports_go_one_way_with_startup_at_the_top():
     edges = _edges()
     assert {n for n, to in edges.items() if "startup" in to} == {"__init__"}
-    assert edges["session"] <= {"transfers"}, edges["session"]  # a leaf: startup builds and installs it
+    assert edges["session"] <= {"transfers", "servers"}, edges["session"]  # a leaf: startup builds and installs it
+    assert edges["servers"] == set(), edges["servers"]  # session's servers: below it, importing none of the device's
     for low in ("fallback", "torch_rgpu", "compile", "session"):
         assert "registration" not in edges[low], low
     seen: dict[str, int] = {}
