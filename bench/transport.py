@@ -46,7 +46,7 @@ SAMPLES = 4093          # bytes summed per transfer: the proof of arrival costs 
 RUN_SECONDS = 0.15      # work per run (quick: a third of it), cut into SLICES alternating slices
 SLICES = 3
 PING_BYTES = 64
-EXTRA_MODULES = ("rgpu.bench.transport_fast",)  # modules that register more transports
+EXTRA_MODULES = ("rgpu.bench.transport_fast", "rgpu.bench.transport_resume")  # modules that register more transports
 
 
 def stride_for(size: int) -> int:

@@ -27,14 +27,51 @@ class ReplayLog:
     """
 
     def __init__(self, bound: int, owned: int = -1):
-        self.bound, self.frames, self.nbytes, self.gap = bound, deque(), 0, 0
+        self.bound, self.frames, self.gap = bound, deque(), 0
         self.owned = owned    # a post's buffers up to this many bytes are the connection's own copies
+        # bytes kept = added - dropped: ``add`` (the one writer, the transport's write lock held) appends
+        # without a lock, since a deque's append and popleft are each atomic; the lock orders the takers
+        # (``trim`` by a reader, ``shed`` and ``after`` by the writer), which alone count ``dropped``
+        self.added, self.dropped = 0, 0
         self.lock = threading.Lock()
+
+    @property
+    def nbytes(self) -> int:
+        return self.added - self.dropped
 
     def add(self, parts: Sequence) -> bool:
         """Keep the frames in ``parts`` (a reference, copied where the caller's memory is named); True when
         one is a BYE. A frame over the bound by itself is never kept: a drop before the server acknowledges
         it ends the session."""
+        n = len(parts)
+        if not n:
+            return False
+        prefix = parts[0]
+        kind, seq, nbufs = _FIELDS.unpack_from(prefix)
+        if n != nbufs + 1:
+            return self._add_frames(parts)
+        # one frame (a lone call, a post written alone): the common send, in as few steps as it takes
+        size, kept = len(prefix), parts
+        if nbufs == 1:
+            b = parts[1]
+            if type(b) is bytes:
+                size += len(b)
+            else:
+                m = b.nbytes if type(b) is memoryview else len(b)
+                size += m
+                if size <= self.bound and (kind != _POST or m > self.owned):
+                    kept = [prefix, bytes(b)]
+        elif nbufs:
+            return self._add_frames(parts)
+        if size > self.bound:                 # never kept (a 1 GiB upload's copy cost as long as its send)
+            self.gap = max(self.gap, seq)
+            return False
+        self.frames.append((seq, kept, size))
+        self.added += size
+        return kind == _BYE
+
+    def _add_frames(self, parts: Sequence) -> bool:
+        """``add`` of a send of several frames, or of one frame of several buffers."""
         bye, i, n, owned, unpack = False, 0, len(parts), self.owned, _FIELDS.unpack_from
         kept, size, seq = parts, 0, 0
         while i < n:
@@ -60,21 +97,18 @@ class ReplayLog:
             size += frame - len(prefix)
             if frame > self.bound:            # never kept: the rest of this send is kept without it
                 return self._add_without(kept, bye)
-        if not n:
-            return False
-        with self.lock:
-            self.frames.append((seq, kept, size))
-            self.nbytes += size
+        self.frames.append((seq, kept, size))
+        self.added += size
         return bye
 
     def _add_without(self, parts: Sequence, bye: bool) -> bool:
-        """``add`` of a send holding a frame over the bound: the others kept, one entry each (through ``add``,
-        so the caller's memory in frames after the big one is copied too)."""
+        """``add`` of a send holding a frame over the bound: the others kept, one entry each (copied where
+        ``add`` copies, so the caller's memory in frames after the big one is copied too)."""
         for seq, frame, size in _frames(parts):
             if size > self.bound:
                 self.gap = max(self.gap, seq)
                 continue
-            bye = self.add(frame) or bye
+            bye = self._add_frames(frame) or bye
         return bye
 
     def over(self) -> bool:
@@ -82,17 +116,20 @@ class ReplayLog:
 
     def trim(self, ack: int) -> None:
         """Forget the sends the server has acknowledged whole (their last seq up to ``ack``)."""
-        with self.lock:
-            frames = self.frames
+        frames, lock = self.frames, self.lock
+        lock.acquire()                        # (not ``with``: every reply passes here, and it costs half)
+        try:
             while frames and frames[0][0] <= ack:
-                self.nbytes -= frames.popleft()[2]
+                self.dropped += frames.popleft()[2]
+        finally:
+            lock.release()
 
     def shed(self) -> None:
         """Over the bound: the oldest frames go (a drop before the server acknowledges them ends the session)."""
         with self.lock:
             while self.frames and self.nbytes > self.bound:
                 seq, _, size = self.frames.popleft()
-                self.nbytes -= size
+                self.dropped += size
                 self.gap = max(self.gap, seq)
 
     def after(self, applied: int) -> list:

@@ -28,6 +28,7 @@ import threading
 import time
 import weakref
 from collections import deque
+from threading import get_ident
 from typing import Callable, Sequence
 
 from rgpu.errors import AuthenticationError, ConnectionLost, ProtocolError, RgpuError, SessionLost
@@ -50,10 +51,11 @@ class ResumingTransport(Transport):
         self._id = str(offer["id"])
         self.grace_s = float(offer.get("grace_s") or settings.session_grace)
         self.log = ReplayLog(settings.replay_bytes, settings.post_copy_bytes)
+        self._half = self.log.bound // 2      # past it a send reads the server's acknowledgements
         self._dial, self._where, self._settings = dial, where, settings
         self.received = 0                     # the seq of the last answer (REPLY or ERROR) read
         self._gen = 0                         # connections so far: a failure on an older one is handled
-        self._wlock = threading.RLock()       # held from a frame's keeping to its write
+        self._wlock = threading.Lock()        # held from a frame's keeping to its write (never re-entered)
         self._rlock = threading.Lock()        # held by the thread that resumes
         self._writer: int | None = None       # the thread in send (its reads never resume: its send does)
         self._stash: deque = deque()          # frames read while the replay was being written
@@ -62,6 +64,7 @@ class ResumingTransport(Transport):
         self._closed = False
         self._into = None
         self.on_acks: Callable[[], None] | None = None   # Connection's: read what is readable, not waiting
+        self._on_block = None
         self.resumes = 0
         self.capabilities = inner.capabilities   # batching as the tcp below it
         self._said_bye, self._pid = False, os.getpid()
@@ -82,30 +85,41 @@ class ResumingTransport(Transport):
     def spin_reads(self, spin_us, use_c: bool = True) -> None:
         self._inner.spin_reads(spin_us, use_c)
 
+    @property
+    def on_block(self):
+        return self._on_block
+
+    @on_block.setter
+    def on_block(self, hook) -> None:     # the connection's, set once: handed to each connection's tcp end
+        self._on_block = self._inner.on_block = hook
+
     # ---- the contract --------------------------------------------------------------
 
     def send(self, parts: Sequence) -> None:
+        # every call's own path (a lone call's request, each batch of posts): as few steps as it takes; the
+        # write lock is held from the frames' keeping to their write, so a replay never overtakes a send
         if self._lost is not None:
             raise self._lost
-        with self._wlock:
-            gen, me = self._gen, threading.get_ident()
-            outer, self._writer = self._writer, me
-            try:
-                bye = self.log.add(parts)
-                self._said_bye = self._said_bye or bye
-                self._inner.on_block = self.on_block
-                self._inner.send(parts)
-                if self.log.nbytes > self.log.bound // 2 and outer is None:
-                    self._make_room()
-                return
-            except SessionLost:
+        wlock, log = self._wlock, self.log
+        wlock.acquire()
+        me, outer, gen = get_ident(), self._writer, self._gen
+        self._writer = me
+        try:
+            if log.add(parts):
+                self._said_bye = True
+            self._inner.send(parts)
+            if outer is None and log.added - log.dropped > self._half:
+                self._make_room()
+            return
+        except SessionLost:
+            raise
+        except ConnectionLost as exc:
+            if self._said_bye or self._closed or self._lost is not None:
                 raise
-            except ConnectionLost as exc:
-                if bye or self._closed or self._lost is not None:
-                    raise
-                lost = exc
-            finally:
-                self._writer = outer
+            lost = exc
+        finally:
+            self._writer = outer
+            wlock.release()
         if outer == me:
             raise lost                        # a read inside our own send (on_block): the outer send resumes
         self._resume(gen, lost)               # replays what we kept, these frames among them
@@ -117,24 +131,26 @@ class ResumingTransport(Transport):
                 return self._stash.popleft()
             if self._lost is not None:
                 raise self._lost
-            gen = self._gen
+            gen, lost = self._gen, None
             self._in_recv += 1
             try:
                 frame = self._inner.recv_frame(limits, pool, into)
             except SessionLost:
                 raise
             except ConnectionLost as exc:
-                if self._closed or self._writer == threading.get_ident():
+                if self._closed or self._writer == get_ident():
                     raise
-                self._in_recv -= 1
-                try:
-                    self._resume(gen, exc)
-                finally:
-                    self._in_recv += 1
-                continue
+                lost = exc
             finally:
                 self._in_recv -= 1
-            self._note(frame)
+            if lost is not None:
+                self._resume(gen, lost)
+                continue
+            ack, seq = frame.ack, frame.seq
+            if ack and self.log.frames and self.log.frames[0][0] <= ack:
+                self.log.trim(ack)
+            if seq > self.received and (frame.kind is _REPLY or frame.kind is _ERROR):
+                self.received = seq
             return frame
 
     def _make_room(self) -> None:
@@ -152,6 +168,7 @@ class ResumingTransport(Transport):
             log.shed()
 
     def _note(self, frame) -> None:
+        """What a frame read outside ``recv_frame`` says (its ack, the last answer read), as ``recv_frame`` notes it."""
         if frame.ack:
             self.log.trim(frame.ack)
         kind = frame.kind

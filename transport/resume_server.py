@@ -18,6 +18,7 @@ from __future__ import annotations
 import hmac
 import queue
 import socket
+import struct
 import time
 from collections import deque
 from typing import Sequence
@@ -27,9 +28,10 @@ from rgpu.errors import ConnectionLost, RgpuError
 from . import handshake
 from .base import Transport
 from .tcp import TcpTransport
-from .wire import HEADER, MsgKind
+from .wire import MsgKind
 
-_REPLY, _ERROR, _REQUEST = MsgKind.REPLY, MsgKind.ERROR, MsgKind.REQUEST
+_REPLY, _ERROR, _POST = MsgKind.REPLY, MsgKind.ERROR, MsgKind.POST
+_KIND_SEQ = struct.Struct("<6xH4xQ")   # a frame header's kind and seq, the rest skipped (wire.HEADER)
 ACK_EVERY = 1024         # frames between two acknowledgements when no answer carries one (the client keeps
                          # references: about 100 bytes a small post) ...
 ACK_BYTES = 1 << 20      # ... or bytes of theirs (at most an eighth of the client's replay bound): the first
@@ -74,28 +76,27 @@ class ResumableEnd(Transport):
                 self._await_resume(exc)
                 continue
             seq = frame.seq
+            if seq > self.done:
+                self.done = seq
+                if frame.kind is _POST:   # (a request is acknowledged by its answer, sent before the next read)
+                    for b in frame.buffers:   # acknowledged by seq, cumulatively: no count kept a frame
+                        self._bytes_since_ack += b.nbytes
+                    if seq - self._acked >= ACK_EVERY or self._bytes_since_ack >= self._ack_bytes:
+                        self._ack(seq)
+                return frame
             if not seq:
                 return frame
-            if seq <= self.done:
-                frame.release()           # replayed, and had already: applied once
-                continue
-            self.done = seq
-            bufs = frame.buffers          # acknowledged by seq, cumulatively: no count kept a frame
-            if bufs:
-                self._bytes_since_ack += sum([b.nbytes for b in bufs])
-            if (seq - self._acked >= ACK_EVERY or self._bytes_since_ack >= self._ack_bytes) and frame.kind is not _REQUEST:
-                self._ack(seq)
-            return frame
+            frame.release()               # replayed, and had already: applied once
 
     def _ack(self, seq: int) -> None:
         self._acked, self._bytes_since_ack = seq, 0
         self.send(self._inner.frame_parts(_REPLY, 0, seq, None, []))
 
     def send(self, parts: Sequence) -> None:
-        _, _, kind, _, seq, _, _, _ = HEADER.unpack_from(parts[0])
-        if (kind == _REPLY or kind == _ERROR) and seq:
+        kind, seq = _KIND_SEQ.unpack_from(parts[0])
+        if seq and (kind == _REPLY or kind == _ERROR):
             self._keep(seq, parts)
-            self._acked, self._bytes_since_ack = max(self._acked, seq), 0   # every answer acknowledges up to it
+            self._acked, self._bytes_since_ack = seq, 0   # every answer acknowledges up to it (seqs only grow)
         try:
             self._inner.send(parts)
         except ConnectionLost as exc:
@@ -103,18 +104,27 @@ class ResumableEnd(Transport):
 
     def _keep(self, seq: int, parts: Sequence) -> None:
         # sized before the copy: an answer over the bound is never kept (a 1 GiB download's copy cost as
-        # long as its send)
-        size = sum([p.nbytes if type(p) is memoryview else len(p) for p in parts])
+        # long as its send); loops, not comprehensions: every reply passes here (a comprehension is a call)
+        size = 0
+        for p in parts:
+            size += p.nbytes if type(p) is memoryview else len(p)
         if size > self.bound:
             self.lost_upto = seq
             return
-        copy = [p if type(p) is bytes else bytes(p) for p in parts]
-        self.answers.append((seq, copy, size))
+        copy = parts
+        for i, p in enumerate(parts):
+            if type(p) is not bytes:
+                if copy is parts:
+                    copy = list(parts)
+                copy[i] = bytes(p)
+        answers = self.answers
+        answers.append((seq, copy, size))
         self.kept += size
-        while self.kept > self.bound or len(self.answers) > ANSWERS_KEPT:
-            old, _, n = self.answers.popleft()
-            self.kept -= n
-            self.lost_upto = old
+        if self.kept > self.bound or len(answers) > ANSWERS_KEPT:
+            while self.kept > self.bound or len(answers) > ANSWERS_KEPT:
+                old, _, n = answers.popleft()
+                self.kept -= n
+                self.lost_upto = old
 
     def interrupt(self) -> None:
         """A resumed connection arrived: the current one is dead to the client (wake a read blocked on it)."""
