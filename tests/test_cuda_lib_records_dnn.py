@@ -127,8 +127,10 @@ def _conv(pack=PACK3, plan=bench.PLAN, ptrs=(0xA000, 0xB000, 0xC000), stream=S1)
 def test_a_convolutions_variant_pack_runs_in_c_with_the_python_paths_calls_and_values(folder, monkeypatch):
     steps = _conv() + gemm("cublasSgemm_v2") + _conv(ptrs=(0xA100, 0xB100, 0xC100), stream=S2) + launch(0x100, S2)
     logs = {}
-    for native in ("auto", "off"):
-        session = dnn_session(folder, monkeypatch, native)
+    for native in ("auto", "off", "walker off"):
+        session = dnn_session(folder, monkeypatch, native.replace("walker off", "auto"))
+        if native == "walker off":          # every record through Libraries.run, the packs still C's (a trace)
+            monkeypatch.setattr(session.libs, "records_table", lambda: None)
         logs[native], through_python = run(session, steps * 2, monkeypatch)
         assert session.executor.deferred == []
         assert through_python == (1 if native == "auto" else 30)       # in C: all but the plan's first execute
@@ -136,7 +138,7 @@ def test_a_convolutions_variant_pack_runs_in_c_with_the_python_paths_calls_and_v
         if native == "auto":
             assert [lib.c.rgpu_cudnn_count(lib.fast, k) for k in (HANDLE, PACK, PLAN)] == [1, 2, 1]
         session.libs.close()
-    assert logs["auto"] == logs["off"]
+    assert logs["auto"] == logs["off"] == logs["walker off"]
     conv = [line.split() for line in logs["auto"][:9]]
     assert [w[0] for w in conv] == ["ctx", "dnn_desc", "dnn_set", "dnn_set", "dnn_set", "dnn_finalize",
                                     "dnn_stream", "dnn_execute", "dnn_desc_destroy"]
@@ -230,16 +232,18 @@ def _bn(dtype=0) -> bytes:
 @isolated
 def test_a_batch_norm_and_its_tensor_descriptors_run_in_c_with_the_python_paths_calls(folder, monkeypatch):
     logs = {}
-    for native in ("auto", "off"):
-        session = dnn_session(folder, monkeypatch, native)
+    for native in ("auto", "off", "walker off"):
+        session = dnn_session(folder, monkeypatch, native.replace("walker off", "auto"))
+        if native == "walker off":          # Python's batch norm on the C table's tensors (a trace)
+            monkeypatch.setattr(session.libs, "records_table", lambda: None)
         logs[native], through_python = run(session, _bn() + _bn(dtype=9), monkeypatch)
         assert session.executor.deferred == []
         assert through_python == (0 if native == "auto" else 20)       # in C: all, the batch norms too
         lib = session.libs.library("cudnn")
-        if native == "auto":
+        if native != "off":
             assert lib.c.rgpu_cudnn_count(lib.fast, 3) == 0            # each destroyed
         session.libs.close()
-    assert logs["auto"] == logs["off"]
+    assert logs["auto"] == logs["off"] == logs["walker off"]
     one = [line.split() for line in logs["auto"][:11]]
     assert [w[0] for w in one] == ["ctx", "dnn_tensor", "dnn_tensor_set", "dnn_tensor", "dnn_derive", "dnn_tensor",
                                    "dnn_tensor_set", "dnn_stream", "dnn_bn_forward", "dnn_tensor_destroy",
