@@ -2,7 +2,8 @@
 
     with pair("shm") as (client, server): ...     # each end a Transport; both closed after
 
-tcp: a loopback TCP connection. shm: the server's offer and the client's attach
+tcp: a loopback TCP connection; tcp-streams: four of them as one (tcp_streams.py), frames of 64 KiB or more
+striped. shm: the server's offer and the client's attach
 (on a thread, as they would be two processes), with the C path (shm_fast.c) where it
 builds; shm-py: both ends on the Python path; shm-mixed: the client in C, the server in
 Python (the records are the same). ucx: two UCXX workers joined by
@@ -17,7 +18,7 @@ from contextlib import contextmanager
 
 from rgpu.transport.tcp import TcpTransport, tune
 
-NAMES = ("tcp", "shm", "shm-py", "shm-mixed", "ucx")
+NAMES = ("tcp", "tcp-streams", "shm", "shm-py", "shm-mixed", "ucx")
 
 
 def skip_reason(name: str) -> str | None:
@@ -38,6 +39,13 @@ def tcp_pair() -> tuple[TcpTransport, TcpTransport]:
     for s in (a, b):
         tune(s)
     return TcpTransport(a), TcpTransport(b)
+
+
+def tcp_streams_pair(streams: int = 4, stripe_bytes: int = 64 << 10):
+    from rgpu.transport.tcp_streams import StripedTcp
+
+    main, *extra = [tcp_pair() for _ in range(streams)]
+    return tuple(StripedTcp(main[i], [e[i].sock for e in extra], stripe_bytes) for i in (0, 1))
 
 
 def shm_pair(client_c: bool = True, server_c: bool = True):
@@ -66,7 +74,7 @@ def ucx_pair():
 
 @contextmanager
 def pair(name: str):
-    client, server = {"tcp": tcp_pair, "shm": shm_pair, "shm-py": lambda: shm_pair(False, False),
+    client, server = {"tcp": tcp_pair, "tcp-streams": tcp_streams_pair, "shm": shm_pair, "shm-py": lambda: shm_pair(False, False),
                       "shm-mixed": lambda: shm_pair(True, False), "ucx": ucx_pair}[name]()
     try:
         yield client, server
