@@ -113,9 +113,7 @@ class WriteQueue:
         inline, gathered = False, None
         with self.cv_lock:
             seq = self._admit()
-            x = self._x
-            x.messages += 1
-            x.bytes_out += nbytes
+            self._x.sent(nbytes)
             if self._posts_inline and not self.queue and self.send_lock.acquire(blocking=False):
                 inline = True                     # nothing ahead of us: write on this thread
             else:
@@ -156,8 +154,7 @@ class WriteQueue:
                 raise
             if fut is not None:
                 self._expect(fut, seq)
-            self._x.messages += 1
-            self._x.bytes_out += nbytes
+            self._x.sent(nbytes)
             if not inline:
                 self._enqueue(parts, nbytes, written, seq, urgent=written is not None or kind is _REQUEST)
                 if self.batch_s is not None and kind is _POST:
@@ -177,13 +174,15 @@ class WriteQueue:
 
     def _admit(self) -> int:
         """The next sequence number, once the queue has room (called with ``_cv_lock`` held)."""
-        if self._x.dead:
-            raise self._x.dead
-        while self._queued_bytes > self._queue_max and not self._x.dead:
-            self._cv.wait()                       # backpressure: the I/O thread is behind
-        if self._x.dead:
-            raise self._x.dead
-        return self._x.next_seq()
+        x = self._x
+        if x.dead:
+            raise x.dead
+        if self._queued_bytes > self._queue_max:
+            while self._queued_bytes > self._queue_max and not x.dead:
+                self._cv.wait()                   # backpressure: the I/O thread is behind
+            if x.dead:
+                raise x.dead
+        return x.next_seq()
 
     def _enqueue(self, parts: list, nbytes: int, written, seq: int, urgent: bool = False) -> None:
         """Hand a frame to the I/O thread (called with ``_cv_lock`` held)."""

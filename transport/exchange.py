@@ -33,6 +33,11 @@ class Exchange:
         self.dead = self.async_error = None
         self.messages = self.round_trips = self.bytes_out = self.bytes_in = 0
 
+    def sent(self, nbytes: int) -> None:
+        """One frame of ``nbytes`` buffer bytes counted."""
+        self.messages += 1
+        self.bytes_out += nbytes
+
 
 class Counts(MutableMapping):
     """``Connection.stats``: the exchange's counters as a dict-like view (read, compared, adjusted in place).

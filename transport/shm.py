@@ -181,14 +181,14 @@ class ShmTransport(Receiving, NativeCalls, Transport):
             return self.send([_Out(kind, seq, 0, 0, meta, [])])
         with self._send_lock:
             try:
-                ends = self._ends
-                if ends.closed:
-                    raise ConnectionLost("connection closed")
-                if self._n_put is not None:
-                    tail = self._n_put(self._n_ring, ends.tail, kind, 0, seq, 0, meta, ())
-                    if tail >= 0:
-                        ends.tail = tail
+                if self._n_put is not None:      # the C path: the tail moved in C (Ends.put)
+                    done = self._ends.put(self._n_ring, kind, 0, seq, 0, meta, ())
+                    if done:
                         return
+                    if done is None:
+                        raise ConnectionLost("connection closed")
+                elif self._ends.closed:
+                    raise ConnectionLost("connection closed")
                 pos = self._reserve(rec_len)
                 ring = self._ring_out
                 REC.pack_into(ring, pos, rec_len, KIND_FRAME, NO_SLOT, 0, blob_len, 0)
@@ -203,12 +203,11 @@ class ShmTransport(Receiving, NativeCalls, Transport):
     def _send_copied(self, kind: int, seq: int, meta: bytes, buffers: Sequence) -> None:
         if self._n_put is not None:
             with self._send_lock:
-                if self._ends.closed:
-                    raise ConnectionLost("connection closed")
-                tail = self._n_put(self._n_ring_any, self._ends.tail, kind, 0, seq, 0, meta, buffers)
-                if tail is not None and tail >= 0:
-                    self._ends.tail = tail
+                done = self._ends.put(self._n_ring_any, kind, 0, seq, 0, meta, buffers)
+                if done:
                     return
+                if done is None:
+                    raise ConnectionLost("connection closed")
         # too big for one record, no room now, not plain memory, or no C path: copies, the usual way
         self.send([_Out(kind, seq, 0, 0, meta, copied(buffers))])
 

@@ -41,6 +41,34 @@ static PyObject *ends_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     return (PyObject *)e;
 }
 
+/* ends.put(ring, kind, flags, seq, ack, meta, buffers): the frame into the ring at the tail, the tail moved:
+ * True; False where the ring declines it (not a frame for the ring alone, no room now, not plain memory:
+ * the Python path); None when closed. One call where Python would read and write the tail around put. */
+static PyObject *ends_put(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    ARGS(7, "put");
+    Ends *e = (Ends *)self;
+    if (e->closed)
+        Py_RETURN_NONE;
+    U64(0, ring); U64(1, kind); U64(2, flags); U64(3, seq); U64(4, ack);
+    char *meta; Py_ssize_t meta_len; held_buffers h;
+    int held = hold_frame(args[5], args[6], &meta, &meta_len, &h);
+    if (held <= 0)
+        return held < 0 ? NULL : Py_NewRef(Py_False);
+    int64_t t = rgpu_shm_put((const rgpu_ring *)ring, e->tail, (uint32_t)kind, (uint32_t)flags, seq, ack, meta,
+                             (uint32_t)meta_len, (uint32_t)h.n, h.ptrs, h.lens);
+    release_buffers(&h);
+    if (t < 0)
+        Py_RETURN_FALSE;
+    e->tail = (uint64_t)t;
+    Py_RETURN_TRUE;
+}
+
+static PyMethodDef ends_methods[] = {
+    {"put", (PyCFunction)(void (*)(void))ends_put, METH_FASTCALL,
+     "put(ring, kind, flags, seq, ack, meta, buffers) -> True (written), False (declined), None (closed)."},
+    {NULL},
+};
+
 static PyMemberDef ends_members[] = {
     {"tail", T_ULONGLONG, offsetof(Ends, tail), 0, "where the next record out goes (unpublished until published)"},
     {"head", T_ULONGLONG, offsetof(Ends, head), 0, "where the next record in is read"},
@@ -57,6 +85,7 @@ static PyTypeObject EndsType = {
     .tp_doc = "Ends(tail, head): a shm transport's ring ends, closed flag and shared-core deadline.",
     .tp_new = ends_new,
     .tp_members = ends_members,
+    .tp_methods = ends_methods,
 };
 
 typedef struct {
@@ -397,8 +426,19 @@ static PyObject *lone_next_seq(PyObject *self, PyObject *unused) {
     return PyLong_FromLongLong(++((LoneCall *)self)->seq);
 }
 
+/* sent(nbytes): a frame of ``nbytes`` buffer bytes counted (one call: a member += from Python costs more) */
+static PyObject *lone_sent(PyObject *self, PyObject *arg) {
+    long long n = PyLong_AsLongLong(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    LoneCall *L = (LoneCall *)self;
+    L->messages++, L->bytes_out += n;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef lone_methods[] = {
     {"next_seq", lone_next_seq, METH_NOARGS, "The connection's next sequence number (1, 2, ...)."},
+    {"sent", lone_sent, METH_O, "sent(nbytes): one frame and its buffer bytes counted."},
     {NULL},
 };
 

@@ -80,8 +80,5 @@ class NativeCalls:
 
     def _put_c(self, out) -> bool:
         """``out`` written and published by the C path, if it is a frame for the ring alone and the ring has room."""
-        tail = self._n_put(self._n_ring, self._ends.tail, out.kind, out.flags, out.seq, out.ack, out.meta, out.views)
-        if tail is None or tail < 0:
-            return False     # too big for the ring alone, no room now, or not plain memory: the Python path
-        self._ends.tail = tail
-        return True
+        # False: too big for the ring alone, no room now, or not plain memory: the Python path (send checked closed)
+        return bool(self._ends.put(self._n_ring, out.kind, out.flags, out.seq, out.ack, out.meta, out.views))
