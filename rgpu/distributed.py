@@ -79,14 +79,14 @@ class ProcessGroupRgpu(dist.ProcessGroup):
         mine = _address(server)
         self._store.set(f"rgpu/servers/{self._rank}", mine)
         if self._rank == 0:
-            host, port = server.request([Msg.GROUP_STORE])
+            host, port = self._s.request([Msg.GROUP_STORE], self._device)
             if host in ("", "0.0.0.0", "::"):  # a server bound to every address: reach it as this client does
                 host = mine.rpartition(":")[0].strip("[]") or "127.0.0.1"
             self._store.set(_RENDEZVOUS, f"{host}:{port}")
         host, _, port = self._store.get(_RENDEZVOUS).decode().rpartition(":")
         self.servers = [self._store.get(f"rgpu/servers/{r}").decode() for r in range(self._size)]
-        server.request([Msg.GROUP_JOIN, self._gid, host, int(port), self._rank, self._size, None, self._device,
-                        seconds, self.servers])
+        self._s.request([Msg.GROUP_JOIN, self._gid, host, int(port), self._rank, self._size, None, self._device,
+                         seconds, self.servers], self._device)
 
     def _post(self, name: str, ins: list, outs: list = (), op=None, root: int = 0) -> None:
         s, server = self._s, self._server
@@ -95,8 +95,8 @@ class ProcessGroupRgpu(dist.ProcessGroup):
                 raise ValueError(f"rgpu process group: {name} of a tensor on {t.device}; this rank's group "
                                  f"runs on {s.devtype}:{self._device}")
         with s.lock:  # the allocator's events due at this server first, in the same message, as an op's
-            server.conn.post([Msg.COLLECTIVE, server.events(), self._gid, name, op, root,
-                              [s.C.describe(t) for t in ins], [s.C.describe(t) for t in outs]])
+            s.post([Msg.COLLECTIVE, server.events(), self._gid, name, op, root,
+                    [s.C.describe(t) for t in ins], [s.C.describe(t) for t in outs]], self._device)
 
     def _on_cpu(self, tensors) -> bool:
         return all(t.device.type == "cpu" for t in tensors)
@@ -168,7 +168,7 @@ class ProcessGroupRgpu(dist.ProcessGroup):
     def barrier(self, opts=BarrierOptions()):
         """Every rank's server has reached it before this returns (one round trip, as NCCL's barrier blocks)."""
         self._post("barrier", [])
-        self._server.request([Msg.SYNC])
+        self._s.request([Msg.SYNC], self._device)
         return _done([])
 
     def _refuse(name: str):
@@ -191,8 +191,7 @@ class ProcessGroupRgpu(dist.ProcessGroup):
 
     def shutdown(self) -> None:
         if _session.current() is self._s:
-            with self._s.lock:
-                self._server.conn.post([Msg.GROUP_LEAVE, self._gid])
+            self._s.post([Msg.GROUP_LEAVE, self._gid], self._device)
 
     def __repr__(self) -> str:
         return f"ProcessGroupRgpu(rank={self._rank}, size={self._size}, device=rgpu:{self._device})"
