@@ -1,4 +1,5 @@
-"""The ops route's common op in C++ (``fast_op.cpp``), built with torch and cached.
+"""The ops route's common op in C++ (``fast_op.cpp``) and the session's handle table it uses (``handle_table.h``,
+with a Python face: ``module.HandleTable``, which ``handles.table()`` hands the executor), built with torch and cached.
 
 On the GPU host the executor's Python around each aten call was most of the server's
 time per streamed op. ``FastOps.run`` decodes, runs and binds the common op without it
