@@ -66,7 +66,7 @@ step copy 25 bash -c "'$PY' -m rgpu.bench.transport_fast --copy --repeats 5 --js
 # the shm tests where pytest (and the suite's own needs) are there; skipped, with the reason, otherwise
 if "$PY" -c "import pytest, hypothesis" 2>/dev/null; then
   step tests 120 "$PY" -m pytest -q -p no:cacheprovider tests/test_transport_shm.py tests/test_transport_contract.py \
-    tests/test_transport_select.py tests/test_shm_lone.py tests/test_tcp_streams.py
+    tests/test_transport_select.py tests/test_shm_lone.py tests/test_exchange.py tests/test_tcp_streams.py
 else
   echo "pytest or hypothesis missing: shm tests not run here" >"$OUT/tests.log"; echo skipped >"$OUT/tests.rc"
 fi
