@@ -8,7 +8,8 @@ received into a preallocated buffer; ``rgpu.bench.transport``), interleaved with
 
 - ``tcp x1``: one stream, beside the raw socket (a Python socket pair in two processes);
 - ``tcp xN``: N streams (``--streams``, default 4), beside the same raw socket;
-- with ``--tls``: ``tcp+tls xN``, TLS on each of the N streams, beside plain ``tcp xN``.
+- with ``--tls``: ``tcp+tls xN``, TLS on each of the N streams, beside plain ``tcp xN``;
+- ``rtt``: the 64 B round trip on N streams beside one (what striping costs a call that is not striped).
 
 Each rgpu row has its own local ``rgpu serve`` started with ``RGPU_TCP_STREAMS`` set to its count, its
 client asking as many; servers pinned apart from the client as the transport suite pins them. On a
@@ -67,6 +68,8 @@ def rows(args=None) -> list[dict]:
         pairs = [("tcp x1", one, raw), (f"tcp x{n}", many, raw)]
         if getattr(args, "tls", False):
             pairs.append((f"tcp+tls x{n}", _backend(ctx, n, tls=True), many))
+        # what the streams cost a small call (every send looks at its size): the 64 B round trip, N beside 1
+        out += suite.transport_rows(f"tcp x{n}", {"rtt": (many, one)}, [], repeats, budget)
         for name, rgpu, base in pairs:
             out += suite.transport_rows(name, {"bandwidth": (rgpu, base), "download": (rgpu, base)}, sizes, repeats,
                                         budget)

@@ -142,13 +142,13 @@ class StripedTcp(TcpTransport):
     # ---- sending ---------------------------------------------------------------------
 
     def send(self, parts: Sequence) -> None:
+        total = 0
+        for p in parts:                     # (a loop, no list, no new view: every small post passes here)
+            total += len(p) if type(p) is bytes else p.nbytes if type(p) is memoryview else memoryview(p).nbytes
+        if total < self.stripe_bytes:
+            return TcpTransport.send(self, parts)   # no frame here can be big: the one-stream path as it was
         if self._closed:
             raise ConnectionLost("connection closed")
-        total = 0
-        for p in parts:                     # (a loop, no list: every small post passes here)
-            total += len(p) if type(p) is bytes else memoryview(p).nbytes
-        if total < self.stripe_bytes:
-            return super().send(parts)     # no frame here can be big: the one-stream path as it was
         sizes = [len(p) if type(p) is bytes else memoryview(p).nbytes for p in parts]
         jobs, pending, i = [], [], 0
         try:
