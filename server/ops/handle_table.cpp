@@ -154,7 +154,9 @@ void bind_handle_table(py::module_& m) {
       // handles.py's entries keep a flat tensor per dtype; this table makes views straight from the storage
       .def_property_readonly("flat", [](const EntryFace&) { return py::dict(); });
 
-  py::class_<HandleTable, Table>(m, "HandleTable", "One session's handle table (handle_table.h); handles.py's interface")
+  // dynamic_attr: a diagnostic may wrap a method on the instance, as on handles.py's (tools/diag/)
+  py::class_<HandleTable, Table>(m, "HandleTable", "One session's handle table (handle_table.h); handles.py's interface",
+                                 py::dynamic_attr())
       .def(py::init([](py::sequence devices, py::sequence dtypes, int64_t max_views) {
              std::vector<c10::Device> devs;
              for (py::handle d : devices) {

@@ -339,8 +339,6 @@ class HandleTable {
     allocated.assign(devices.size(), 0);
   }
 
-  int64_t max_views() const { return max_views_; }
-
  private:
   static bool equal(const py::object& a, const py::object& b) {
     const int r = PyObject_RichCompareBool(a.ptr(), b.ptr(), Py_EQ);
