@@ -21,7 +21,6 @@ import secrets
 import statistics
 import subprocess
 import sys
-import time
 
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 

@@ -182,3 +182,70 @@ def test_a_killed_server_ends_the_session_naming_it_and_the_other_is_released(tm
     finally:
         for s in started:
             s.stop()
+
+
+def _push(peers_dst, ticket: bytes, src, host="127.0.0.1"):
+    """``src`` sent from a source's Peers, in a thread, to ``peers_dst``'s listener."""
+    import threading
+
+    from rgpu.server.ops.peer import Peers
+
+    source = Peers("127.0.0.1", 5.0)
+    errors: list = []
+
+    def send():
+        try:
+            source.send(ticket, host, peers_dst.port, src)
+        except Exception as exc:  # seen by the test
+            errors.append(exc)
+    t = threading.Thread(target=send)
+    t.start()
+    return t, errors, source
+
+
+def test_a_peer_transfer_takes_only_its_ticket_and_keeps_one_that_came_early():
+    import socket
+
+    import torch
+
+    from rgpu.server.ops.peer import Peers, PeerError
+
+    dst_peers = Peers("127.0.0.1", 5.0)
+    try:
+        stranger = socket.create_connection(("127.0.0.1", dst_peers.port))
+        stranger.sendall(b"x" * 32 + b"B" + (16).to_bytes(8, "big") + b"y" * 16)   # no ticket of ours
+        a, b = torch.arange(6.0), torch.arange(4, dtype=torch.int64)
+        t1, e1, _ = _push(dst_peers, b"2" * 32, b)     # the later copy's source connects first
+        t2, e2, _ = _push(dst_peers, b"1" * 32, a)
+        got_a, got_b = torch.zeros(6), torch.zeros(4, dtype=torch.int64)
+        dst_peers.receive(b"1" * 32, got_a)
+        dst_peers.receive(b"2" * 32, got_b)
+        t1.join(5), t2.join(5)
+        assert not e1 and not e2
+        assert torch.equal(got_a, a) and torch.equal(got_b, b)
+        with pytest.raises(PeerError, match="holds"):   # a size the destination does not hold is refused
+            t3, _, _ = _push(dst_peers, b"3" * 32, torch.arange(3.0))
+            dst_peers.receive(b"3" * 32, torch.zeros(5))
+        stranger.close()
+    finally:
+        dst_peers.close()
+
+
+def test_a_destination_that_cannot_open_cuda_ipc_handles_takes_the_bytes_instead(monkeypatch):
+    import msgpack
+    import torch
+
+    from rgpu.server.ops import peer
+
+    monkeypatch.setattr(peer, "_share", lambda src: msgpack.packb([[0, b"handle"], list(src.shape), [1], 0]))
+    dst_peers = peer.Peers("127.0.0.1", 5.0)
+    try:
+        src = torch.linspace(0, 1, 7)
+        t, errors, source = _push(dst_peers, b"k" * 32, src)
+        got = torch.zeros(7)
+        dst_peers.receive(b"k" * 32, got)   # a CPU destination: the IPC offer answered "bytes"
+        t.join(5)
+        assert not errors and torch.equal(got, src)
+        assert (source.ipc, source.tcp) == (0, 1)
+    finally:
+        dst_peers.close()

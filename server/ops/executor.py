@@ -15,7 +15,7 @@ from rgpu.server.ops import fast_op
 from rgpu.server.ops.collectives import Collectives
 from rgpu.server.ops.codec import CODE_BY_DTYPE, Decoder, GeneratorArg, descriptor, encode_result, flatten
 from rgpu.server.ops.graphs import Graphs
-from rgpu.server.ops.peer import Peers, PeerError, as_bytes
+from rgpu.server.ops.peer import Peers, PeerError
 from rgpu.server.ops.staging import RING_BYTES
 from rgpu.server.ops.uploads import Uploads
 from rgpu.server.ops.handles import DTYPE_BY_CODE, Poisoned, dtype_of, table as handle_table
@@ -370,13 +370,11 @@ class Executor(BaseExecutor):
         except Poisoned:  # new bytes replace a failed op's result
             self.table.free(desc[0])
             dst = self.table.tensor(desc)
-        staged = torch.empty(dst.shape, dtype=dst.dtype)
         try:
-            self.peers.receive(bytes(ticket), memoryview(staged.reshape(-1).view(torch.uint8).numpy()))
+            self.peers.receive(bytes(ticket), dst)
         except PeerError as exc:
             self.table.poison(desc[0], desc[6], Poisoned("peer copy", str(exc)))
             raise OpFailed("peer copy", str(exc)) from None
-        dst.copy_(staged)
 
     def _peer_send(self, meta, buffers):
         """A copy to another server's device: ``src``'s bytes pushed to that server's peer listener."""
@@ -389,7 +387,7 @@ class Executor(BaseExecutor):
         if self.peers is None:
             raise OpFailed("peer copy", "this session has no peer listener (the client did not ask for one)")
         try:
-            self.peers.send(bytes(ticket), str(host), int(port), as_bytes(src))
+            self.peers.send(bytes(ticket), str(host), int(port), src)
         except PeerError as exc:
             raise OpFailed("peer copy", str(exc)) from None
 

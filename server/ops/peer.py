@@ -8,7 +8,9 @@ posts, one to each session, both in stream order with the ops around them:
   session's peer listener and writes the bytes into ``dst``;
 - ``PEER_SEND [events, src, ticket, host, port]`` to the source's session: when
   its turn comes, its worker connects to ``host:port`` (the destination's peer
-  listener) and sends ``ticket``, the byte count, then ``src``'s bytes.
+  listener) and sends ``ticket``, then ``src``'s bytes (kind ``B``: the count, the bytes), or
+  for a GPU tensor first its CUDA IPC handles (kind ``I``): two servers on one host copy GPU to GPU, and
+  a destination that cannot open them answers ``B`` and takes the bytes instead.
 
 Why a ticket: the listener is a plain tcp port of the server's bind host; the
 ticket is 32 random bytes the client made for this one transfer and told both
@@ -22,12 +24,15 @@ import hmac
 import socket
 import struct
 
+import msgpack
 import torch
 
 TICKET_BYTES = 32
 _HEAD = struct.Struct("!Q")          # after the ticket: the byte count that follows
 MAX_EARLY = 16                       # transfers arrived ahead of their PEER_RECV, kept by ticket
 CHUNK = 4 << 20
+MAX_SHARE = 4096                     # a CUDA IPC record's bytes (handles and geometry: a few hundred)
+_BYTES, _IPC, _DONE = b"B", b"I", b"\x01"   # a transfer's kind (bytes follow / CUDA IPC handles), its end
 
 
 class PeerError(Exception):
@@ -42,6 +47,7 @@ class Peers:
         self.listener = socket.create_server((host, 0), backlog=MAX_EARLY)
         self.port = self.listener.getsockname()[1]
         self.early: dict[bytes, socket.socket] = {}   # ticket -> connection whose bytes are not read yet
+        self.ipc = self.tcp = 0                        # transfers sent each way (GPU to GPU by CUDA IPC, tcp)
 
     def close(self) -> None:
         for conn in self.early.values():
@@ -51,10 +57,25 @@ class Peers:
 
     # ---- destination --------------------------------------------------------------------
 
-    def receive(self, ticket: bytes, into: memoryview) -> None:
-        """Wait (up to the timeout) for the transfer presenting ``ticket``; its bytes into ``into``."""
+    def receive(self, ticket: bytes, dst: torch.Tensor) -> None:
+        """Wait (up to the timeout) for the transfer presenting ``ticket``; its values into ``dst``."""
         conn = self.early.pop(ticket, None) or self._accept(ticket)
         try:
+            mode = _read(conn, 1)
+            if mode == _IPC:
+                (n,) = _HEAD.unpack(_read(conn, _HEAD.size))
+                if n > MAX_SHARE:
+                    raise PeerError(f"the source's CUDA IPC record is {n} bytes (at most {MAX_SHARE})")
+                share = msgpack.unpackb(_read(conn, n))
+                if _copy_shared(share, dst):
+                    conn.sendall(_DONE)
+                    return
+                conn.sendall(_BYTES)    # the source sends the bytes instead
+                mode = _read(conn, 1)
+            if mode != _BYTES:
+                raise PeerError(f"the source sent an unknown transfer kind {mode!r}")
+            staged = torch.empty(dst.shape, dtype=dst.dtype)
+            into = memoryview(staged.reshape(-1).view(torch.uint8).numpy())
             (n,) = _HEAD.unpack(_read(conn, _HEAD.size))
             if n != into.nbytes:
                 raise PeerError(f"the source sends {n} bytes, the destination holds {into.nbytes}")
@@ -64,7 +85,8 @@ class Peers:
                 if k == 0:
                     raise PeerError(f"the source closed the transfer after {got} of {n} bytes")
                 got += k
-            conn.sendall(b"\x01")   # the source's send ends when the bytes are in
+            dst.copy_(staged)
+            conn.sendall(_DONE)   # the source's send ends when the bytes are in
         except OSError as exc:
             raise PeerError(f"the transfer from the source failed: {exc}") from None
         finally:
@@ -95,15 +117,31 @@ class Peers:
 
     # ---- source -------------------------------------------------------------------------
 
-    def send(self, ticket: bytes, host: str, port: int, data: memoryview) -> None:
-        """Push ``data`` to the peer listener at ``host:port`` under ``ticket``; returns once it has them."""
+    def send(self, ticket: bytes, host: str, port: int, src: torch.Tensor) -> None:
+        """Push ``src``'s values to the peer listener at ``host:port`` under ``ticket``; returns once it has them.
+
+        A GPU tensor is offered by CUDA IPC first (two servers on one host: the destination copies it
+        GPU to GPU); where the destination cannot open it, or anywhere else, the bytes go over tcp.
+        """
         try:
             with socket.create_connection((host, port), timeout=self.timeout) as conn:
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                conn.sendall(ticket + _HEAD.pack(data.nbytes))
+                conn.sendall(ticket)
+                share = _share(src)
+                if share is not None:
+                    conn.sendall(_IPC + _HEAD.pack(len(share)) + share)
+                    answer = conn.recv(1)
+                    if answer == _DONE:
+                        self.ipc += 1
+                        return
+                    if answer != _BYTES:
+                        raise PeerError(f"the destination {host}:{port} dropped the transfer")
+                data = as_bytes(src)
+                conn.sendall(_BYTES + _HEAD.pack(data.nbytes))
                 conn.sendall(data)
-                if conn.recv(1) != b"\x01":
+                if conn.recv(1) != _DONE:
                     raise PeerError(f"the destination {host}:{port} dropped the transfer")
+                self.tcp += 1
         except OSError as exc:
             raise PeerError(f"cannot send to the destination server's peer port {host}:{port}: {exc}") from None
 
@@ -112,6 +150,33 @@ def as_bytes(t: torch.Tensor) -> memoryview:
     """A tensor's values as contiguous bytes on the CPU (a GPU tensor is copied down first)."""
     flat = t.detach().to("cpu").contiguous().reshape(-1)
     return memoryview(flat.view(torch.uint8).numpy())
+
+
+def _share(src: torch.Tensor) -> bytes | None:
+    """``src``'s CUDA IPC handles and geometry, packed; None on the CPU or where its memory cannot be shared."""
+    if src.device.type != "cuda":
+        return None
+    try:
+        handles = list(src.untyped_storage()._share_cuda_())   # records an event the destination waits on
+    except Exception:
+        return None
+    return msgpack.packb([handles, list(src.shape), list(src.stride()), src.storage_offset()])
+
+
+def _copy_shared(share, dst: torch.Tensor) -> bool:
+    """The source's memory opened by CUDA IPC and copied into ``dst`` (then waited for, so that the source may
+    let it go); False where it cannot be opened here (another host, a device this process cannot reach)."""
+    if dst.device.type != "cuda":
+        return False
+    try:
+        handles, size, stride, offset = share
+        storage = torch.UntypedStorage._new_shared_cuda(*handles)
+        src = torch.empty(0, dtype=dst.dtype, device=dst.device).set_(storage, offset, size, stride)
+        dst.copy_(src)
+        torch.cuda.current_stream(dst.device).synchronize()
+        return True
+    except Exception:
+        return False
 
 
 def _read(conn: socket.socket, n: int) -> bytes:
