@@ -1,6 +1,7 @@
 """One rank of test_distributed's runs: ``python tests/distributed_rank.py SCENARIO[,SCENARIO..] OUT``.
 
-Environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, RGPU_SERVER, RGPU_TOKEN. Writes its
+Environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, RGPU_SERVER, RGPU_TOKEN, DIST_BACKEND
+(init_process_group's, default "rgpu"). Writes its
 results to OUT (torch.save of {scenario: results}), after each scenario.
 
     collectives  every supported collective on rgpu tensors (inputs from ``inputs(rank)``), the refusals' messages
@@ -112,7 +113,7 @@ def kill(rank: int, world: int, out_path: Path) -> dict:
 def main() -> None:
     scenarios, out_path = sys.argv[1].split(","), Path(sys.argv[2])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("rgpu")
+    dist.init_process_group(os.environ.get("DIST_BACKEND", "rgpu"))
     results: dict = {}
     for scenario in scenarios:  # each one's results saved before the next (kill never returns a group intact)
         if scenario == "kill":

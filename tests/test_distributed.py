@@ -36,13 +36,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _ranks(servers: list[RunningServer], scenarios: str, workdir: Path, on_ready=None) -> list[dict]:
+def _ranks(servers: list[RunningServer], scenarios: str, workdir: Path, on_ready=None,
+           backend: str = "rgpu") -> list[dict]:
     """Run the ranks (rank r on ``servers[r % len(servers)]``) to the end; their results."""
     port, outs, procs = _free_port(), [workdir / f"rank{r}.pt" for r in range(WORLD)], []
     for r in range(WORLD):
         env = clean_env(RGPU_SERVER=servers[r % len(servers)].address, RGPU_TOKEN=TOKEN, RGPU_TRANSPORT="tcp",
                         RGPU_COLLECTIVE_TIMEOUT="30", RANK=str(r), WORLD_SIZE=str(WORLD),
-                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONPATH=str(HERE))
+                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONPATH=str(HERE), DIST_BACKEND=backend)
         log = open(workdir / f"rank{r}.log", "w")
         procs.append(subprocess.Popen([sys.executable, str(HERE / "distributed_rank.py"), scenarios, str(outs[r])],
                                       env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
@@ -90,7 +91,7 @@ def one_server_run(tmp_path_factory):
     work = tmp_path_factory.mktemp("dist-one")
     server = RunningServer(work / "server")
     try:
-        return _ranks([server], "collectives", work)
+        return _ranks([server], "collectives", work, backend="cpu:gloo,rgpu:rgpu")  # the mixed form's string
     finally:
         server.stop()
 
