@@ -39,6 +39,10 @@ for mib in sizes:
     same = bool(torch.equal(y.cpu(), x.cpu())) if mib <= 256 else None
     out[mib] = {"s": statistics.median(times), "equal": same,
                 "client_bytes": sum(after[k] - before[k] for k in ("bytes_out", "bytes_in")) / repeats}
+from rgpu.device_backend import session
+from rgpu.protocol.ops import Msg
+info = session.current().request([Msg.UPLOAD_INFO], 0)
+out["peer_sent"] = (info[0] if isinstance(info, list) else info).get("peer_sent")  # GPU to GPU, or tcp
 print(json.dumps(out))
 """
 
@@ -122,6 +126,8 @@ def main() -> None:
                      "value": client_bytes, "unit": "B", "baseline": mib << 20, "baseline_name": "the tensor's size",
                      "ratio": client_bytes / (mib << 20), "spread": None,
                      "equal": None if None in equal else all(equal)})
+    rows.append({"bench": "scale_out", "metric": "how server 0 sent its copies (cuda_ipc: GPU to GPU on one host)",
+                 "value": None, "unit": None, "peer_sent": [r.get("peer_sent") for r in rounds["rgpu"]]})
     print(json.dumps(rows, indent=1))
 
 

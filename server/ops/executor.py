@@ -394,6 +394,8 @@ class Executor(BaseExecutor):
     def _upload_info(self, meta, buffers):
         info, bufs = self.uploads.info(meta, buffers)
         info["pieces"]["whole in C++"] = self.fast.uploads if self.fast is not None else 0
+        if self.peers is not None:  # copies this session sent to another server: GPU to GPU, or over tcp
+            info["peer_sent"] = {"cuda_ipc": self.peers.ipc, "tcp": self.peers.tcp}
         return info, bufs
 
     def _download(self, meta, buffers):
