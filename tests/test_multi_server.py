@@ -249,3 +249,31 @@ def test_a_destination_that_cannot_open_cuda_ipc_handles_takes_the_bytes_instead
         assert (source.ipc, source.tcp) == (0, 1)
     finally:
         dst_peers.close()
+
+
+def test_rgpu_server_takes_one_address_as_before_or_a_comma_list():
+    from rgpu import config
+    from rgpu.errors import ConfigError
+
+    one = config.settings(environ={"RGPU_SERVER": "gpu:9000"})
+    assert one.server_address() == ("gpu", 9000) and one.server_addresses() == [("gpu", 9000)]
+    two = config.settings(environ={"RGPU_SERVER": "a:1, [::1]:2"})
+    assert two.server_addresses() == [("a", 1), ("::1", 2)] and two.server_address() == ("a", 1)
+    assert config.settings(environ={}).server_addresses() == []
+    with pytest.raises(ConfigError, match="named twice"):
+        config.parse_addresses("a:1,a:1", "RGPU_SERVER")
+    with pytest.raises(ConfigError, match="empty item"):
+        config.parse_addresses("a:1,", "--server")
+
+
+def test_a_server_that_cannot_be_reached_at_the_start_is_named(servers):
+    import socket
+
+    with socket.socket() as s:   # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    env = clean_env(RGPU_SERVER=f"{servers[0].address},{dead}", RGPU_TOKEN=TOKEN, RGPU_TRANSPORT="tcp")
+    out = subprocess.run([sys.executable, "-c", "import torch, rgpu; torch.ones(1, device='rgpu')"],
+                         capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    assert out.returncode != 0
+    assert f"server {dead} of RGPU_SERVER" in out.stderr, out.stderr[-2000:]
