@@ -26,6 +26,8 @@ from rgpu.server.route import OpFailed
 # wire name -> torch's reduce op; AVG is summed and divided here (gloo has no AVG of its own)
 REDUCE = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
           "min": dist.ReduceOp.MIN, "product": dist.ReduceOp.PRODUCT}
+MAX_STORES = 16  # rendezvous stores one session may open (each a listening port and a thread)
+MAX_WAIT_S = 24 * 3600  # the longest timeout a join may ask for
 PROBE_SECONDS = 1.5  # how long a failed collective looks for a peer server that no longer takes connections
 
 
@@ -51,12 +53,16 @@ class Collectives:
 
     def store(self, meta, buffers):
         """A TCPStore on this server's bind host for a new group's rendezvous: [host, port]."""
+        if meta != [Msg.GROUP_STORE]:
+            raise ValueError("GROUP_STORE takes no arguments")
+        if len(self.stores) >= MAX_STORES:
+            raise OpFailed("init_process_group", f"a session opens at most {MAX_STORES} process groups")
         store = dist.TCPStore(self.host, 0, is_master=True, wait_for_workers=False)
         self.stores.append(store)
         return [self.host, store.port], []
 
     def join(self, meta, buffers):
-        _, gid, host, port, rank, size, backend, dev, timeout, servers = meta
+        _, gid, host, port, rank, size, backend, dev, timeout, servers = _checked_join(meta)
         backend = backend or ("nccl" if self.kind == "cuda" else "gloo")
         device = self.table.device(dev)
         wait = datetime.timedelta(seconds=timeout)
@@ -196,6 +202,18 @@ class Collectives:
                else "every peer server still answers")
         return (f"{name} on the servers' {group.backend} group (rank {group.rank} of {group.size}) failed: "
                 f"{who} ({_reason(exc)})")
+
+
+def _checked_join(meta) -> list:
+    """GROUP_JOIN's fields, each of its type and within bounds (a malformed one is refused, never waited on)."""
+    ok = (type(meta) is list and len(meta) == 10 and type(meta[1]) is int and type(meta[2]) is str
+          and type(meta[3]) is int and 0 < meta[3] < 65536 and type(meta[4]) is int and type(meta[5]) is int
+          and 0 <= meta[4] < meta[5] <= 65536 and meta[6] in (None, "gloo", "nccl") and type(meta[7]) is int
+          and type(meta[8]) in (int, float) and 0 < meta[8] <= MAX_WAIT_S and type(meta[9]) is list
+          and len(meta[9]) == meta[5] and all(type(a) is str for a in meta[9]))
+    if not ok:
+        raise ValueError(f"GROUP_JOIN: malformed {str(meta)[:120]}")
+    return meta
 
 
 def _dense(t: torch.Tensor) -> torch.Tensor:
