@@ -1,6 +1,6 @@
 """``torch.distributed`` backend "rgpu": collectives on rgpu tensors run on the servers, never on this machine.
 
-    import rgpu, rgpu.distributed            # registers the backend
+    import rgpu.distributed                  # registers the backend (and the device, as import rgpu does)
     torch.distributed.init_process_group("rgpu")          # or "cpu:gloo,rgpu:rgpu"
     model = DistributedDataParallel(model.to("rgpu"))     # device_ids=None
 
@@ -25,7 +25,7 @@ from torch._C._distributed_c10d import (AllgatherOptions, AllreduceCoalescedOpti
                                         BroadcastOptions, ReduceScatterOptions, _create_work_from_future)
 from torch.futures import Future
 
-from rgpu import config
+from rgpu import config, register
 from rgpu.device_backend import session as _session
 from rgpu.protocol.ops import Msg
 
@@ -201,5 +201,6 @@ def _create(store, rank: int, size: int, timeout: timedelta) -> ProcessGroupRgpu
     return ProcessGroupRgpu(store, rank, size, timeout)
 
 
+register()  # asking for the backend is asking for the device: `import rgpu.distributed` alone names it too
 if "rgpu" not in dist.Backend.backend_list:
     dist.Backend.register_backend("rgpu", _create, devices=["rgpu"])

@@ -12,10 +12,9 @@ import threading
 
 import torch
 
-import rgpu  # noqa: F401  (the device, by the package's own name)
 import torch.distributed as dist
 from distributed_data import batch, inputs, model
-from rgpu.distributed import ProcessGroupRgpu
+from rgpu.distributed import ProcessGroupRgpu  # the device registered by this import alone
 from torch.nn.parallel import DistributedDataParallel
 
 WORLD, STEPS = 2, 2
