@@ -31,8 +31,8 @@ def make(request):
     """Makes a table of the parameter's implementation over ``devices`` CPU devices."""
     native = _native() if request.param == "cpp" else None
 
-    def table(devices: int = 1):
-        t = handles.table([CPU] * devices, None, native)
+    def table(devices: int = 1, device: torch.device = CPU):
+        t = handles.table([device] * devices, None, native)
         assert isinstance(t, handles.HandleTable) == (native is None)
         return t
     return table
@@ -170,6 +170,23 @@ def test_close_forgets_every_id_and_count(make):
     t.view(desc(1), [])
     t.close()
     assert len(t.entries) == 0 and t.allocated == [0] and t.peak == [16]
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_fresh_ids_growth_and_evictions_keep_their_bytes(make):
+    if not torch.cuda.is_available():
+        pytest.skip("needs an NVIDIA GPU (the device tool's host)")
+    cuda = torch.device("cuda", 0)
+    t = make(1, cuda)
+    v = t.view(desc(1), [])
+    assert v.device == cuda and t.address(1) == v.data_ptr()
+    v.copy_(torch.arange(4.0, device=cuda))
+    t.apply_events([Event.COPY, 2, 32, 0, 1, 16, Event.FREE, 1])
+    assert t.tensor(desc(2, n=8))[:4].tolist() == [0.0, 1.0, 2.0, 3.0] and t.allocated == [32]
+    ptr = t.address(2)
+    assert t.evict(2, ptr)
+    w = t.view(desc(2, n=8), [])
+    assert w.device == cuda and w.data_ptr() != ptr and w[:4].tolist() == [0.0, 1.0, 2.0, 3.0]
 
 
 def test_a_random_mix_leaves_both_tables_with_the_same_ids_bytes_and_counts():
