@@ -1,12 +1,14 @@
 """The client's replay log: the frames a resumable session sent, kept until the server acknowledges them.
 
 ``resume.py``'s ``ResumingTransport`` adds every send and, after a drop, writes again what the server had
-not applied. Kept by reference (no per-frame copy, one entry a send), acknowledged cumulatively.
+not applied. Kept by reference (no per-frame copy, one entry a send), acknowledged cumulatively. One
+owner: the writer (the transport's write lock held), which adds, forgets what the readers saw
+acknowledged, sheds and replays; so no lock of its own, and a lone call's round trip pays for one
+header unpacked and its small request copied, nothing more.
 """
 from __future__ import annotations
 
 import struct
-import threading
 from collections import deque
 from typing import Sequence
 
@@ -29,11 +31,7 @@ class ReplayLog:
     def __init__(self, bound: int, owned: int = -1):
         self.bound, self.frames, self.gap = bound, deque(), 0
         self.owned = owned    # a post's buffers up to this many bytes are the connection's own copies
-        # bytes kept = added - dropped: ``add`` (the one writer, the transport's write lock held) appends
-        # without a lock, since a deque's append and popleft are each atomic; the lock orders the takers
-        # (``trim`` by a reader, ``shed`` and ``after`` by the writer), which alone count ``dropped``
-        self.added, self.dropped = 0, 0
-        self.lock = threading.Lock()
+        self.added, self.dropped = 0, 0   # bytes kept = added - dropped
 
     @property
     def nbytes(self) -> int:
@@ -59,8 +57,8 @@ class ReplayLog:
             else:
                 m = b.nbytes if type(b) is memoryview else len(b)
                 size += m
-                if size <= self.bound and (kind != _POST or m > self.owned):
-                    kept = [prefix, bytes(b)]
+                if size <= self.bound and (kind != _POST or m > self.owned):   # (a view's tobytes(): bytes(view)
+                    kept = [prefix, b.tobytes() if type(b) is memoryview else bytes(b)]   # costs four times as much)
         elif nbufs:
             return self._add_frames(parts)
         if size > self.bound:                 # never kept (a 1 GiB upload's copy cost as long as its send)
@@ -71,31 +69,39 @@ class ReplayLog:
         return kind == _BYE
 
     def _add_frames(self, parts: Sequence) -> bool:
-        """``add`` of a send of several frames, or of one frame of several buffers."""
-        bye, i, n, owned, unpack = False, 0, len(parts), self.owned, _FIELDS.unpack_from
+        """``add`` of a send of several frames (a batch of posts), or of one frame of several buffers."""
+        bye, i, n, owned, bound, unpack = False, 0, len(parts), self.owned, self.bound, _FIELDS.unpack_from
         kept, size, seq = parts, 0, 0
         while i < n:
             prefix = parts[i]
             kind, seq, nbufs = unpack(prefix)
             i += 1
-            size += len(prefix)
+            frame = len(prefix)
             if not nbufs:
+                size += frame
                 if kind == _BYE:
                     bye = True
                 continue
-            frame = len(prefix)
-            for j, b in enumerate(parts[i:i + nbufs], i):   # (a slice: a malformed header names too many)
-                m = b.nbytes if type(b) is memoryview else len(b)
-                frame += m
-                # the caller's memory: copied, unless the frame is over the bound already (never kept: a
-                # 1 GiB upload's copy cost as long as its send)
-                if type(b) is not bytes and (kind != _POST or m > owned) and frame <= self.bound:
-                    if kept is parts:
-                        kept = list(parts)
-                    kept[j] = bytes(b)
-            i += nbufs
-            size += frame - len(prefix)
-            if frame > self.bound:            # never kept: the rest of this send is kept without it
+            copy = kind != _POST
+            end = i + nbufs
+            if end > n:                           # (a malformed header names too many)
+                end = n
+            while i < end:
+                b = parts[i]
+                if type(b) is bytes:
+                    frame += len(b)
+                else:
+                    m = b.nbytes if type(b) is memoryview else len(b)
+                    frame += m
+                    # the caller's memory: copied, unless the frame is over the bound already (never kept:
+                    # a 1 GiB upload's copy cost as long as its send)
+                    if (copy or m > owned) and frame <= bound:
+                        if kept is parts:
+                            kept = list(parts)
+                        kept[i] = b.tobytes() if type(b) is memoryview else bytes(b)
+                i += 1
+            size += frame
+            if frame > bound:                     # never kept: the rest of this send is kept without it
                 return self._add_without(kept, bye)
         self.frames.append((seq, kept, size))
         self.added += size
@@ -116,35 +122,29 @@ class ReplayLog:
 
     def trim(self, ack: int) -> None:
         """Forget the sends the server has acknowledged whole (their last seq up to ``ack``)."""
-        frames, lock = self.frames, self.lock
-        lock.acquire()                        # (not ``with``: every reply passes here, and it costs half)
-        try:
-            while frames and frames[0][0] <= ack:
-                self.dropped += frames.popleft()[2]
-        finally:
-            lock.release()
+        frames = self.frames
+        while frames and frames[0][0] <= ack:
+            self.dropped += frames.popleft()[2]
 
     def shed(self) -> None:
         """Over the bound: the oldest frames go (a drop before the server acknowledges them ends the session)."""
-        with self.lock:
-            while self.frames and self.nbytes > self.bound:
-                seq, _, size = self.frames.popleft()
-                self.dropped += size
-                self.gap = max(self.gap, seq)
+        while self.frames and self.nbytes > self.bound:
+            seq, _, size = self.frames.popleft()
+            self.dropped += size
+            self.gap = max(self.gap, seq)
 
     def after(self, applied: int) -> list:
         """Every kept frame's parts past ``applied``, in order."""
         self.trim(applied)
-        with self.lock:
-            out = []
-            for i, (_, parts, _) in enumerate(self.frames):
-                if i == 0:                    # the one send the server may have applied in part
-                    for seq, frame, _ in _frames(parts):
-                        if seq > applied:
-                            out.extend(frame)
-                else:
-                    out.extend(parts)
-            return out
+        out = []
+        for i, (_, parts, _) in enumerate(self.frames):
+            if i == 0:                        # the one send the server may have applied in part
+                for seq, frame, _ in _frames(parts):
+                    if seq > applied:
+                        out.extend(frame)
+            else:
+                out.extend(parts)
+        return out
 
 
 def _frames(parts: Sequence):

@@ -3,8 +3,9 @@
 ``ResumingTransport`` wraps the session's ``TcpTransport`` when the server's WELCOME offers a resume
 id (``RGPU_SESSION_GRACE`` > 0 on the server, plain tcp). The connection above it never sees a drop:
 
-- every frame sent is kept, copied, until the server acknowledges it (the ``ack`` field of its
-  replies, or a REPLY of seq 0 the server sends every so often during a stretch of posts), at most
+- every frame sent is kept (``replay_log.py``: by reference, the caller's memory copied) until the server
+  acknowledges it (the ``ack`` field of its replies, or a REPLY of seq 0 the server sends every so often
+  during a stretch of posts; a reader notes the ack, the next send forgets what it covers), at most
   ``RGPU_REPLAY_BYTES``: past it a send waits a moment for acknowledgements, as a full socket would,
   then the oldest go (a frame over the bound by itself is never kept), and a drop before the server
   acknowledges them ends the session;
@@ -54,6 +55,7 @@ class ResumingTransport(Transport):
         self._half = self.log.bound // 2      # past it a send reads the server's acknowledgements
         self._dial, self._where, self._settings = dial, where, settings
         self.received = 0                     # the seq of the last answer (REPLY or ERROR) read
+        self.acked = 0                        # the highest ack read (a reader's note; the writer trims the log)
         self._gen = 0                         # connections so far: a failure on an older one is handled
         self._wlock = threading.Lock()        # held from a frame's keeping to its write (never re-entered)
         self._rlock = threading.Lock()        # held by the thread that resumes
@@ -105,6 +107,9 @@ class ResumingTransport(Transport):
         me, outer, gen = get_ident(), self._writer, self._gen
         self._writer = me
         try:
+            acked = self.acked                # what the readers saw acknowledged: forgotten here, by the log's owner
+            if acked and log.frames and log.frames[0][0] <= acked:
+                log.trim(acked)
             if log.add(parts):
                 self._said_bye = True
             self._inner.send(parts)
@@ -147,8 +152,8 @@ class ResumingTransport(Transport):
                 self._resume(gen, lost)
                 continue
             ack, seq = frame.ack, frame.seq
-            if ack and self.log.frames and self.log.frames[0][0] <= ack:
-                self.log.trim(ack)
+            if ack > self.acked:
+                self.acked = ack
             if seq > self.received and (frame.kind is _REPLY or frame.kind is _ERROR):
                 self.received = seq
             return frame
@@ -160,17 +165,19 @@ class ResumingTransport(Transport):
         log = self.log
         if self.on_acks is not None:
             self.on_acks()
+            log.trim(self.acked)
             until = time.monotonic() + ACK_WAIT_S
             while log.over() and len(log.frames) > 1 and time.monotonic() < until:
                 time.sleep(0.0005)
                 self.on_acks()
+                log.trim(self.acked)
         if log.over():
             log.shed()
 
     def _note(self, frame) -> None:
         """What a frame read outside ``recv_frame`` says (its ack, the last answer read), as ``recv_frame`` notes it."""
-        if frame.ack:
-            self.log.trim(frame.ack)
+        if frame.ack > self.acked:
+            self.acked = frame.ack
         kind = frame.kind
         if (kind is _REPLY or kind is _ERROR) and frame.seq > self.received:
             self.received = frame.seq

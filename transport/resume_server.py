@@ -104,19 +104,24 @@ class ResumableEnd(Transport):
 
     def _keep(self, seq: int, parts: Sequence) -> None:
         # sized before the copy: an answer over the bound is never kept (a 1 GiB download's copy cost as
-        # long as its send); loops, not comprehensions: every reply passes here (a comprehension is a call)
-        size = 0
+        # long as its send); every reply passes here, so no comprehension (a call) and a view's tobytes()
+        # (bytes(view) costs four times as much)
+        size, copy = 0, parts
         for p in parts:
-            size += p.nbytes if type(p) is memoryview else len(p)
+            if type(p) is bytes:
+                size += len(p)
+            else:
+                size += p.nbytes if type(p) is memoryview else len(p)
+                copy = None
         if size > self.bound:
             self.lost_upto = seq
             return
-        copy = parts
-        for i, p in enumerate(parts):
-            if type(p) is not bytes:
-                if copy is parts:
-                    copy = list(parts)
-                copy[i] = bytes(p)
+        if copy is None:
+            if len(parts) == 2 and type(parts[0]) is bytes:    # a prefix and one buffer: most replies
+                b = parts[1]
+                copy = [parts[0], b.tobytes() if type(b) is memoryview else bytes(b)]
+            else:
+                copy = [p if type(p) is bytes else p.tobytes() if type(p) is memoryview else bytes(p) for p in parts]
         answers = self.answers
         answers.append((seq, copy, size))
         self.kept += size
