@@ -398,6 +398,7 @@ class Connection:
 
     @property
     def transport_name(self) -> str:
+        """Which transport carries the session: "tcp", "shm" or "ucx" (a wrapper's, such as delay's, is its inner's)."""
         return self.transport.name
 
     def request(self, meta: Any, buffers: Sequence = (), reply_into: Sequence[memoryview] | None = None) -> Future:
@@ -457,6 +458,7 @@ class Connection:
 
     @property
     def alive(self) -> bool:
+        """False once the connection failed or was closed (every call then raises why)."""
         return self._x.dead is None
 
     def close(self, timeout: float | None = None) -> None:

@@ -30,7 +30,7 @@ from rgpu import native, protocol
 HERE = Path(__file__).resolve().parent
 MODULE = "_rgpu_shm_fast"
 NATIVE = "_rgpu_shm_native"      # shm_native.c: the per-message calls, Python objects in and out
-NATIVE_SOURCES = ("shm_native.c", "shm_lone.c")    # one extension: shm_native.c includes shm_lone.c
+NATIVE_SOURCES = ("shm_native.c", "shm_ends.c", "shm_lone.c")   # one extension: shm_native.c includes both
 SUFFIX = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
 CDEF = """
 typedef struct {

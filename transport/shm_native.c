@@ -317,6 +317,7 @@ static PyObject *py_serve(PyObject *self, PyObject *const *args, Py_ssize_t narg
     return Py_BuildValue("(iKN)", why, (unsigned long long)applied, detail ? detail : Py_NewRef(Py_None));
 }
 
+#include "shm_ends.c"
 #include "shm_lone.c"
 
 static PyMethodDef methods[] = {

@@ -49,8 +49,8 @@ class NativeCalls:
     def _lone_call(self, parts: LoneParts):
         """``lone_call``: a connection's exchange state and whole lone call over this transport, in C
         (``shm_lone.c``'s ``LoneCall``): the connection's checks, locks and reply as its ``_call_alone``
-        has them, the round trip in the ring on this transport's ``Ends``, and ``parts``' Python
-        (``exchange_alone``, ``read_alone``, ``lost``) for what is not the common case."""
+        has them, the round trip in the ring on this transport's ``Ends`` (its spin as set now), and
+        ``parts``' Python (``exchange_alone``, ``read_alone``, ``lost``) for what is not the common case."""
         return self._n_lone_call(self._ends, self._n_ring, self._n_frame, KNOWN_KINDS, _REQUEST, _REPLY,
                                  self.busy_s, self.spin_s, self.spin_yield, self._send_lock, self._recv_lock,
                                  self._recv_c, self._unpack, meta_packer().pack, pack_meta, Reply, Frame, _KINDS,
