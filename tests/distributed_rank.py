@@ -7,12 +7,14 @@ results to OUT (torch.save of {scenario: results}), after each scenario.
     collectives  every supported collective on rgpu tensors (inputs from ``inputs(rank)``), the refusals' messages
     ddp          DDP of a small model for a few steps (one under no_sync), the client's bytes sent per step
     kill         one all_reduce, then "ready"; all_reduce + item() until the servers' group fails: its message, time
+    stall        a new group with a 3 s timeout; rank 1 never joins its all_reduce: rank 0's error and how long it took
 """
 from __future__ import annotations
 
 import os
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -23,6 +25,7 @@ import torch.distributed as dist
 from distributed_data import STEPS, batch, inputs, model
 
 DEV = "rgpu"
+STALL_TIMEOUT_S = 3
 
 
 def collectives(rank: int, world: int) -> dict:
@@ -110,6 +113,21 @@ def kill(rank: int, world: int, out_path: Path) -> dict:
     return {"error": None, "at": time.time()}
 
 
+def stall(rank: int, world: int) -> dict:
+    dist.barrier()  # both ranks here: the new group's join waits on nobody for long
+    group = dist.new_group(list(range(world)), timeout=timedelta(seconds=STALL_TIMEOUT_S))
+    if rank != 0:
+        time.sleep(STALL_TIMEOUT_S + 5)  # alive, its server alive, never taking part
+        return {}
+    t, t0 = torch.ones(2, device=DEV), time.monotonic()
+    try:
+        dist.all_reduce(t, group=group)
+        t.sum().item()
+        return {"error": None, "after": time.monotonic() - t0}
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}", "after": time.monotonic() - t0}
+
+
 def main() -> None:
     scenarios, out_path = sys.argv[1].split(","), Path(sys.argv[2])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -119,7 +137,7 @@ def main() -> None:
         if scenario == "kill":
             results["kill"] = kill(rank, world, out_path)
         else:
-            results[scenario] = {"collectives": collectives, "ddp": ddp}[scenario](rank, world)
+            results[scenario] = {"collectives": collectives, "ddp": ddp, "stall": stall}[scenario](rank, world)
         torch.save(results, out_path)
     if "kill" not in scenarios:
         dist.destroy_process_group()

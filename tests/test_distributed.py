@@ -42,7 +42,7 @@ def _ranks(servers: list[RunningServer], scenarios: str, workdir: Path, on_ready
     port, outs, procs = _free_port(), [workdir / f"rank{r}.pt" for r in range(WORLD)], []
     for r in range(WORLD):
         env = clean_env(RGPU_SERVER=servers[r % len(servers)].address, RGPU_TOKEN=TOKEN, RGPU_TRANSPORT="tcp",
-                        RGPU_COLLECTIVE_TIMEOUT="30", RANK=str(r), WORLD_SIZE=str(WORLD),
+                        RGPU_COLLECTIVE_TIMEOUT="30", RGPU_CONNECT_TIMEOUT="60", RANK=str(r), WORLD_SIZE=str(WORLD),
                         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONPATH=str(HERE), DIST_BACKEND=backend)
         log = open(workdir / f"rank{r}.log", "w")
         procs.append(subprocess.Popen([sys.executable, str(HERE / "distributed_rank.py"), scenarios, str(outs[r])],
@@ -91,7 +91,7 @@ def one_server_run(tmp_path_factory):
     work = tmp_path_factory.mktemp("dist-one")
     server = RunningServer(work / "server")
     try:
-        return _ranks([server], "collectives", work, backend="cpu:gloo,rgpu:rgpu")  # the mixed form's string
+        return _ranks([server], "collectives,stall", work, backend="cpu:gloo,rgpu:rgpu")  # the mixed form's string
     finally:
         server.stop()
 
@@ -102,6 +102,7 @@ def one_client_run(tmp_path_factory):
     servers = [RunningServer(work / f"server{i}") for i in range(WORLD)]
     try:
         env = clean_env(RGPU_SERVER=",".join(s.address for s in servers), RGPU_TOKEN=TOKEN, RGPU_TRANSPORT="tcp",
+                        RGPU_CONNECT_TIMEOUT="60",
                         PYTHONPATH=str(HERE))
         done = subprocess.run([sys.executable, str(HERE / "distributed_threads.py"), str(work / "out.pt")],
                               env=env, capture_output=True, text=True, timeout=150)
@@ -214,3 +215,10 @@ def test_one_client_trains_ddp_on_two_servers_devices_one_thread_each(one_client
         torch.testing.assert_close(got[f"all_reduce/{r}"], want, rtol=0, atol=0)
         for ref, have in zip(net.parameters(), got[f"params/{r}"]):
             torch.testing.assert_close(have, ref.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_rank_that_never_comes_fails_the_others_after_the_groups_timeout(one_server_run):
+    got = one_server_run[0]["stall"]
+    assert got["error"] is not None, "rank 0's all_reduce finished without rank 1"
+    assert "all_reduce on the servers' gloo group (rank 0 of 2) failed" in got["error"], got["error"]
+    assert 2.5 < got["after"] < 3 + 6, got  # new_group's 3 s, the peers probed, a margin for a loaded machine
