@@ -83,8 +83,14 @@ class ProcessGroupRgpu(dist.ProcessGroup):
             if host in ("", "0.0.0.0", "::"):  # a server bound to every address: reach it as this client does
                 host = mine.rpartition(":")[0].strip("[]") or "127.0.0.1"
             self._store.set(_RENDEZVOUS, f"{host}:{port}")
+        keys = [_RENDEZVOUS, *(f"rgpu/servers/{r}" for r in range(self._size))]
+        try:
+            self._store.wait(keys, self._timeout)
+        except dist.DistError as exc:  # a rank that failed before it said where its server is
+            raise RuntimeError(f"rgpu process group: rank {self._rank} of {self._size} waited {seconds:g} s for the "
+                               f"other ranks' servers (rank 0's rendezvous, every rank's address): {exc}") from None
         host, _, port = self._store.get(_RENDEZVOUS).decode().rpartition(":")
-        self.servers = [self._store.get(f"rgpu/servers/{r}").decode() for r in range(self._size)]
+        self.servers = [self._store.get(key).decode() for key in keys[1:]]
         self._s.request([Msg.GROUP_JOIN, self._gid, host, int(port), self._rank, self._size, None, self._device,
                          seconds, self.servers], self._device)
 
