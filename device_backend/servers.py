@@ -14,7 +14,9 @@ from __future__ import annotations
 from bisect import bisect_right
 
 from rgpu.errors import ConnectionLost, SessionLost
-from rgpu.protocol.ops import EVENT_FIELDS, Event
+from rgpu.protocol.ops import EVENT_FIELDS, Event, Msg
+
+PENDING_MAX = 1 << 16  # ints of events held for one server before they are sent without an op
 
 
 class Server:
@@ -106,6 +108,10 @@ class Servers:
                     server.pending.extend(record)
             i += width
         out, target.pending = target.pending, []
+        for server in self.all:   # a server no op goes to for long: its frees go on their own, bounded here
+            if len(server.pending) > PENDING_MAX:
+                events, server.pending = server.pending, []
+                server.conn.post([Msg.EVENTS, events])
         return out
 
     def lost(self, server: Server, exc: BaseException) -> SessionLost:

@@ -92,8 +92,12 @@ class Session:
     def sync(self, device: "int | None" = None) -> None:
         """Wait until the server of ``device`` (every server, when None) has run every op sent so far."""
         self.flush_events()
-        for server in self.servers.all if device is None else [self.servers.of(device)]:
-            self._on(server, lambda: server.request([Msg.SYNC]))
+        waits = []
+        with self.lock:  # every server asked first, then each answer waited for: one round trip in all
+            for server in self.servers.all if device is None else [self.servers.of(device)]:
+                waits.append((server, self._on(server, lambda: server.conn.request([Msg.SYNC]))))
+        for server, fut in waits:
+            self._on(server, fut.result).release()
 
     def peer_copy(self, src_desc, dst_desc) -> None:
         """``src``'s bytes into ``dst`` (the same shape and dtype, on two servers), server to server.

@@ -277,3 +277,42 @@ def test_a_server_that_cannot_be_reached_at_the_start_is_named(servers):
                          capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
     assert out.returncode != 0
     assert f"server {dead} of RGPU_SERVER" in out.stderr, out.stderr[-2000:]
+
+
+class _Conn:
+    def __init__(self, count):
+        self.welcome = {"info": {"device_count": count, "names": [f"d{i}" for i in range(count)]}}
+        self.posted: list = []
+
+    def post(self, meta):
+        self.posted.append(meta)
+
+
+class _C:
+    def __init__(self):
+        self.events: list = []
+
+    def drain_events(self):
+        out, self.events = self.events, []
+        return out
+
+    def current_device(self):
+        return 0
+
+
+def test_allocator_events_are_split_per_server_and_an_idle_servers_frees_are_bounded():
+    import threading
+
+    from rgpu.device_backend import servers as srv
+    from rgpu.protocol.ops import Event, Msg
+
+    C = _C()
+    s = srv.Servers([_Conn(2), _Conn(2)], C, threading.RLock(), ["a:1", "b:2"])
+    a, b = s.all
+    assert [s.of(d) for d in range(4)] == [a, a, b, b] and b.devices() == "rgpu:2..3"
+    C.events = [Event.FREE, 7, Event.COPY, 9, 64, 3, 8, 32, Event.FREE, 5]
+    assert b.events() == [Event.FREE, 7, Event.COPY, 9, 64, 3, 8, 32, Event.FREE, 5]
+    assert a.events() == [Event.FREE, 7, Event.FREE, 5]   # a growth on rgpu:3 is b's alone
+    C.events = [Event.FREE, 1] * (srv.PENDING_MAX // 2 + 1)
+    assert len(a.events()) == srv.PENDING_MAX + 2
+    assert b.conn.posted and b.conn.posted[0][0] == Msg.EVENTS and not b.pending   # sent without an op
