@@ -152,6 +152,8 @@ def _over_ssh(args, s, cleanup: list) -> dict:
         fingerprint = _probe(s, address, found, args)
     token = found.token()
     env = {"RGPU_SERVER": address, "RGPU_TOKEN": token}
+    # one ssh channel carries everything, and a worker's stream port is not inside the tunnel
+    env["RGPU_TCP_STREAMS"] = os.environ.get("RGPU_TCP_STREAMS", "1")
     if fingerprint is not None:
         env["RGPU_TLS_FINGERPRINT"] = fingerprint
     tls_note = " (TLS inside the tunnel)" if fingerprint or s.tls or s.tls_ca else ""

@@ -25,7 +25,8 @@ from rgpu.transport.client import connect
 conn = connect("echo")
 reply = conn.call({"op": "echo"}, [b"through the tunnel"])
 tls = getattr(conn.transport, "tls", False)
-print("child:", os.environ["RGPU_SERVER"], bytes(reply.buffers[0]).decode(), "tls" if tls else "plain", flush=True)
+print("child:", os.environ["RGPU_SERVER"], bytes(reply.buffers[0]).decode(), "tls" if tls else "plain",
+      "streams", os.environ.get("RGPU_TCP_STREAMS"), flush=True)
 conn.close()
 if len(sys.argv) > 1 and sys.argv[1] == "sleep":
     print("ready", flush=True)
@@ -170,6 +171,7 @@ def test_a_script_runs_through_the_tunnel_with_the_token_read_over_ssh(sshd, rem
                     remote_server.token_file, "--", script, 7)
     assert done.returncode == 7, done.stderr
     assert "through the tunnel plain" in done.stdout
+    assert "streams 1" in done.stdout   # one ssh channel: a worker's stream port is not inside the tunnel
     assert f"127.0.0.1:{remote_server.port} " not in done.stdout  # the command saw the tunnel's port, not the server's
     wait_until(lambda: no_tunnel_left(sshd), what="the tunnel to end")
 
