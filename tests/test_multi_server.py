@@ -53,6 +53,16 @@ with torch.rgpu.device(3):
     out["guarded"] = str(torch.zeros(1, device="rgpu").device)
 out["after_guard"] = torch.rgpu.current_device()
 torch.rgpu.set_device(0)
+torch.rgpu.synchronize()
+held = [torch.rgpu.memory_allocated(d) for d in range(4)]
+big = torch.ones(1 << 18, device="rgpu:3")          # 1 MiB on rgpu:3 alone
+torch.rgpu.synchronize(3)
+out["memory_grew"] = [torch.rgpu.memory_allocated(d) - held[d] for d in range(4)]
+out["names"] = [torch.rgpu.get_device_name(d) for d in range(4)]
+torch.manual_seed(5)
+draws = [torch.rand(3, device=f"rgpu:{d}").cpu() for d in (1, 3)]
+torch.manual_seed(5)
+out["seeded"] = all(torch.equal(torch.rand(3, device=f"rgpu:{d}").cpu(), w) for d, w in zip((1, 3), draws))
 
 def train(device):
     torch.manual_seed(0)
@@ -126,6 +136,12 @@ def test_set_device_and_the_device_guard_pick_another_servers_device(main):
     assert main["current"] == [2, "rgpu:2"]
     assert main["guarded"] == "rgpu:3"
     assert main["after_guard"] == 2
+
+
+def test_memory_names_and_seeds_are_each_devices_own(main):
+    assert main["memory_grew"] == [0, 0, 0, 1 << 20]
+    assert len(main["names"]) == 4 and all(main["names"])
+    assert main["seeded"]
 
 
 def test_a_model_on_the_second_servers_last_device_trains_as_on_the_cpu(main):
