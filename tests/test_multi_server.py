@@ -80,6 +80,25 @@ def train(device):
         losses.append(loss.item())
     return losses, [p.detach().cpu() for p in model.parameters()]
 
+def split(devices):   # a model cut in two, one half per server: activations and gradients cross between them
+    torch.manual_seed(0)
+    first, second = torch.nn.Linear(6, 16).to(devices[0]), torch.nn.Linear(16, 3).to(devices[1])
+    opt = torch.optim.SGD([*first.parameters(), *second.parameters()], lr=0.1)
+    g = torch.Generator().manual_seed(3)
+    losses = []
+    for _ in range(4):
+        x = torch.randn(8, 6, generator=g).to(devices[0])
+        y = torch.randint(0, 3, (8,), generator=g).to(devices[1])
+        loss = torch.nn.functional.cross_entropy(second(first(x).tanh().to(devices[1])), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, [p.detach().cpu() for p in (*first.parameters(), *second.parameters())]
+
+cpu_split, rgpu_split = split(["cpu", "cpu"]), split(["rgpu:1", "rgpu:2"])
+out["split_losses"] = [cpu_split[0], rgpu_split[0]]
+out["split_params_equal"] = all(torch.allclose(p, q, rtol=1e-6, atol=1e-6) for p, q in zip(cpu_split[1], rgpu_split[1]))
 cpu_losses, cpu_params = train("cpu")
 r_losses, r_params = train("rgpu:3")
 out["train_losses"] = [cpu_losses, r_losses]
@@ -148,6 +167,12 @@ def test_a_model_on_the_second_servers_last_device_trains_as_on_the_cpu(main):
     cpu, remote = main["train_losses"]
     assert remote == pytest.approx(cpu, rel=1e-6, abs=1e-6)
     assert main["train_params_equal"]
+
+
+def test_a_model_cut_across_two_servers_trains_as_on_the_cpu(main):
+    cpu, remote = main["split_losses"]
+    assert remote == pytest.approx(cpu, rel=1e-6, abs=1e-6)
+    assert main["split_params_equal"]
 
 
 def test_copies_between_servers_bypass_the_client_and_keep_every_value(main):
