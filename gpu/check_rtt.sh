@@ -6,6 +6,7 @@
 #
 # Writes $OUT/summary.txt and $OUT/rtt.tar.gz: every step's output (host.json, floor.json, transport_shm.json:
 # rgpu bench transport --transport shm --sizes 64, its rtt row carrying rgpu tcp's in the same run;
+# transport_tcp_resume.json: tcp beside the raw socket and the tcp-resume row (resumable vs plain);
 # lone_call.json; rtt_variants.jsonl: shm and tcp with tcp's reads polling and sleeping, RGPU_TCP_SPIN_US set
 # in both processes; rtt_interleaved.json: both sessions open, slices alternating as the bench does), a
 # .err and .rc per step (gpu/steps.sh).
@@ -27,6 +28,9 @@ print(json.dumps({"python": sys.version, "cores": len(os.sched_getaffinity(0)),
                   "native": getattr(getattr(m, "native", None), "__file__", None)}))'
 step floor 60 "$PY" "$HERE/tools/diag/probe_rtt_floor.py" --json
 step transport_shm 90 "$PY" -m rgpu bench transport --transport shm --sizes 64 --repeats 5 --json
+# tcp's round trip beside the raw socket, and a resumable session's (the default) beside a plain one's
+# (RGPU_SESSION_GRACE=0) in the same run (bench/transport_resume.py)
+step transport_tcp_resume 90 "$PY" -m rgpu bench transport --transport tcp,tcp-resume --sizes 64 --repeats 9 --json
 step lone_call 40 "$PY" "$HERE/tools/diag/diag_lone_call.py"
 D=$(mktemp -d)
 cat >"$D/sitecustomize.py" <<'PY'
@@ -101,12 +105,13 @@ for name in ("host.json", "floor.json", "rtt_variants.jsonl", "rtt_interleaved.j
         print(name, open(f"{out}/{name}").read().strip())
     except OSError as exc:
         print(name, "missing", exc)
-try:
-    for r in json.load(open(f"{out}/transport_shm.json")):
-        print(f"{r['transport']} {r['metric']} {r.get('direction') or ''} {r.get('size')} {r['value']:.3f} {r['unit']} "
-              f"vs {r['baseline']:.3f} ({r['baseline_name']}) ratio {r['ratio']:.3f}")
-except (OSError, ValueError) as exc:
-    print("transport_shm: no rows", exc)
+for name in ("transport_shm", "transport_tcp_resume"):
+    try:
+        for r in json.load(open(f"{out}/{name}.json")):
+            print(f"{r['transport']} {r['metric']} {r.get('direction') or ''} {r.get('size')} {r['value']:.3f} {r['unit']} "
+                  f"vs {r['baseline']:.3f} ({r['baseline_name']}) ratio {r['ratio']:.3f} {r.get('ratio_spread')}")
+    except (OSError, ValueError) as exc:
+        print(f"{name}: no rows", exc)
 print(open(f"{out}/lone_call.json").read()[-400:])
 PYEOF
 cat "$OUT/summary.txt"
