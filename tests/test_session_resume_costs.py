@@ -161,3 +161,15 @@ def test_a_replayed_frame_is_skipped_and_an_answer_is_kept_as_sent():
     end.send(end.frame_parts(MsgKind.REPLY, 2, 2, None, [memoryview(out)]))
     out[:] = b"x" * 8
     assert end.answers[-1][0] == 2 and bytes(end.answers[-1][1][1]) == b"o" * 8
+
+
+def test_an_answer_over_the_bound_sent_is_never_kept_and_the_older_ones_stay():
+    end, wire = _server()
+    end.bound = 1000
+    end.send(end.frame_parts(MsgKind.REPLY, 1, 1, None, [memoryview(bytearray(10))]))
+    end.send(end.frame_parts(MsgKind.REPLY, 2, 2, None, [memoryview(bytearray(5000))]))
+    assert [s for s, _, _ in end.answers] == [1] and end.lost_upto == 2 and len(wire.sent) == 2
+    for seq in range(3, 3 + 200):       # past the bound in all: the oldest go first
+        end.send(end.frame_parts(MsgKind.REPLY, seq, seq, None, [memoryview(bytearray(10))]))
+    assert end.kept <= end.bound and end.kept == sum(n for _, _, n in end.answers)
+    assert end.lost_upto == end.answers[0][0] - 1 and end.answers[-1][0] == 202

@@ -95,7 +95,18 @@ class ResumableEnd(Transport):
     def send(self, parts: Sequence) -> None:
         kind, seq = _KIND_SEQ.unpack_from(parts[0])
         if seq and (kind == _REPLY or kind == _ERROR):
-            self._keep(seq, parts)
+            # a prefix and one view (most replies) kept here, a call fewer on every reply; the rest by _keep
+            if len(parts) == 2 and type(parts[1]) is memoryview and type(parts[0]) is bytes:
+                size = len(parts[0]) + parts[1].nbytes
+                if size > self.bound:
+                    self.lost_upto = seq          # never kept (as in _keep)
+                else:
+                    self.answers.append((seq, (parts[0], parts[1].tobytes()), size))
+                    self.kept += size
+                    if self.kept > self.bound or len(self.answers) > ANSWERS_KEPT:
+                        self._forget()
+            else:
+                self._keep(seq, parts)
             self._acked, self._bytes_since_ack = seq, 0   # every answer acknowledges up to it (seqs only grow)
         try:
             self._inner.send(parts)
@@ -122,14 +133,18 @@ class ResumableEnd(Transport):
                 copy = [parts[0], b.tobytes() if type(b) is memoryview else bytes(b)]
             else:
                 copy = [p if type(p) is bytes else p.tobytes() if type(p) is memoryview else bytes(p) for p in parts]
-        answers = self.answers
-        answers.append((seq, copy, size))
+        self.answers.append((seq, copy, size))
         self.kept += size
-        if self.kept > self.bound or len(answers) > ANSWERS_KEPT:
-            while self.kept > self.bound or len(answers) > ANSWERS_KEPT:
-                old, _, n = answers.popleft()
-                self.kept -= n
-                self.lost_upto = old
+        if self.kept > self.bound or len(self.answers) > ANSWERS_KEPT:
+            self._forget()
+
+    def _forget(self) -> None:
+        """The oldest answers go, until what is kept is within the bound and the count."""
+        answers = self.answers
+        while self.kept > self.bound or len(answers) > ANSWERS_KEPT:
+            old, _, n = answers.popleft()
+            self.kept -= n
+            self.lost_upto = old
 
     def interrupt(self) -> None:
         """A resumed connection arrived: the current one is dead to the client (wake a read blocked on it)."""
