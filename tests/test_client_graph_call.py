@@ -94,8 +94,8 @@ def test_a_compiled_training_run_sends_the_same_run_messages_from_cpp_and_from_p
     for n, (x, y) in enumerate(zip(on, off)):
         assert x == y, f"RUN {n} differs:\n  cpp {x}\n  python {y}"
     assert on_losses == off_losses
-    for a, b in zip(on_params, off_params):
-        assert torch.equal(a, b)
+    for n, (a, b) in enumerate(zip(on_params, off_params)):   # bitwise; a failure names the parameter and how far
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=lambda m, n=n: f"parameter {n}: {m}")
 
 
 def test_a_compiled_training_run_through_cpp_matches_the_cpu(start):
