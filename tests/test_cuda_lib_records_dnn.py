@@ -33,18 +33,31 @@ STEP = b"".join([_execute(), gemm("cublasSgemm_v2"), _execute(stream=S2), _execu
                  launch(0x100, S2), _execute(pack=PACK2)])
 
 
+def _logs_on_each_path(folder, monkeypatch, records: bytes, python_calls: dict, check_c=lambda native, lib: None):
+    """``records`` run on each path named in ``python_calls`` ("auto": the C walker; "off": Python's; "walker off":
+    every record through Libraries.run, what C owns still C's, as a trace runs), each sending the number of calls
+    to Python given there; ``check_c(path, lib)`` before its session closes. Each path's stand-in log."""
+    logs = {}
+    for native, expected in python_calls.items():
+        session = dnn_session(folder, monkeypatch, "off" if native == "off" else "auto")
+        if native == "walker off":
+            monkeypatch.setattr(session.libs, "records_table", lambda: None)
+        logs[native], through_python = run(session, records, monkeypatch)
+        assert session.executor.deferred == []
+        assert through_python == expected, native
+        check_c(native, session.libs.library("cudnn"))
+        session.libs.close()
+    return logs
+
+
 @isolated
 def test_the_c_walker_and_the_python_path_make_the_same_dnn_calls(folder, monkeypatch):
-    logs = {}
-    for native in ("auto", "off"):
-        session = dnn_session(folder, monkeypatch, native)
-        logs[native], through_python = run(session, STEP * 2, monkeypatch)
-        assert session.executor.deferred == []
-        assert through_python == (2 if native == "auto" else 10)     # in C: all but each plan's first execute
-        lib = session.libs.library("cudnn")
+    def held(native, lib):
         if native == "auto":
             assert [lib.c.rgpu_cudnn_count(lib.fast, k) for k in (HANDLE, PACK, PLAN)] == [1, 2, 2]
-        session.libs.close()
+
+    # in C: all but each plan's first execute
+    logs = _logs_on_each_path(folder, monkeypatch, STEP * 2, {"auto": 2, "off": 10}, held)
     assert logs["auto"] == logs["off"]
     kinds = [line.split()[0] for line in logs["auto"]]
     assert kinds[:9] == ["ctx", "dnn_stream", "dnn_execute", "stream", "sgemm", "dnn_stream", "dnn_execute",
@@ -126,18 +139,12 @@ def _conv(pack=PACK3, plan=bench.PLAN, ptrs=(0xA000, 0xB000, 0xC000), stream=S1)
 @isolated
 def test_a_convolutions_variant_pack_runs_in_c_with_the_python_paths_calls_and_values(folder, monkeypatch):
     steps = _conv() + gemm("cublasSgemm_v2") + _conv(ptrs=(0xA100, 0xB100, 0xC100), stream=S2) + launch(0x100, S2)
-    logs = {}
-    for native in ("auto", "off", "walker off"):
-        session = dnn_session(folder, monkeypatch, native.replace("walker off", "auto"))
-        if native == "walker off":          # every record through Libraries.run, the packs still C's (a trace)
-            monkeypatch.setattr(session.libs, "records_table", lambda: None)
-        logs[native], through_python = run(session, steps * 2, monkeypatch)
-        assert session.executor.deferred == []
-        assert through_python == (1 if native == "auto" else 30)       # in C: all but the plan's first execute
-        lib = session.libs.library("cudnn")
+    def held(native, lib):
         if native == "auto":
             assert [lib.c.rgpu_cudnn_count(lib.fast, k) for k in (HANDLE, PACK, PLAN)] == [1, 2, 1]
-        session.libs.close()
+
+    # in C: all but the plan's first execute; walker off: the packs still C's
+    logs = _logs_on_each_path(folder, monkeypatch, steps * 2, {"auto": 1, "off": 30, "walker off": 30}, held)
     assert logs["auto"] == logs["off"] == logs["walker off"]
     conv = [line.split() for line in logs["auto"][:9]]
     assert [w[0] for w in conv] == ["ctx", "dnn_desc", "dnn_set", "dnn_set", "dnn_set", "dnn_finalize",
@@ -231,18 +238,13 @@ def _bn(dtype=0) -> bytes:
 
 @isolated
 def test_a_batch_norm_and_its_tensor_descriptors_run_in_c_with_the_python_paths_calls(folder, monkeypatch):
-    logs = {}
-    for native in ("auto", "off", "walker off"):
-        session = dnn_session(folder, monkeypatch, native.replace("walker off", "auto"))
-        if native == "walker off":          # Python's batch norm on the C table's tensors (a trace)
-            monkeypatch.setattr(session.libs, "records_table", lambda: None)
-        logs[native], through_python = run(session, _bn() + _bn(dtype=9), monkeypatch)
-        assert session.executor.deferred == []
-        assert through_python == (0 if native == "auto" else 20)       # in C: all, the batch norms too
-        lib = session.libs.library("cudnn")
+    def destroyed(native, lib):
         if native != "off":
             assert lib.c.rgpu_cudnn_count(lib.fast, 3) == 0            # each destroyed
-        session.libs.close()
+
+    # in C: all, the batch norms too; walker off: Python's batch norm on the C table's tensors
+    logs = _logs_on_each_path(folder, monkeypatch, _bn() + _bn(dtype=9), {"auto": 0, "off": 20, "walker off": 20},
+                              destroyed)
     assert logs["auto"] == logs["off"] == logs["walker off"]
     one = [line.split() for line in logs["auto"][:11]]
     assert [w[0] for w in one] == ["ctx", "dnn_tensor", "dnn_tensor_set", "dnn_tensor", "dnn_derive", "dnn_tensor",
