@@ -109,10 +109,11 @@ class Session:
         if dst.peer_port is None:
             raise RuntimeError(f"server {dst.where} opened no peer port: it cannot take a copy from another server")
         ticket = secrets.token_bytes(32)
+        pin = ((dst.conn.welcome or {}).get("info") or {}).get("peer_tls")   # its TLS certificate, when it serves TLS
         with self.lock:
             self._on(dst, lambda: dst.conn.post([Msg.PEER_RECV, dst.events(), dst_desc, ticket]))
             self._on(src, lambda: src.conn.post([Msg.PEER_SEND, src.events(), src_desc, ticket, dst.host,
-                                                 dst.peer_port]))
+                                                 dst.peer_port, pin]))
 
     def _on(self, server, call):
         """``call()``; a server gone is the session's end, named (the other servers are released)."""

@@ -12,22 +12,23 @@
     both ends: StripedTcp(main, streams)         (tcp_streams.py)
 
 A stream proves the token and names the session and its ticket (32 random bytes said only inside the
-authenticated session), so a stranger cannot attach one to someone's session. A client that cannot
+authenticated session), so a stranger cannot attach one to someone's session; the port is a ticketed
+listener (``ticketed.py``: a stranger has a few seconds to say who it is, and the port closes once the
+streams attached). A client that cannot
 reach the port (an SSH tunnel forwards one port; a firewall) goes on with the streams it has, one
 at least, and says so once. A resumed connection (``resume.py``) is one stream.
 """
 from __future__ import annotations
 
-import hmac
 import logging
 import os
 import select
 import socket
 import time
 
-from rgpu.errors import AuthenticationError, ConnectionLost, ProtocolError, RgpuError, translate_os_error
+from rgpu.errors import AuthenticationError, ConnectionLost, ProtocolError, RgpuError
 
-from . import handshake, tcp, tls
+from . import handshake, tcp, ticketed, tls
 from .buffers import BufferPool
 from .tcp import TcpTransport
 from .tcp_streams import StripedTcp
@@ -123,15 +124,11 @@ class ServerOffer:
                  timeout_s: float):
         self.session, self.count, self.token, self.tls_cert = session, count, token, tls_cert
         self.timeout_s = timeout_s
-        self.ticket = os.urandom(32)
+        self.ticket = ticketed.new_ticket()
         self.stripe_bytes = STRIPE_BYTES
-        self.listener = socket.socket(main.family, socket.SOCK_STREAM)
-        try:
-            self.listener.bind((main.getsockname()[0], 0))   # the address the client reached, a port of our own
-            self.listener.listen(count)
-        except OSError:
-            self.listener.close()
-            raise
+        # the address the client reached, a port of our own
+        self.listener = ticketed.Listener(main.getsockname()[0], backlog=count, tls_cert=tls_cert,
+                                          refuse=_refuse_kind, family=main.family, stranger_s=DIAL_TIMEOUT_S)
 
     @classmethod
     def make(cls, main: socket.socket, hello: handshake.Hello, settings, token: bytes,
@@ -148,7 +145,7 @@ class ServerOffer:
             return None
 
     def details(self) -> dict:
-        return {"port": self.listener.getsockname()[1], "count": self.count, "ticket": self.ticket,
+        return {"port": self.listener.port, "count": self.count, "ticket": self.ticket,
                 "stripe_bytes": self.stripe_bytes}
 
     def cancel(self) -> None:
@@ -167,7 +164,7 @@ class ServerOffer:
                 poller.register(self.listener, select.POLLIN)
                 poller.register(t.sock, select.POLLIN)
                 if any(fd == self.listener.fileno() for fd, _ in poller.poll(left * 1000)):
-                    self._admit(got, deadline)
+                    self._admit(got, time.monotonic() + min(left, DIAL_TIMEOUT_S))
             frame = t.recv_frame(LIMITS, _pool)
         except BaseException:
             for s in got.values():
@@ -186,20 +183,20 @@ class ServerOffer:
         return StripedTcp(t, [got[i] for i in said], self.stripe_bytes) if said else t
 
     def _admit(self, got: dict, deadline: float) -> None:
+        try:   # a stranger who stalls is dropped: it has until `deadline` to prove the token and the ticket
+            accepted = self.listener.accept(deadline)
+        except RgpuError as exc:
+            log.warning("a tcp stream refused: %s", exc)
+            return
+        if accepted is None:
+            return
+        conn, peer = accepted
         try:
-            conn, peer = self.listener.accept()
-        except OSError as exc:
-            raise translate_os_error(exc, where="accepting a tcp stream") from None
-        try:
-            conn.settimeout(max(0.1, deadline - time.monotonic()))   # a stranger who stalls is dropped
-            tcp.tune(conn)
-            conn = tls.accept(conn, self.tls_cert)
             st = TcpTransport(conn)
             hello, sn = handshake.server_hello(st, self.token, LIMITS)
             handshake.server_proof(st, self.token, LIMITS, {ROUTE}, hello, sn)
             index, ticket = hello.options.get("stream"), hello.options.get("ticket")
-            if (hello.session != self.session or not isinstance(ticket, bytes)
-                    or not hmac.compare_digest(ticket, self.ticket)):
+            if hello.session != self.session or not ticketed.same(ticket, self.ticket):
                 handshake.refuse(st, "auth", "this stream names no session of this worker")
                 raise AuthenticationError(f"a tcp stream from {peer} named another session")
             if not isinstance(index, int) or not 0 < index < self.count or index in got:
@@ -211,3 +208,10 @@ class ServerOffer:
         except (RgpuError, OSError) as exc:
             log.warning("a tcp stream from %s refused: %s", peer, exc)
             conn.close()
+
+
+def _refuse_kind(conn: socket.socket, speaks_tls: bool) -> None:
+    """A stream of the wrong kind, answered in the main port's words (``tls.accept``): a plain REFUSED frame."""
+    handshake.refuse(TcpTransport(conn), "tls", "this server does not use TLS (started without --tls)" if speaks_tls
+                     else "this server requires TLS (started with --tls): set RGPU_TLS=1 and " + tls.PIN_HINT +
+                     ", or set RGPU_TLS_CA; or reach it with `rgpu run --ssh`")

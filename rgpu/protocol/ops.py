@@ -37,7 +37,7 @@ class Msg(IntEnum):
     GET_RNG_STATE = 17  # [device]                              request -> [state bytes]: the device's generators
     SET_RNG_STATE = 18  # [device, state bytes]                 post
     PEER_RECV = 19  # [events, tensor, ticket bytes]: in stream order, take one peer transfer's bytes into it  post
-    PEER_SEND = 20  # [events, tensor, ticket bytes, host, port]: in stream order, push its bytes to that peer  post
+    PEER_SEND = 20  # [events, tensor, ticket, host, port, TLS pin or None]: in stream order, push its bytes there  post
     GROUP_STORE = 21  # [] request -> [host, port]: a rendezvous store (TCPStore) this server opens for a servers' group
     GROUP_JOIN = 22  # [group, host, port, rank, size, backend, device, timeout s, [server per rank]] request -> None:
     #                  this session joins the servers' process group (gloo or nccl) through that store

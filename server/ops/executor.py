@@ -103,8 +103,7 @@ class Executor(BaseExecutor):
         self.collectives = Collectives(self.table, self.kind, session.settings.host)
         self.handlers.update(self.collectives.handlers)
         # a peer listener only for a client of several servers (copies server to server)
-        self.peers = (Peers(session.settings.host, session.settings.peer_timeout)
-                      if session.options.get("peer") is True else None)
+        self.peers = Peers.of_server(session.settings) if session.options.get("peer") is True else None
         self.profiler = None
         # the common op in C++; what it does not take, and whatever is unusual after an op, is done here
         self.fast = fast.FastOps(self.table, self.kind == "cuda", self._check_written,
@@ -117,7 +116,8 @@ class Executor(BaseExecutor):
         return {"device": self.kind, "device_count": len(self.names), "names": self.names,
                 "torch": torch.__version__, "tf32": self.session.settings.tf32, "op_path": self.op_path,
                 "op_path_failed": self.op_path_failed, "device_offset": self.offset,
-                "peer_port": self.peers.port if self.peers is not None else None}
+                "peer_port": self.peers.port if self.peers is not None else None,
+                "peer_tls": self.peers.fingerprint if self.peers is not None else None}
 
     def handle(self, meta, buffers, reply: bool):
         handler = self.handlers.get(meta[0]) if type(meta) is list and meta else None
@@ -378,7 +378,7 @@ class Executor(BaseExecutor):
 
     def _peer_send(self, meta, buffers):
         """A copy to another server's device: ``src``'s bytes pushed to that server's peer listener."""
-        _, events, desc, ticket, host, port = meta
+        _, events, desc, ticket, host, port, *pin = meta   # pin: the destination's TLS fingerprint, or None
         self.table.apply_events(events)
         try:
             src = self.table.tensor(desc)
@@ -387,7 +387,7 @@ class Executor(BaseExecutor):
         if self.peers is None:
             raise OpFailed("peer copy", "this session has no peer listener (the client did not ask for one)")
         try:
-            self.peers.send(bytes(ticket), str(host), int(port), src)
+            self.peers.send(bytes(ticket), str(host), int(port), src, pin[0] if pin else None)
         except PeerError as exc:
             raise OpFailed("peer copy", str(exc)) from None
 
