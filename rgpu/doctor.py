@@ -36,8 +36,9 @@ class Check:
 class Context:
     """What the checks share: the settings, the address, the echo connection once made."""
 
-    def __init__(self, settings):
+    def __init__(self, settings, first: int | None = 0):
         self.s = settings
+        self.first = first   # its first device's rgpu index in the session (None: unknown, an earlier server failed)
         self.address = settings.server_address()
         self.conn = None
         self.transport_why: str | None = None
@@ -289,7 +290,7 @@ def check_devices(ctx: Context) -> Check:
         return Check("devices", "fail", "the ops route answers but lists no devices",
                      "see the server's log; on a GPU host check `nvidia-smi`", data={"welcome": info})
     kind = info.get("device", "?")
-    detail = f"{kind}: " + "; ".join(_describe(i, d) for i, d in enumerate(devices))
+    detail = f"{kind}: " + "; ".join(_describe(i, d, ctx.first) for i, d in enumerate(devices))
     data = {"device": kind, "devices": devices, "op_path": info.get("op_path")}
     if info.get("op_path"):   # the server's op path: C++, or Python and why (slower per op, same results)
         detail += f"; ops run through {info['op_path']}"
@@ -299,12 +300,15 @@ def check_devices(ctx: Context) -> Check:
     return Check("devices", "ok", detail, data=data)
 
 
-def _describe(i: int, d) -> str:
+def _describe(i: int, d, first: int | None = 0) -> str:
+    def label(j: int) -> str:   # its index in the session; unknown when an earlier server of the list failed
+        return f"rgpu:{first + j}" if first is not None else f"its device {j}"
+
     if not isinstance(d, dict):
-        return f"rgpu:{i} {d}"
+        return f"{label(i)} {d}"
     memory = d.get("total_memory") or d.get("memory")
     mem = f", {memory / (1 << 30):.1f} GiB" if isinstance(memory, (int, float)) else ", memory not reported"
-    return f"rgpu:{d.get('index', i)} {d.get('name', '?')}{mem}"
+    return f"{label(d.get('index', i))} {d.get('name', '?')}{mem}"
 
 
 def _loopback(host: str) -> bool:
@@ -348,9 +352,12 @@ CHECKS = (  # name, what it needs, the check
 )
 
 
-def run_checks(settings, on_result=None) -> list[Check]:
-    """Every check in order; ``on_result(check)`` as each one ends (the text report prints as it goes)."""
-    ctx = Context(settings)
+def run_checks(settings, on_result=None, first: int | None = 0) -> list[Check]:
+    """Every check in order; ``on_result(check)`` as each one ends (the text report prints as it goes).
+
+    ``first``: the rgpu index of the server's first device in the session (the devices check names them so).
+    """
+    ctx = Context(settings, first)
     results: list[Check] = []
 
     def add(c: Check) -> None:
@@ -386,6 +393,9 @@ def main(args) -> int:
     s = config.settings()
     if args.server:
         s = s.with_(server=args.server)
+    if len(s.server_addresses()) > 1:   # RGPU_SERVER=a,b: each server in turn, each line naming it
+        from . import doctor_servers
+        return doctor_servers.main(args, s)
     results = run_checks(s, None if args.json else _print_check)   # (the text report: each line as its check ends)
     ok = not any(c.status == "fail" for c in results)
     from rgpu.cuda_intercept import libraries   # the CUDA route: what `rgpu intercept run` would load, from where

@@ -127,3 +127,61 @@ def test_the_text_report_prints_each_check_as_it_ends(rgpu_server):
     seen = []
     results = doctor.run_checks(doctor.config.settings(environ={}, server="127.0.0.1:1", token="t"), seen.append)
     assert seen == results and [c.name for c in seen] == ORDER
+
+
+# ---- several servers (RGPU_SERVER=a,b) ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def two_servers(tmp_path_factory):
+    """Two CPU servers of two devices each: the session's rgpu:0..1 and rgpu:2..3."""
+    from conftest import RunningServer
+
+    started = [RunningServer(tmp_path_factory.mktemp(f"doctor{i}"), ("--device", "cpu", "--devices", "2"))
+               for i in range(2)]
+    yield started
+    for s in started:
+        s.stop()
+
+
+def test_each_of_several_servers_is_checked_and_its_devices_numbered_as_the_session_numbers_them(two_servers):
+    from conftest import TOKEN
+
+    from rgpu import doctor_servers
+
+    wheres = [s.address for s in two_servers]
+    seen = []
+    settings = doctor.config.settings(environ={}, server=",".join(wheres), token=TOKEN, transport="tcp",
+                                      tcp_streams=1)
+    reports = doctor_servers.check_servers(settings, lambda where, c: seen.append((where, c.name)))
+    assert [r.where for r in reports] == wheres
+    assert seen == [(w, name) for w in wheres for name in ORDER]   # in turn, each check naming its server
+    for r in reports:
+        checks = by_name(r.checks)
+        assert all(c.status == "ok" for c in checks.values()), [(c.name, c.detail) for c in r.checks]
+        assert checks["server"].data["address"] == r.where
+    assert [(r.first, r.count) for r in reports] == [(0, 2), (2, 2)]   # two --devices 2 servers, in their order
+    second = by_name(reports[1].checks)["devices"].detail
+    assert "rgpu:2 " in second and "rgpu:3 " in second and "rgpu:0 " not in second, second
+    assert doctor_servers.summary(reports) == (f"2 servers, 4 devices rgpu:0..3: rgpu:0..1 on {wheres[0]}, "
+                                               f"rgpu:2..3 on {wheres[1]}")
+
+
+def test_a_dead_server_among_several_is_named_and_the_others_are_still_checked(two_servers):
+    from conftest import TOKEN
+
+    dead = "127.0.0.1:1"
+    wheres = [two_servers[0].address, dead, two_servers[1].address]
+    done = subprocess.run([sys.executable, "-m", "rgpu", "doctor", "--server", ",".join(wheres)],
+                          capture_output=True, text=True, timeout=600,
+                          env=clean_env(RGPU_TOKEN=TOKEN, RGPU_TRANSPORT="tcp"))
+    assert done.returncode == 1, done.stdout + done.stderr
+    rows = [line for line in done.stdout.splitlines() if re.match(r"  (ok|WARN|FAIL|skip)\s", line)]
+    assert len(rows) == 3 * len(ORDER), done.stdout
+    for i, where in enumerate(wheres):   # every line of a server's checks names it
+        assert all(f" {where} " in row for row in rows[i * len(ORDER):(i + 1) * len(ORDER)]), done.stdout
+    assert re.search(rf"FAIL\s+{re.escape(dead)}\s+server", done.stdout)
+    assert re.search(rf"ok\s+{re.escape(wheres[2])}\s+devices\s+.*its device 0", done.stdout)  # after the dead one
+    assert sum(bool(re.match(r"  ok\s", row)) for row in rows) == 2 * len(ORDER)   # the live ones passed
+    assert f"1 of 3 servers failed: {dead} (server: " in done.stderr, done.stderr
+    assert "summary: 1 of 3 servers failed" in done.stdout
