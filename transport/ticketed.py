@@ -54,10 +54,10 @@ class Listener:
 
     def __init__(self, host: str, *, backlog: int, tls_cert: dict | None = None,
                  refuse: Callable[[socket.socket, bool], None] | None = None, family: int | None = None,
-                 stranger_s: float = STRANGER_S):
+                 stranger_s: float | None = None):
         family = family if family is not None else (socket.AF_INET6 if ":" in host else socket.AF_INET)
         self.context = tls.server_context(tls_cert["cert"], tls_cert["key"]) if tls_cert else None
-        self.refuse, self.stranger_s = refuse, stranger_s
+        self.refuse, self.stranger_s = refuse, STRANGER_S if stranger_s is None else stranger_s
         self.sock = socket.create_server((host, 0), family=family, backlog=backlog)
         self.port = self.sock.getsockname()[1]
         self.spent: OrderedDict[bytes, None] = OrderedDict()

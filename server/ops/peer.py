@@ -246,6 +246,7 @@ def _refuse(conn: socket.socket, peer, why: str) -> None:
     try:
         conn.sendall(_REFUSED + _WHY.pack(len(text)) + text)
         conn.shutdown(socket.SHUT_WR)
+        _drain(conn)
     except OSError:
         pass
     finally:
@@ -259,8 +260,18 @@ def _refuse_kind(conn: socket.socket, speaks_tls: bool) -> None:
     try:
         conn.sendall(_REFUSED + _WHY.pack(len(text)) + text)
         conn.shutdown(socket.SHUT_WR)
-        conn.recv(TICKET_BYTES + 1, socket.MSG_DONTWAIT)   # what it sent already: closing on unread bytes resets
+        _drain(conn)
     except OSError:
+        pass
+
+
+def _drain(conn: socket.socket) -> None:
+    """What it sent already, read and dropped: closing on bytes unread would reset the connection, and its
+    reader might lose the refusal."""
+    conn.setblocking(False)
+    try:
+        conn.recv(1 << 16)
+    except OSError:   # nothing there (TLS: nothing whole)
         pass
 
 
