@@ -17,7 +17,7 @@ from rgpu.device_backend import session, transfers
 torch.ones(1, device="rgpu")
 s = session.current()
 t = s.conn.transport
-heap = getattr(t, "_heap", None)
+heap = getattr(getattr(t, "writer", None), "heap", None)   # shm's sender heap (tcp has none)
 out = {"transport": s.conn.transport_name}
 
 x = torch.arange(1 << 20, dtype=torch.float32).pin_memory()          # 4 MiB: a shared block

@@ -40,7 +40,7 @@ def test_c_and_python_write_the_same_bytes():
         for i in range(5):
             client.send(client.frame_parts(MsgKind.POST, i + 1, i, {"i": i}, [as_bytes_view(pattern(100 + i, i))]))
         client.send_meta(MsgKind.POST, 9, pack_meta({"op": 1}))
-        rings.append(bytes(client._ring_out[:client._tail]))
+        rings.append(bytes(client.writer.ring[:client._tail]))
         client.close()
         server.close()
     assert rings[0] == rings[1]
@@ -59,7 +59,7 @@ def test_a_small_upload_posted_with_send_meta_is_one_ring_record_copied_at_the_c
         client.send_meta(MsgKind.POST, 3, pack_meta(["upload"]), [memoryview(buf)])
         buf[:] = 0
         if use_c:
-            assert client._heap.in_flight == 0 and client._tail >= n    # in the ring, as one record
+            assert client.writer.heap.in_flight == 0 and client._tail >= n    # in the ring, as one record
         frame = server.recv_frame(LIMITS, BufferPool())
         assert (frame.seq, frame.meta) == (3, ["upload"])
         assert np.array_equal(np.frombuffer(frame.buffers[0], np.uint8), sent)
@@ -71,11 +71,11 @@ def test_a_small_upload_posted_with_send_meta_is_one_ring_record_copied_at_the_c
 
 def test_a_malformed_record_from_a_c_peer_is_still_named_by_the_python_path(shm_ends):
     client, server = shm_ends
-    pos = client._reserve(64)
-    shm.REC.pack_into(client._ring_out, pos, 64, shm.KIND_FRAME, shm.NO_SLOT, 0, 40, 0)
-    client._ring_out[pos + shm.REC.size:pos + shm.REC.size + 40] = b"XXXX" + bytes(36)
+    pos = client.writer.reserve(64)
+    shm.REC.pack_into(client.writer.ring, pos, 64, shm.KIND_FRAME, shm.NO_SLOT, 0, 40, 0)
+    client.writer.ring[pos + shm.REC.size:pos + shm.REC.size + 40] = b"XXXX" + bytes(36)
     client._tail += 64
-    client._publish()
+    client.writer.publish()
     with pytest.raises(ProtocolError, match="magic"):
         server.recv_frame(LIMITS, BufferPool())
 

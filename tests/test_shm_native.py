@@ -176,8 +176,8 @@ def test_a_server_whose_c_loop_spun_for_nothing_sleeps_at_once_in_recv_frame(shm
     client, server = shm_ends
     server.spin_s = 0.002
     assert server.serve(lambda *args: None, 0, LIMITS)[0] == SERVE_IDLE
-    spins, wait = [], server._c_wait
-    server._c_wait = lambda ring, head, busy, spin, yield_core: spins.append(spin) or wait(ring, head, busy, spin,
+    spins, wait = [], server.waits.c_wait
+    server.waits.c_wait = lambda ring, head, busy, spin, yield_core: spins.append(spin) or wait(ring, head, busy, spin,
                                                                                          yield_core)
     for seq in (1, 2):
         post = client.frame_parts(POST, seq, 0, {"op": "note"}, [])

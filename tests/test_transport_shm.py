@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from rgpu.errors import ConnectionLost, ProtocolError
-from rgpu.transport import shm
+from rgpu.transport import shm, shm_write
 from rgpu.transport.buffers import BufferPool, as_bytes_view
 from rgpu.transport.shm_memory import Segment
 from rgpu.transport.wire import Limits, MsgKind
@@ -54,7 +54,7 @@ def test_big_buffers_are_read_in_place_in_the_senders_segment(ends):
     send(client, None, [pattern(4 * MiB), b"small"])
     f = recv(server)
     big = np.frombuffer(f.buffers[0], np.uint8)
-    segs = list(server._in_segs.values())
+    segs = list(server.peer.mapped.values())
     assert any(np.shares_memory(big, s.array) for s in segs)           # a view into the segment, no copy
     assert not any(np.shares_memory(np.frombuffer(f.buffers[1], np.uint8), s.array) for s in segs)
     assert np.array_equal(big, pattern(4 * MiB))
@@ -65,11 +65,11 @@ def test_a_held_frame_keeps_its_heap_memory_until_released(ends):
     client, server = ends
     send(client, None, [pattern(2 * MiB)])
     f = recv(server)
-    client._heap.reap()
-    assert client._heap.in_flight == 1
+    client.writer.heap.reap()
+    assert client.writer.heap.in_flight == 1
     f.release()
-    client._heap.reap()
-    assert client._heap.in_flight == 0
+    client.writer.heap.reap()
+    assert client.writer.heap.in_flight == 0
 
 
 def test_dropping_every_view_gives_the_memory_back_without_release(ends):
@@ -79,12 +79,12 @@ def test_dropping_every_view_gives_the_memory_back_without_release(ends):
     derived = np.frombuffer(views[1], np.uint8)[10:20]               # a view of a view keeps it alive too
     del views
     gc.collect()
-    client._heap.reap()
-    assert client._heap.in_flight == 1
+    client.writer.heap.reap()
+    assert client.writer.heap.in_flight == 1
     del derived
     gc.collect()
-    client._heap.reap()
-    assert client._heap.in_flight == 0
+    client.writer.heap.reap()
+    assert client.writer.heap.in_flight == 0
 
 
 def test_memory_freed_by_the_receiver_is_used_again_rather_than_grown(ends):
@@ -92,26 +92,26 @@ def test_memory_freed_by_the_receiver_is_used_again_rather_than_grown(ends):
     for i in range(20):
         send(client, None, [pattern(8 * MiB, i)])
         recv(server).release()
-    assert client._heap.total == client._heap.first_bytes
+    assert client.writer.heap.total == client.writer.heap.first_bytes
 
 
 def test_the_heap_grows_while_the_receiver_holds_frames_and_trims_once_they_go(ends):
     client, server = ends
-    client._heap.keep_bytes = 0
+    client.writer.heap.keep_bytes = 0
     held = []
     for i in range(4):
         send(client, None, [pattern(40 * MiB, i)])
         held.append(recv(server))
-    assert client._heap.total >= 160 * MiB and len(client._heap.segments) > 1
+    assert client.writer.heap.total >= 160 * MiB and len(client.writer.heap.segments) > 1
     for i, f in enumerate(held):
         assert np.array_equal(np.frombuffer(f.buffers[0], np.uint8), pattern(40 * MiB, i))
         f.release()
     send(client, None, [b"x" * 100])                                 # the sender reaps (and trims) on its next send
-    client._heap.reap()
-    assert len(client._heap.segments) == 1
+    client.writer.heap.reap()
+    assert len(client.writer.heap.segments) == 1
     recv(server).release()
-    server._service_control()
-    assert set(server._in_segs) == set(client._heap.segments)         # the receiver unmapped what was dropped
+    server.peer.service()
+    assert set(server.peer.mapped) == set(client.writer.heap.segments)         # the receiver unmapped what was dropped
 
 
 def test_frames_bigger_than_the_ring_go_through_the_heap(ends):
@@ -166,11 +166,11 @@ def test_frames_still_flow_when_both_sides_sleep_instead_of_spinning(ends):
 
 def write_record(t: shm.ShmTransport, fields: tuple, body: bytes = b"") -> None:
     """Put a hand-made record at the tail of ``t``'s outgoing ring and publish it."""
-    pos = t._reserve(max(shm.REC.size + len(body), shm.REC.size))
-    shm.REC.pack_into(t._ring_out, pos, *fields)
-    t._ring_out[pos + shm.REC.size:pos + shm.REC.size + len(body)] = body
+    pos = t.writer.reserve(max(shm.REC.size + len(body), shm.REC.size))
+    shm.REC.pack_into(t.writer.ring, pos, *fields)
+    t.writer.ring[pos + shm.REC.size:pos + shm.REC.size + len(body)] = body
     t._tail += fields[0]
-    t._publish()
+    t.writer.publish()
 
 
 @pytest.mark.parametrize("fields, body, match", [
@@ -193,7 +193,7 @@ def test_a_buffer_placed_past_the_end_of_its_segment_is_a_protocol_error(ends):
     send(client, None, [pattern(1 * MiB)])                           # makes and announces segment 1
     recv(server).release()
     prefix = client.frame_parts(MsgKind.POST, 1, 0, None, [memoryview(bytes(1 * MiB))])[0].prefix
-    seg = client._heap.segments[1]
+    seg = client.writer.heap.segments[1]
     desc = shm.DESC.pack(0, 1, seg.size - 4096)                       # 1 MiB from 4 KiB before the end
     rec_len = (shm.REC.size + len(desc) + len(prefix) + 7) & ~7
     write_record(client, (rec_len, shm.KIND_FRAME, 0, 1, len(prefix), 0), desc + prefix)
@@ -287,7 +287,7 @@ def test_shm_copies_in_parallel_only_where_there_are_cores_for_it():
 
 def test_a_frame_with_more_big_buffers_than_a_record_can_name_still_arrives(ends, monkeypatch):
     client, server = ends
-    monkeypatch.setattr(shm, "MAX_PLACED", 8)          # the real bound is about 16 000 buffers
+    monkeypatch.setattr(shm_write, "MAX_PLACED", 8)          # the real bound is about 16 000 buffers
     bufs = [pattern((17 << 10) + i * 100, i) for i in range(20)]
     send(client, {"n": 20}, bufs)
     f = recv(server)

@@ -1,9 +1,10 @@
 """The shm transport: client and server on one host, frames through shared memory.
 
 The shared layout (control segment, rings, records) is in ``shm_ring.py``, the
-receiving side in ``shm_recv.py``, the memory (segments, the sender's heap) in
-``shm_memory.py``, the setting up in ``shm_setup.py``; here: the transport, its
-sending side and its closing.
+writing side in ``shm_write.py``, the receiving side in ``shm_recv.py``, the
+waits in ``shm_wait.py``, the memory (segments, the sender's heap, the peer's
+segments) in ``shm_memory.py``, the C path in ``shm_native.py``, the setting up
+in ``shm_setup.py``; here: the transport that composes them, and its closing.
 
 Direction 0 is client -> server, 1 is server -> client. A record holds the
 frame's prefix (header, lengths, metadata) and its small buffers; a buffer over
@@ -24,30 +25,27 @@ from __future__ import annotations
 
 import os
 import platform
-import select
 import socket
 import struct
 import threading
 import time
 from typing import Sequence
 
-import numpy as np
-
 from rgpu.errors import ConnectionLost, ProtocolError
 
-from . import fastcopy, shm_fast
-from .base import Capabilities, FindShared, Transport, spin_seconds
-from .buffers import as_bytes_view, copied
-from .shm_memory import Heap, Segment
-from .shm_native import NativeCalls
-from .shm_recv import Receiving
-from .shm_ring import (
-    BACKSTOP_S, BLOB, CTL_MSG, DESC, INLINE_MAX, KIND_FRAME, KIND_WRAP, MAX_PLACED, MAX_SEGMENT, NO_SLOT, OP_DROP,
-    OP_SEGMENT, REC, REC_HEAD, RECORD_MAX, RING_BYTES, RINGS_OFF, SLOTS, SLOTS_OFF, Ends, _drain, _fence, _words,
+from . import shm_fast
+from .base import Capabilities, FindShared, Into, Transport, spin_seconds
+from .buffers import BufferPool, as_bytes_view, copied
+from .shm_memory import PeerSegments, Segment
+from .shm_native import CRing, NativeCalls
+from .shm_recv import Receiver
+from .shm_ring import (  # noqa: F401  (DESC, INLINE_MAX, KIND_FRAME, NO_SLOT: the layout, for shm's users and tests)
+    DESC, INLINE_MAX, KIND_FRAME, MAX_SEGMENT, NO_SLOT, REC, RECORD_MAX, RING_BYTES, RINGS_OFF, SLOTS, SLOTS_OFF, Ends,
+    _words,
 )
-from .wire import HEADER, MAGIC, PROTOCOL_VERSION, encode_prefix, pack_meta
-
-
+from .shm_wait import Waits
+from .shm_write import Writer
+from .wire import HEADER, MAGIC, Frame, Limits, encode_prefix, pack_meta
 
 
 def _peer_pid(sock: socket.socket) -> int:
@@ -85,71 +83,75 @@ class _Out:
         return self._prefix
 
 
-class ShmTransport(Receiving, NativeCalls, Transport):
+class _WaitSetting:
+    """A spin setting of the transport's ``Waits`` (``busy_s``, ``spin_s``, ``spin_yield``): the default
+    on the class, the live value on a transport (set it there: the waits see it at once)."""
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj, owner=None):
+        return getattr(Waits if obj is None else obj.waits, self.name)
+
+    def __set__(self, obj, value) -> None:
+        setattr(obj.waits, self.name, value)
+
+
+class ShmTransport(Transport):
+    """One end of a shm connection, composed of objects that each own their state and are given the
+    rest when made (transport/README.md, "Who owns which state"): the ``Ends`` (ring ends, closed
+    flag), the ``Waits``, the ``Writer`` (outgoing ring, heap, named regions), the ``PeerSegments``,
+    the ``Receiver`` (incoming ring, leases) and, with the C path, its ``CRing`` and ``NativeCalls``.
+    The transport itself owns the Unix socket, the control segment, the eventfds, the send and
+    receive locks, and the closing."""
+
     name = "shm"
-    # A waiting side polls busy_s keeping its core, then yields it until spin_s, then sleeps on its
-    # eventfd. When data arrives just as a yield comes back late and the peer last ran on our CPU
-    # (/proc, looked at most every CORE_CHECK_S), it shares our core: for SHARED_CORE_S the receiver
-    # yields from the start (keeping the core would only delay the peer). Measured on the shared
-    # 2-core machine, docs/perf/transport.md. spin_s: RGPU_SHM_SPIN_US, else base.spin_seconds's
-    # default (20 ms on a machine of 8 cores or more, spin_s below elsewhere).
-    busy_s = 20e-6
-    spin_s = 100e-6
-    spin_yield = True
+    busy_s, spin_s, spin_yield = _WaitSetting(), _WaitSetting(), _WaitSetting()
     # A write is a copy into the ring: on the caller's thread it costs less than the hand-off to the
     # connection's I/O thread, whose GIL hand-offs also slowed the caller (GPU host, streamed adds:
     # docs/perf/transport-history.md, run4 and run5). Pinned memory the peer maps is named, not copied.
     capabilities = Capabilities(writes_inline=True, names_shared_memory=True)
-    # Given by the layer above (share_memory): find_shared(address, nbytes) -> (memfd, base, size) of host
-    # memory holding that range which the peer may map (pinned tensors, pinned.cpp), or None. Such buffers
-    # are sent by naming them, with no copy; the sender must leave them alone until the peer let the frame go.
-    find_shared: FindShared | None = None
 
     def __init__(self, side: str, sock: socket.socket, control: Segment, efds: list[int],
                  max_segment: int = MAX_SEGMENT, use_c: bool = True, spin_us: float | None = None):
         self.side = side
-        self.spin_s = max(spin_seconds(spin_us, self.spin_s), self.busy_s)   # RGPU_SHM_SPIN_US, or the default
-        self._sock = sock
-        self._control = control
-        self._efds = efds
-        self._max_segment = max_segment
-        out = 0 if side == "client" else 1
-        inn = 1 - out
-        self._q = memoryview(control.mm)[:SLOTS_OFF].cast("Q")
-        self._tail_out, self._head_out, self._asleep_out, self._waiting_out = _words(out)
-        self._tail_in, self._head_in, self._asleep_in, self._waiting_in = _words(inn)
-        mem = memoryview(control.mm)
-        self._ring_out = mem[RINGS_OFF + out * RING_BYTES:RINGS_OFF + (out + 1) * RING_BYTES]
-        self._ring_in = mem[RINGS_OFF + inn * RING_BYTES:RINGS_OFF + (inn + 1) * RING_BYTES]
-        self._slots_in = mem[SLOTS_OFF + inn * SLOTS:SLOTS_OFF + (inn + 1) * SLOTS]
-        self._data_out, self._space_out = efds[2 * out], efds[2 * out + 1]
-        self._data_in, self._space_in = efds[2 * inn], efds[2 * inn + 1]
-        self._ends = Ends(self._q[self._tail_out], self._q[self._head_in])   # the C path's, once attached
-        self._heap = Heap(mem[SLOTS_OFF + out * SLOTS:SLOTS_OFF + (out + 1) * SLOTS], self._announce, self._drop)
-        self._in_segs: dict[int, Segment] = {}
-        self._shared: dict[int, int] = {}      # base address of a region the peer maps -> its segment id
-        self.shared_regions = self.shared_bytes = 0
+        self._sock, self._control, self._efds = sock, control, efds
         self._send_lock = threading.Lock()
         self._recv_lock = threading.Lock()
-        self._core_checked = 0.0
-        self._spun = False                     # serve() found nothing within its spin: the next wait sleeps
-        self._peer_pid = _peer_pid(sock)
-        self._peer_gone = False
-        self._poll_data = select.poll()
-        self._poll_data.register(self._data_in, select.POLLIN)
-        self._poll_data.register(sock, select.POLLIN)
-        self._poll_space = select.poll()
-        self._poll_space.register(self._space_out, select.POLLIN)
-        self._poll_space.register(sock, select.POLLRDHUP)
-        self._c_wait = self._c_take = self._n_put = None
+        out = 0 if side == "client" else 1
+        inn = 1 - out
+        mem = memoryview(control.mm)
+        self._q = q = mem[:SLOTS_OFF].cast("Q")
+        tail_out, head_out, asleep_out, waiting_out = _words(out)
+        tail_in, head_in, asleep_in, waiting_in = _words(inn)
+        data_out, space_out, data_in, space_in = efds[2 * out], efds[2 * out + 1], efds[2 * inn], efds[2 * inn + 1]
         fast = shm_fast.load(use_c)
-        if fast is not None:
-            self._attach_c(fast, control, out)
+        c = CRing(fast, control.mm, out, data_out, space_in, q[tail_out], q[head_in]) if fast is not None else None
+        self._ends = ends = c.ends if c is not None else Ends(q[tail_out], q[head_in])   # the C path's: moved in C
+        self.peer = PeerSegments(sock, max_segment)
+        spin_s = max(spin_seconds(spin_us, Waits.spin_s), Waits.busy_s)   # RGPU_SHM_SPIN_US, or the default
+        self.waits = Waits(q, tail_in, asleep_in, head_out, waiting_out, ends, data_in, space_out, sock,
+                           _peer_pid(sock), self.peer, spin_s, *((c.wait, c.ring) if c is not None else ()))
+        self.writer = Writer(q, tail_out, head_out, asleep_out, _ring(mem, out), _slots(mem, out), ends, data_out,
+                             sock, self.waits.space, lambda: self.on_block)
+        self.receiver = Receiver(q, head_in, waiting_in, _ring(mem, inn), _slots(mem, inn), ends, space_in,
+                                 self.peer, self.waits.data, c)
+        # what send, send_meta, recv_frame and readable call, one lookup each
+        self._write_frame, self._write_meta, self._publish = (self.writer.write_frame, self.writer.write_meta,
+                                                              self.writer.publish)
+        self._recv, self._wait_data = self.receiver.recv, self.waits.data
+        self._n_put = None
+        if c is not None:
+            self._n_put, self._n_ring, self._n_ring_any = ends.put, c.ring_addr, c.ring_any_addr
+            calls = NativeCalls(c, self.waits, self._send_lock, self._recv_lock, self.receiver.recv_c)
+            self.lone_call, self.serve = calls.lone_call, calls.serve
 
     # the ends' fields under their old names: the base class's _close_when_idle sets _closed, tests read _tail
     _tail = property(lambda self: self._ends.tail, lambda self, v: setattr(self._ends, "tail", v))
     _head = property(lambda self: self._ends.head, lambda self, v: setattr(self._ends, "head", v))
     _closed = property(lambda self: self._ends.closed, lambda self, v: setattr(self._ends, "closed", v))
+    shared_regions = property(lambda self: self.writer.shared_regions, doc="regions the peer maps, named so far")
+    shared_bytes = property(lambda self: self.writer.shared_bytes, doc="bytes sent by naming them, not copied")
 
     # ---- sending -------------------------------------------------------------------
 
@@ -161,9 +163,10 @@ class ShmTransport(Receiving, NativeCalls, Transport):
             try:
                 if self._ends.closed:
                     raise ConnectionLost("connection closed")
-                put = self._n_put
+                put = self._n_put    # the C path: a frame for the ring alone written and the tail moved in C
                 for out in _frames(parts):
-                    if put is None or not self._put_c(out):
+                    if put is None or not put(self._n_ring, out.kind, out.flags, out.seq, out.ack, out.meta,
+                                              out.views):
                         self._write_frame(out.prefix, out.views)
                 self._publish()
             except (OSError, ValueError, BufferError) as exc:
@@ -182,20 +185,14 @@ class ShmTransport(Receiving, NativeCalls, Transport):
         with self._send_lock:
             try:
                 if self._n_put is not None:      # the C path: the tail moved in C (Ends.put)
-                    done = self._ends.put(self._n_ring, kind, 0, seq, 0, meta, ())
+                    done = self._n_put(self._n_ring, kind, 0, seq, 0, meta, ())
                     if done:
                         return
                     if done is None:
                         raise ConnectionLost("connection closed")
                 elif self._ends.closed:
                     raise ConnectionLost("connection closed")
-                pos = self._reserve(rec_len)
-                ring = self._ring_out
-                REC.pack_into(ring, pos, rec_len, KIND_FRAME, NO_SLOT, 0, blob_len, 0)
-                HEADER.pack_into(ring, pos + REC.size, MAGIC, PROTOCOL_VERSION, kind, 0, seq, 0, len(meta), 0)
-                p = pos + REC.size + HEADER.size
-                ring[p:p + len(meta)] = meta
-                self._ends.tail += rec_len
+                self._write_meta(kind, seq, meta, rec_len, blob_len)
                 self._publish()
             except (OSError, ValueError, BufferError) as exc:
                 raise self._lost(exc, "sending") from None
@@ -203,7 +200,7 @@ class ShmTransport(Receiving, NativeCalls, Transport):
     def _send_copied(self, kind: int, seq: int, meta: bytes, buffers: Sequence) -> None:
         if self._n_put is not None:
             with self._send_lock:
-                done = self._ends.put(self._n_ring_any, kind, 0, seq, 0, meta, buffers)
+                done = self._n_put(self._n_ring_any, kind, 0, seq, 0, meta, buffers)
                 if done:
                     return
                 if done is None:
@@ -211,168 +208,37 @@ class ShmTransport(Receiving, NativeCalls, Transport):
         # too big for one record, no room now, not plain memory, or no C path: copies, the usual way
         self.send([_Out(kind, seq, 0, 0, meta, copied(buffers))])
 
-    def _write_frame(self, prefix: bytes, views: list) -> None:
-        lengths = [v.nbytes for v in views]
-        blob_len = len(prefix) + sum(lengths)
-        if REC.size + blob_len <= RECORD_MAX and (not lengths or max(lengths) <= INLINE_MAX):
-            rec_len = (REC.size + blob_len + 7) & ~7      # the common case: everything in the ring
-            pos = self._reserve(rec_len)
-            ring = self._ring_out
-            REC.pack_into(ring, pos, rec_len, KIND_FRAME, NO_SLOT, 0, blob_len, 0)
-            p = pos + REC.size
-            ring[p:p + len(prefix)] = prefix
-            p += len(prefix)
-            for v, n in zip(views, lengths):
-                ring[p:p + n] = v
-                p += n
-            self._ends.tail += rec_len
-            return
-        big = [i for i, n in enumerate(lengths) if n > INLINE_MAX]
-        if len(big) > MAX_PLACED:    # a record must fit the ring: the smallest of them join the prefix
-            big = sorted(sorted(big, key=lengths.__getitem__, reverse=True)[:MAX_PLACED])
-        placed = set(big)
-        blob_len = len(prefix) + sum(n for i, n in enumerate(lengths) if i not in placed)
-        blob_in_heap = REC.size + DESC.size * (len(big) + 1) + blob_len > RECORD_MAX
-        descs = []
-        if self.find_shared is not None:   # buffers in memory the peer maps already: named, not copied
-            for i in big:
-                where = self._shared_place(views[i])
-                if where is not None:
-                    descs.append((i, *where))
-            named = {d[0] for d in descs}
-            big = [i for i in big if i not in named]
-        sizes = [lengths[i] for i in big] + ([blob_len] if blob_in_heap else [])
-        slot, places = self._alloc(sizes)
-        if descs:
-            self._heap.hold(slot, [views[d[0]] for d in descs])
-        for i, (sid, off) in zip(big, places):
-            fastcopy.copy(self._heap.view(sid, off, lengths[i]), views[i])
-            descs.append((i, sid, off))
-        if blob_in_heap:
-            sid, off = places[-1]
-            _pack_blob(self._heap.view(sid, off, blob_len), 0, prefix, views, placed)
-            descs.append((BLOB, sid, off))
-        rec_len = (REC.size + DESC.size * len(descs) + (0 if blob_in_heap else blob_len) + 7) & ~7
-        pos = self._reserve(rec_len)
-        ring = self._ring_out
-        REC.pack_into(ring, pos, rec_len, KIND_FRAME, slot, len(descs), blob_len, int(blob_in_heap))
-        p = pos + REC.size
-        for d in descs:
-            DESC.pack_into(ring, p, *d)
-            p += DESC.size
-        if not blob_in_heap:
-            _pack_blob(ring, p, prefix, views, placed)
-        self._ends.tail += rec_len
-
     def share_memory(self, find: FindShared) -> bool:
-        self.find_shared = find
+        self.writer.find_shared = find
         return True
 
     def names(self, address: int, nbytes: int) -> bool:
-        return self.find_shared is not None and self.find_shared(address, nbytes) is not None
+        return self.writer.names(address, nbytes)
 
     def settle(self) -> None:
         """Take back what the peer has let go of now (the layer above knows it has: a reply came after)."""
         with self._send_lock:
             if not self._ends.closed:
-                self._heap.reap()
+                self.writer.heap.reap()
 
-    def _shared_place(self, view: memoryview) -> tuple[int, int] | None:
-        """(segment id, offset) of ``view`` in a region the peer maps (announced on first use), or None."""
-        addr = np.frombuffer(view, dtype=np.uint8).ctypes.data
-        region = self.find_shared(addr, view.nbytes)
-        if region is None:
-            return None
-        fd, base, size = region
-        if not (base <= addr and addr + view.nbytes <= base + size):
-            return None
-        sid = self._shared.get(base)
-        if sid is None:
-            sid = self._shared[base] = self._heap.new_id()
-            self._announce_fd(sid, size, fd)
-            self.shared_regions += 1
-        self.shared_bytes += view.nbytes
-        return sid, addr - base
+    # ---- receiving -----------------------------------------------------------------
 
-    def _alloc(self, sizes: list[int]):
-        got = self._heap.alloc(sizes)
-        while got is None:
-            self._publish()
-            self._wait_space(self._heap.reap)
-            got = self._heap.alloc(sizes)
-        return got
+    def readable(self, timeout: float) -> bool:
+        """Whether a frame is there within ``timeout`` seconds."""
+        with self._recv_lock:
+            try:
+                return self._wait_data(time.monotonic() + max(0.0, timeout))
+            except ConnectionLost:
+                return True            # recv_frame says so
+            except (OSError, ValueError) as exc:
+                raise self._lost(exc, "receiving") from None
 
-    def _reserve(self, need: int) -> int:
-        """Room for a record of ``need`` bytes at the tail (a wrap marker first if it would not fit)."""
-        q = self._q
-        while True:
-            pos = self._ends.tail % RING_BYTES
-            wrap = RING_BYTES - pos if pos + need > RING_BYTES else 0
-            if self._ends.tail - q[self._head_out] + wrap + need <= RING_BYTES:
-                if wrap:
-                    REC_HEAD.pack_into(self._ring_out, pos, wrap, KIND_WRAP)   # may be all of 8 bytes
-                    self._ends.tail += wrap
-                    pos = 0
-                return pos
-            self._publish()
-            self._wait_space(lambda: self._ends.tail - q[self._head_out] + wrap + need <= RING_BYTES)
-
-    def _publish(self) -> None:
-        q = self._q
-        if q[self._tail_out] == self._ends.tail:
-            return
-        q[self._tail_out] = self._ends.tail
-        _fence()
-        if q[self._asleep_out]:
-            os.eventfd_write(self._data_out, 1)
-
-    def _wait_space(self, ready) -> None:
-        """Until ``ready()``: the receiver frees ring space or heap slots (it wakes us when we say we wait).
-
-        Meanwhile ``on_block`` (a connection's) may read replies the peer is blocked on.
-        """
-        q = self._q
-        now = time.perf_counter()
-        busy, end = now + self.busy_s, now + self.spin_s
-        while (now := time.perf_counter()) < end:
-            if ready():
-                return
-            if now > busy and self.spin_yield:
-                os.sched_yield()
-        while True:
-            if self._ends.closed:
-                raise ConnectionLost("connection closed")
-            wait = BACKSTOP_S
-            if self.on_block is not None:
-                want = self.on_block()
-                if want is not None:
-                    if ready():
-                        return
-                    wait = 0.002 if want else 0.01     # a reply may be due: look again soon
-            q[self._waiting_out] = 1
-            _fence()
-            if ready():
-                q[self._waiting_out] = 0
-                return
-            events = self._poll_space.poll(wait * 1000)
-            q[self._waiting_out] = 0
-            for fd, ev in events:
-                if fd == self._space_out:
-                    _drain(fd)
-                elif ev & (select.POLLHUP | select.POLLRDHUP | select.POLLERR):
-                    raise ConnectionLost("connection closed" if self._ends.closed else "the peer went away (shm)")
-            if ready():
-                return
-
-    def _announce(self, seg: Segment) -> None:
-        self._announce_fd(seg.id, seg.size, seg.fd)
-
-    def _announce_fd(self, seg_id: int, size: int, fd: int) -> None:
-        """Pass the peer a memfd to map as segment ``seg_id`` (our heap's, or a region we name)."""
-        socket.send_fds(self._sock, [CTL_MSG.pack(OP_SEGMENT, seg_id, size)], [fd])
-
-    def _drop(self, seg_id: int) -> None:
-        self._sock.send(CTL_MSG.pack(OP_DROP, seg_id, 0))
+    def recv_frame(self, limits: Limits, pool: BufferPool, into: Into | None = None) -> Frame:
+        with self._recv_lock:
+            try:
+                return self._recv(limits, pool, into)
+            except (OSError, ValueError, BufferError) as exc:
+                raise self._lost(exc, "receiving") from None
 
     # ---- closing -------------------------------------------------------------------
 
@@ -388,17 +254,25 @@ class ShmTransport(Receiving, NativeCalls, Transport):
             self._close_when_idle(self._release_resources)
 
     def _release_resources(self) -> None:
-        for view in (self._ring_out, self._ring_in, self._slots_in, self._heap.slots, self._q):
-            view.release()
-        self._heap.close()
-        for seg in self._in_segs.values():
-            seg.close()
-        self._in_segs.clear()
+        self.writer.close()
+        self.receiver.close()
+        self._q.release()
+        self.peer.close()
         self._control.close()
         for fd in self._efds:
             os.close(fd)
         self._efds = []
         self._sock.close()
+
+
+def _ring(mem: memoryview, d: int) -> memoryview:
+    """The ring of direction ``d`` in the control segment."""
+    return mem[RINGS_OFF + d * RING_BYTES:RINGS_OFF + (d + 1) * RING_BYTES]
+
+
+def _slots(mem: memoryview, d: int) -> memoryview:
+    """The slot table of direction ``d`` (1 while the receiver holds a frame's heap buffers)."""
+    return mem[SLOTS_OFF + d * SLOTS:SLOTS_OFF + (d + 1) * SLOTS]
 
 
 def _frames(parts: Sequence):
@@ -418,13 +292,3 @@ def _frames(parts: Sequence):
         yield _Out(kind, seq, ack, flags, meta, [as_bytes_view(v) for v in parts[i + 1:i + 1 + nbufs]], prefix)
         i += 1 + nbufs
 
-
-def _pack_blob(dst: memoryview, p: int, prefix: bytes, views: list, placed: set) -> None:
-    """The prefix, then every buffer not placed in the heap, back to back."""
-    dst[p:p + len(prefix)] = prefix
-    p += len(prefix)
-    for i, v in enumerate(views):
-        if i not in placed:
-            n = v.nbytes
-            dst[p:p + n] = v
-            p += n

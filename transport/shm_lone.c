@@ -436,7 +436,7 @@ static int limit(PyObject *limits, const char *name, uint64_t *out) {
 
 static PyObject *method(PyObject *obj, const char *name) { return PyObject_GetAttrString(obj, name); }
 
-/* lone_call(<the transport's 20>, <the connection's 10>): a LoneCall (see shm_native.py's _lone_call).
+/* lone_call(<the transport's 20>, <the connection's 10>): a LoneCall (see shm_native.py's NativeCalls.lone_call).
  * The transport's: its Ends, ring and frame (its structs' addresses), known_kinds, request, reply (as
  * take and serve have them), busy_s, spin_s, spin_yield, its send and receive locks, its recv_c, unpack,
  * a Packer's pack of this call's own, wire's pack_meta, Reply, Frame, kinds (MsgKind by number), buffers'

@@ -7,7 +7,9 @@ mapping. The ``Heap`` is one sending side's memory for buffers too big for the
 ring: first fit over its segments, one *slot* per frame in a table shared with
 the receiver (1 while the receiver may still read the frame's buffers, cleared
 by the receiver when it lets go), a new segment announced to the peer when
-nothing fits, and idle segments beyond ``keep`` bytes handed back.
+nothing fits, and idle segments beyond ``keep`` bytes handed back. ``PeerSegments``
+is the receiving side's counterpart: the peer's segments mapped here, as the Unix
+socket announces and drops them.
 """
 from __future__ import annotations
 
@@ -15,11 +17,14 @@ import bisect
 import fcntl
 import mmap
 import os
+import socket
 from typing import Callable
 
 import numpy as np
 
 from rgpu.errors import ProtocolError
+
+from .shm_ring import CTL_MSG, OP_DROP, OP_SEGMENT, recv_fds
 
 SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 ALIGN = 4096
@@ -229,3 +234,59 @@ class Heap:
         self.segments.clear()
         self._free.clear()
         self._held.clear()
+
+
+class PeerSegments:
+    """The peer's segments mapped here (its heap's, and regions it names), by id, and whether it is gone:
+    state this object owns, kept as the peer says on the Unix socket (``service``). Given the socket
+    and the biggest segment it may map."""
+
+    def __init__(self, sock: socket.socket, max_segment: int):
+        self._sock, self._max_segment = sock, max_segment
+        self.mapped: dict[int, Segment] = {}
+        self.gone = False                  # the socket said end of file: the peer closed or died
+
+    def service(self, block: bool = False) -> None:
+        """Read what the peer said on the Unix socket: new heap segments, dropped ones, or its end."""
+        while not self.gone:
+            try:
+                msg, fds = recv_fds(self._sock, CTL_MSG.size, 4, 0 if block else socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return
+            except ConnectionResetError:
+                msg, fds = b"", []
+            if not msg:
+                self.gone = True
+                for fd in fds:
+                    os.close(fd)
+                return
+            if len(msg) != CTL_MSG.size:
+                for fd in fds:
+                    os.close(fd)
+                raise ProtocolError(f"shm: control message of {len(msg)} bytes")
+            op, seg_id, size = CTL_MSG.unpack(msg)
+            if op == OP_SEGMENT and len(fds) == 1 and seg_id not in self.mapped:
+                self.mapped[seg_id] = Segment.attach(seg_id, fds[0], size, self._max_segment)
+            elif op == OP_DROP and not fds and seg_id in self.mapped:
+                self.mapped.pop(seg_id).close()
+            else:
+                for fd in fds:
+                    os.close(fd)
+                raise ProtocolError(f"shm: bad control message (op {op}, segment {seg_id}, {len(fds)} fds)")
+            if block:
+                return
+
+    def segment(self, seg_id: int) -> Segment:
+        """Segment ``seg_id`` (``ProtocolError`` when the peer never announced it)."""
+        seg = self.mapped.get(seg_id)
+        if seg is None:
+            self.service()      # announced before the record that uses it: already queued
+            seg = self.mapped.get(seg_id)
+        if seg is None:
+            raise ProtocolError(f"shm: record names segment {seg_id}, never announced")
+        return seg
+
+    def close(self) -> None:
+        for seg in self.mapped.values():
+            seg.close()
+        self.mapped.clear()

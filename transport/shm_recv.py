@@ -1,48 +1,29 @@
-"""The shm transport's receiving side: waiting for a record, reading it, and letting its memory go.
+"""The shm transport's receiving side: records read, big buffers read in place, and their memory let go.
 
-A waiting side polls the tail (keeping its core for ``busy_s``, yielding it
-after) until ``spin_s``, then sleeps on an eventfd; the Unix socket that carried
-the descriptors also says when the peer is gone (POLLHUP). A frame's small
-buffers are copied out of the ring; big ones are views into the sender's
-segment, whose slot is cleared once the frame is released or its last view dies.
-``Receiving`` is a part of ``ShmTransport`` (shm.py), kept in its own file.
+A frame's small buffers are copied out of the ring; big ones are views into the
+sender's segment, whose slot is cleared once the frame is released or its last
+view dies. The wait for a record is ``shm_wait.Waits``'s, the peer's segments
+``shm_memory.PeerSegments``'s; with the C path (``shm_native.CRing``) a frame
+wholly in the ring is found and checked in C, the Python path the reference.
 """
 from __future__ import annotations
 
 import os
-import socket
-import time
 import weakref
+from typing import Callable
 
-from rgpu.errors import ConnectionLost, ProtocolError
+from rgpu.errors import ProtocolError
 
 from . import fastcopy
 from .shm_fast import FAST_BUFS, FRAME_BUFS, FRAME_HEAD
 from .base import Into
 from .buffers import BufferPool, as_bytes_view
-from .shm_memory import Segment
+from .shm_memory import PeerSegments
 from .shm_ring import (
-    BACKSTOP_S, BLOB, CORE_CHECK_S, CTL_MSG, DESC, KIND_FRAME, KIND_WRAP, KNOWN_KINDS, NO_SLOT, OP_DROP, OP_SEGMENT,
-    REC, REC_HEAD, RECORD_MAX, RING_BYTES, SHARED_CORE_S, SLOTS, _KINDS, _drain, _fence, _lengths, recv_fds,
+    BLOB, DESC, KIND_FRAME, KIND_WRAP, KNOWN_KINDS, NO_SLOT, REC, REC_HEAD, RECORD_MAX, RING_BYTES, SLOTS, _KINDS,
+    _fence, _lengths,
 )
 from .wire import HEADER, KNOWN_FLAGS, MAGIC, PROTOCOL_VERSION, Frame, Limits, decode_header, decode_lengths, unpack_meta
-
-
-def _spin(q, tail: int, head: int, busy: float, end: float, yield_core: bool) -> int:
-    """Poll the tail until ``end``, keeping the core until ``busy`` and yielding it after.
-
-    0: nothing came; 1: data came; 2: it came as a yield returned late (something ran in our
-    place: most likely the peer, on our core, so keeping the core only delays it).
-    """
-    clock = time.perf_counter
-    while (now := clock()) < end:
-        if q[tail] != head:
-            return 1
-        if now > busy and yield_core:
-            os.sched_yield()
-            if clock() - now > 3e-6 and q[tail] != head:
-                return 2
-    return 1 if q[tail] != head else 0
 
 
 def _ring_buffers(ring, p: int, lengths: list, into: Into | None, kind, seq: int) -> list:
@@ -65,27 +46,12 @@ def _ring_buffers(ring, p: int, lengths: list, into: Into | None, kind, seq: int
     return bufs
 
 
-def _cpu_of(path: str) -> int:
-    with open(path, "rb") as f:
-        return int(f.read().rsplit(b")", 1)[1].split()[36])   # field 39 of stat: the CPU it last ran on
-
-
-def _same_core(peer: int) -> bool:
-    """Whether the peer process last ran on the CPU this thread runs on (a cheap look, taken rarely)."""
-    if peer <= 0 or peer == os.getpid():
-        return False
-    try:
-        return _cpu_of("/proc/thread-self/stat") == _cpu_of(f"/proc/{peer}/stat")
-    except (OSError, ValueError, IndexError):
-        return False
-
-
 class _Lease:
     """A received frame's hold on its heap slot: let go on release() or when its last in-place view dies."""
-    __slots__ = ("transport", "slot", "live", "done", "__weakref__")
+    __slots__ = ("let_go", "slot", "live", "done", "__weakref__")
 
-    def __init__(self, transport: "Receiving", slot: int):
-        self.transport, self.slot, self.live, self.done = transport, slot, 0, False
+    def __init__(self, let_go: Callable[[int], None], slot: int):
+        self.let_go, self.slot, self.live, self.done = let_go, slot, 0, False
 
     def track(self, arr) -> None:
         self.live += 1
@@ -99,118 +65,35 @@ class _Lease:
     def release(self) -> None:
         if not self.done:
             self.done = True
-            self.transport._release_slot(self.slot)
+            self.let_go(self.slot)
 
 
-class Receiving:
-    """ShmTransport's receiving methods (the attributes they use are set in its ``__init__``)."""
+class Receiver:
+    """One end's incoming ring, and the state it owns: the ring's and the incoming slot table's views (the
+    head it moves is the ``Ends``'s, published here as records are consumed).
 
-    def readable(self, timeout: float) -> bool:
-        """Whether a frame is there within ``timeout`` seconds."""
-        with self._recv_lock:
-            try:
-                return self._wait_data(time.monotonic() + max(0.0, timeout))
-            except ConnectionLost:
-                return True            # recv_frame says so
-            except (OSError, ValueError) as exc:
-                raise self._lost(exc, "receiving") from None
+    Given when made: the control words ``q`` and the indexes of the incoming head and the peer's waiting
+    word, the ring and slot table views (released at ``close``), the ``Ends``, the space eventfd to
+    wake the peer, the ``PeerSegments`` (``segment(id)``), the wait for a record (``Waits.data``) and
+    the C path (``CRing``), or None. Called under the transport's receive lock.
+    """
 
-    def recv_frame(self, limits: Limits, pool: BufferPool, into: Into | None = None) -> Frame:
-        with self._recv_lock:
-            try:
-                return self._recv(limits, pool, into)
-            except (OSError, ValueError, BufferError) as exc:
-                raise self._lost(exc, "receiving") from None
+    def __init__(self, q: memoryview, head_in: int, waiting_in: int, ring: memoryview, slots: memoryview, ends,
+                 space_in: int, peer: PeerSegments, wait_data: Callable[..., bool], c=None):
+        self._q, self._head_in, self._waiting_in = q, head_in, waiting_in
+        self._ring_in, self._slots_in = ring, slots
+        self._ends, self._space_in = ends, space_in
+        self._segment, self._wait_data = peer.segment, wait_data
+        self._c_take = self._n_take = None
+        if c is not None:     # what the hot path calls, one lookup each
+            self._c_take, self._c_consume, self._n_take = c.take, c.consume, c.take_objects
+            self._c_ring, self._n_ring, self._c_frame, self._n_frame = c.ring, c.ring_addr, c.frame, c.frame_addr
+            self._c_frame_words = c.frame_words
 
-    def _busy_s(self, now: float) -> float:
-        """How long a wait keeps its core before yielding it: none while the peer shares our core."""
-        return self.busy_s if now >= self._ends.shared_until else 0.0
-
-    def _wait_data(self, deadline: float | None = None) -> bool:
-        q, tail, head = self._q, self._tail_in, self._ends.head
-        if q[tail] != head:
-            return True
-        now = time.perf_counter()
-        end = now + (0.0 if self._spun else self.spin_s)   # the C loop of serve() spun just now: sleep
-        self._spun = False
-        if deadline is not None:
-            end = min(end, now + deadline - time.monotonic())
-        busy_s = self._busy_s(now)
-        if self._c_wait is not None:   # the same spin in C, without the GIL
-            got = self._c_wait(self._c_ring, head, busy_s, end - now, self.spin_yield)
-        else:
-            got = _spin(q, tail, head, now + busy_s, end, self.spin_yield)
-        if got == 2 and now > self._core_checked + CORE_CHECK_S:
-            self._core_checked = now
-            if _same_core(self._peer_pid):
-                self._ends.shared_until = now + SHARED_CORE_S    # keeping the core only delays the peer
-        if got:
-            return True
-        while True:
-            if self._ends.closed:
-                raise ConnectionLost("connection closed")
-            q[self._asleep_in] = 1
-            _fence()
-            if q[tail] != head:
-                q[self._asleep_in] = 0
-                return True
-            if self._peer_gone:
-                q[self._asleep_in] = 0
-                raise ConnectionLost("the peer closed the shm connection")
-            wait = BACKSTOP_S
-            if deadline is not None:
-                wait = min(wait, deadline - time.monotonic())
-                if wait <= 0:
-                    q[self._asleep_in] = 0
-                    return False
-            events = self._poll_data.poll(wait * 1000)
-            q[self._asleep_in] = 0
-            for fd, _ev in events:
-                if fd == self._data_in:
-                    _drain(fd)
-                elif not self._ends.closed:
-                    self._service_control()
-            if q[tail] != head:
-                return True
-
-    def _service_control(self, block: bool = False) -> None:
-        """Read what the peer said on the Unix socket: new heap segments, dropped ones, or its end."""
-        while not self._peer_gone:
-            try:
-                msg, fds = recv_fds(self._sock, CTL_MSG.size, 4, 0 if block else socket.MSG_DONTWAIT)
-            except (BlockingIOError, InterruptedError):
-                return
-            except ConnectionResetError:
-                msg, fds = b"", []
-            if not msg:
-                self._peer_gone = True
-                for fd in fds:
-                    os.close(fd)
-                return
-            if len(msg) != CTL_MSG.size:
-                for fd in fds:
-                    os.close(fd)
-                raise ProtocolError(f"shm: control message of {len(msg)} bytes")
-            op, seg_id, size = CTL_MSG.unpack(msg)
-            if op == OP_SEGMENT and len(fds) == 1 and seg_id not in self._in_segs:
-                self._in_segs[seg_id] = Segment.attach(seg_id, fds[0], size, self._max_segment)
-            elif op == OP_DROP and not fds and seg_id in self._in_segs:
-                self._in_segs.pop(seg_id).close()
-            else:
-                for fd in fds:
-                    os.close(fd)
-                raise ProtocolError(f"shm: bad control message (op {op}, segment {seg_id}, {len(fds)} fds)")
-            if block:
-                return
-
-    def _segment(self, seg_id: int) -> Segment:
-        seg = self._in_segs.get(seg_id)
-        if seg is None:
-            self._service_control()      # announced before the record that uses it: already queued
-            seg = self._in_segs.get(seg_id)
-        if seg is None:
-            raise ProtocolError(f"shm: record names segment {seg_id}, never announced")
-        return seg
+    def close(self) -> None:
+        """Let go of the ring and slot table views (the transport's release, locks held)."""
+        self._ring_in.release()
+        self._slots_in.release()
 
     def _next_record(self) -> tuple[int, int, int, int, int, int]:
         ring = self._ring_in
@@ -229,7 +112,9 @@ class Receiving:
                 raise ProtocolError(f"shm: record kind {kind}, length {rec_len}")
             return (pos, *REC.unpack_from(ring, pos))
 
-    def _recv(self, limits: Limits, pool: BufferPool, into: Into | None) -> Frame:
+    def recv(self, limits: Limits, pool: BufferPool, into: Into | None) -> Frame:
+        """The next frame (waiting for it), buffers where ``into`` says or pool leases; ``ProtocolError``
+        naming what is wrong with a record, ``ConnectionLost`` from the wait."""
         if self._c_take is not None:
             self._wait_data()    # the spin (in C), the same-core check, the eventfd: as on the Python path
             if into is None:     # the frame as Python objects, its record consumed, in one call
@@ -243,7 +128,7 @@ class Receiving:
                 got = self._c_take(self._c_ring, self._ends.head, limits.max_meta_bytes, limits.max_buffers,
                                    limits.max_frame_bytes, self._c_frame)
             if got == 1:
-                frame = self._recv_c(limits, into)
+                frame = self.recv_c(limits, into)
                 if frame is not None:
                     return frame
             if got:
@@ -280,8 +165,9 @@ class Receiving:
         self._consume(rec_len)
         return Frame(msg_kind, seq, ack, meta, bufs)
 
-    def _recv_c(self, limits: Limits, into: Into | None) -> Frame | None:
-        """The frame ``rgpu_shm_take`` found and checked (wholly in the ring), or None for the Python path."""
+    def recv_c(self, limits: Limits, into: Into | None) -> Frame | None:
+        """The frame ``rgpu_shm_take`` found and checked (wholly in the ring), or None for the Python path
+        (the C lone call calls it too)."""
         words = self._c_frame_words
         _, nxt, seq, ack, kind, meta_len, nbufs, meta_off = FRAME_HEAD.unpack_from(words)
         msg_kind = _KINDS.get(kind)
@@ -344,7 +230,7 @@ class Receiving:
             targets = [as_bytes_view(v) for v in targets]
             if [v.nbytes for v in targets] != lengths:
                 targets = None  # not the reply the caller prepared for (an error, say): use the pool
-        lease = _Lease(self, slot) if slot != NO_SLOT else None
+        lease = _Lease(self.release_slot, slot) if slot != NO_SLOT else None
         bufs, tokens = [], []
         for i, n in enumerate(lengths):
             if i in places:
@@ -386,7 +272,8 @@ class Receiving:
         if q[self._waiting_in]:
             os.eventfd_write(self._space_in, 1)
 
-    def _release_slot(self, slot: int) -> None:
+    def release_slot(self, slot: int) -> None:
+        """The frame in ``slot`` let go: the peer may reuse its heap memory (woken if it waits)."""
         if self._ends.closed:
             return
         try:

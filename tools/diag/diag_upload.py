@@ -36,7 +36,7 @@ for piece, parallel, source in variants:
             torch.rgpu.synchronize()
             t2 = time.perf_counter()
             times.append({"written_ms": (t1 - t0) * 1e3, "total_ms": (t2 - t0) * 1e3, "GBps": N / (t2 - t0) / 1e9})
-        heap = getattr(s.conn.transport, "_heap", None)
+        heap = getattr(getattr(s.conn.transport, "writer", None), "heap", None)   # shm's sender heap
         out["runs"].append({"piece": piece, "parallel_copy": fastcopy._enabled, "pinned": source is pinned,
                             "times": times, "shared_bytes": getattr(s.conn.transport, "shared_bytes", None),
                             "server": s.request([Msg.UPLOAD_INFO]),
