@@ -27,6 +27,8 @@ class Executor:
     """One session's executor. ``handle`` runs each POST and REQUEST in order."""
 
     def __init__(self, session: Session):
+        """Made by the worker when the session starts; an exception here refuses the session (its message
+        sent to the client as the REFUSED reason)."""
         self.session = session
 
     def welcome(self) -> dict:
@@ -34,7 +36,10 @@ class Executor:
         return {}
 
     def handle(self, meta: Any, buffers: list[memoryview], reply: bool):
-        """Run one call. Buffers are valid only during the call. Returns (meta, buffers) for requests."""
+        """Run one call: ``meta`` (any msgpack value), ``buffers`` (valid only during the call), ``reply``
+        (a REQUEST: an answer is due). Returns ``(meta, buffers)`` for a request (``None`` answers
+        ``(None, [])``), None for a post. An exception becomes an ERROR frame (``OpFailed``'s ``op`` names
+        the call; for a post, raised at the client's next wait) and the session goes on."""
         raise NotImplementedError
 
     def close(self) -> None:

@@ -15,6 +15,9 @@ log = logging.getLogger("rgpu.server.cuda")
 
 
 def open_driver(kind: str = "auto", devices: int = 1) -> Driver:
+    """The driver ``kind`` names: ``"fake"`` (``devices`` pretend ones), ``"real"`` (``ConfigError`` naming
+    why when libcuda.so.1 does not load or sees no device) or ``"auto"`` (the real one, else the fake);
+    ``ConfigError`` for any other name."""
     if kind == "fake":
         from .fake import FakeDriver
         return FakeDriver(devices)

@@ -58,6 +58,7 @@ class Code:
         raise NotImplementedError
 
     def module_unload(self, mod: int) -> None:
+        """Unload ``mod``; its functions and globals go with it."""
         raise NotImplementedError
 
     def module_get_function(self, mod: int, name: str) -> int:
@@ -73,6 +74,7 @@ class Code:
         raise NotImplementedError
 
     def func_name(self, handle: int) -> str:
+        """A function's or kernel's name as its image has it (mangled, for C++ kernels)."""
         raise NotImplementedError
 
     def func_get_attribute(self, attr: int, handle: int) -> int:
@@ -80,15 +82,20 @@ class Code:
         raise NotImplementedError
 
     def func_set_attribute(self, handle: int, attr: int, value: int) -> None:
+        """Set CUfunction_attribute ``attr`` (the settable ones: max dynamic shared bytes, carveout, ...), as
+        the real driver takes it (it refuses a read-only one with INVALID_VALUE)."""
         raise NotImplementedError
 
     def kernel_get_attribute(self, attr: int, handle: int, dev: int) -> int:
+        """CUfunction_attribute ``attr`` of a CUkernel on device ``dev``."""
         raise NotImplementedError
 
     def kernel_set_attribute(self, attr: int, value: int, handle: int, dev: int) -> None:
+        """Set CUfunction_attribute ``attr`` of a CUkernel on device ``dev``, as ``func_set_attribute``."""
         raise NotImplementedError
 
     def func_set_cache_config(self, handle: int, config: int) -> None:
+        """A function's preferred CUfunc_cache split of L1 and shared memory (a hint)."""
         raise NotImplementedError
 
     def library_load(self, options: dict | None, image) -> int:
@@ -101,9 +108,11 @@ class Code:
         return None
 
     def library_unload(self, lib: int) -> None:
+        """Unload ``lib``; its kernels go with it."""
         raise NotImplementedError
 
     def library_get_module(self, lib: int) -> int:
+        """``lib``'s module in the current context (loaded there on first use)."""
         raise NotImplementedError
 
     def library_get_kernel(self, lib: int, name: str) -> int:
@@ -111,6 +120,7 @@ class Code:
         raise NotImplementedError
 
     def kernel_get_function(self, kernel: int) -> int:
+        """The CUfunction of CUkernel ``kernel`` in the current context."""
         raise NotImplementedError
 
     def library_get_global(self, lib: int, name: str) -> list:
@@ -130,6 +140,7 @@ class Code:
         raise NotImplementedError
 
     def link_destroy(self, link: int) -> None:
+        """End a link state (its inputs and options are released; a completed cubin is the caller's)."""
         raise NotImplementedError
 
     def launch(self, func: int, grid, block, shared: int, stream: int, attrs, args) -> None:
@@ -139,6 +150,7 @@ class Code:
         raise NotImplementedError
 
     def occupancy_max_active_blocks(self, func: int, block: int, shared: int, flags: int = 0) -> int:
+        """Blocks of ``block`` threads and ``shared`` dynamic bytes that fit on one multiprocessor at once."""
         raise NotImplementedError
 
     def occupancy_max_potential_block_size(self, func: int, shared: int, limit: int, flags: int = 0) -> list:
@@ -150,19 +162,54 @@ CODE_CALLS = tuple(n for n in vars(Code) if not n.startswith("_"))   # what a Dr
 
 
 class Driver:
-    """What the cuda route's executor calls (by name, ``executor.OPS``). See ``fake.FakeDriver`` for the
-    reference semantics; every call runs in the calling worker's current context (``set_current``) and
-    raises ``CudaDriverError`` with the CUresult the real driver would give.
+    """What the cuda route's executor calls (by name, ``executor.OPS``): ``real.RealDriver`` (ctypes on the
+    host's ``libcuda.so.1``) and ``fake.FakeDriver`` (the reference semantics, no GPU) implement it.
+
+    Every call runs in the calling worker's current context (``set_current``) and raises
+    ``CudaDriverError(code, message)`` with the CUresult the real driver would give; the executor sends
+    that code back as the call's result (never an ERROR frame). Handles are ints. ``stream`` 0 is the
+    legacy default stream (``CU_STREAM_LEGACY`` and ``CU_STREAM_PER_THREAD`` are taken too); a copy's or a
+    memset's ``stream=None`` is its synchronous form. Common to every call: CUDA_ERROR_INVALID_CONTEXT
+    where a context is needed and none is current, CUDA_ERROR_INVALID_HANDLE (or _VALUE) for a handle the
+    session does not hold, CUDA_ERROR_INVALID_DEVICE for a device past ``init``'s list.
 
     A driver owns its devices, contexts, memory and ordering (streams, events, capture, graphs); its
     ``code`` (a ``Code``) owns modules, functions, libraries, links and launches, and the ``CODE_CALLS``
     on a driver are that object's (one line each below, no attribute forwarding).
 
-    Devices and contexts: ``init(nattr)``, ``primary_ctx_retain/release/reset/get_state/set_flags``,
-    ``ctx_create/destroy``, ``set_current``, ``ctx_synchronize``, ``ctx_get_limit/set_limit``.
-    Memory: ``mem_alloc/free/get_info``, ``mem_alloc_async/free_async``, pools, ``memcpy_htod/dtoh/dtod``
-    (``stream`` None: the synchronous form), ``memset``.
-    Order: ``stream_*``, ``event_*``, ``stream_begin_capture/end_capture``, ``graph_*``.
+    Devices and contexts:
+        ``init(nattr)`` -> ``{"driver", "version", "devices": [{"name", "total_mem", "uuid", "pci_bus_id",
+        "attrs": the first nattr CUdevice_attribute values}]}``; ``primary_ctx_retain(dev)`` -> ctx;
+        ``primary_ctx_release(dev)`` (INVALID_CONTEXT when not retained), ``primary_ctx_reset(dev)``,
+        ``primary_ctx_get_state(dev)`` -> ``[flags, active]``, ``primary_ctx_set_flags(dev, flags)``;
+        ``ctx_create(dev, flags)`` -> ctx, ``ctx_destroy(ctx)`` (a created one, not a primary),
+        ``set_current(ctx)`` (0: none), ``ctx_synchronize()``, ``ctx_get_flags()`` -> flags,
+        ``ctx_get_limit(limit)`` -> value, ``ctx_set_limit(limit, value)``,
+        ``ctx_get_stream_priority_range()`` -> ``[least, greatest]``, ``ctx_set_cache_config(config)``.
+    Memory:
+        ``mem_alloc(size)`` -> address (OUT_OF_MEMORY), ``mem_free(ptr)``, ``mem_get_info()`` ->
+        ``[free, total]``, ``mem_get_address_range(ptr)`` -> ``[base, size]``;
+        ``memcpy_htod(dst, stream, data)`` (``data`` may be reused once it returns),
+        ``memcpy_dtoh(src, nbytes, stream)`` -> the bytes (it synchronises: STREAM_CAPTURE_UNSUPPORTED on a
+        capturing stream), ``memcpy_dtod(dst, src, nbytes, stream)``,
+        ``memset(dst, value, elem, count, stream)`` (``elem`` 1, 2 or 4 bytes, else INVALID_VALUE);
+        ``device_get_default_mem_pool(dev)`` -> pool, ``mem_alloc_async(size, stream, pool=None)`` ->
+        address, ``mem_free_async(ptr, stream)``, ``mem_pool_set_attribute(pool, attr, value)``,
+        ``mem_pool_get_attribute(pool, attr)`` -> value (INVALID_VALUE for an attribute it has not),
+        ``mem_pool_trim_to(pool, keep)``.
+    Order:
+        ``stream_create(flags, priority)`` -> stream, ``stream_destroy(stream)``,
+        ``stream_synchronize(stream)``, ``stream_query(stream)`` (NOT_READY while work is pending),
+        ``stream_get_flags(stream)``, ``stream_get_priority(stream)``, ``stream_wait_event(stream, event,
+        flags)``; ``event_create(flags)`` -> event, ``event_destroy(event)``, ``event_record(event, stream,
+        flags=0)``, ``event_synchronize(event)``, ``event_query(event)`` (NOT_READY while pending),
+        ``event_elapsed_time(start, end)`` -> milliseconds (NOT_READY before both are recorded);
+        ``stream_begin_capture(stream, mode)`` (the legacy stream: STREAM_CAPTURE_UNSUPPORTED),
+        ``stream_end_capture(stream)`` -> graph (STREAM_CAPTURE_INVALIDATED when it was not capturing),
+        ``stream_is_capturing(stream)`` -> CUstreamCaptureStatus, ``stream_get_capture_info(stream)`` ->
+        ``[status, capture id, graph, dependencies]``; ``graph_get_nodes(graph)`` -> nodes,
+        ``graph_instantiate(graph, flags)`` -> exec, ``graph_launch(exec, stream)``,
+        ``graph_upload(exec, stream)``, ``graph_exec_destroy(exec)``, ``graph_destroy(graph)``.
     """
 
     name = "driver"

@@ -75,7 +75,12 @@ def image_folder():
 
 
 class Executor(BaseExecutor):
+    """One cuda-route session: the calls a client's ``libcuda.so.1`` forwards, run on one ``Driver``."""
+
     def __init__(self, session):
+        """Open the driver ``RGPU_CUDA_DRIVER`` names (``open_driver``: ``ConfigError`` when ``real`` is asked
+        for and unusable), the image store, the session's quota (``RGPU_MAX_SESSION_BYTES``) and the math
+        libraries (loaded at their first call)."""
         super().__init__(session)
         settings = session.settings
         self.driver = open_driver(getattr(settings, "cuda_driver", "auto"), getattr(settings, "devices", 1))
@@ -89,6 +94,7 @@ class Executor(BaseExecutor):
         self.answered = Counter() if getattr(settings, "cuda_wait_report", False) else None
 
     def welcome(self) -> dict:
+        """``{"route": "cuda", "driver": "real" | "fake"}`` for the client's WELCOME."""
         return {"route": "cuda", "driver": self.driver.name}
 
     def _enter(self, ctx: int) -> None:
@@ -115,6 +121,15 @@ class Executor(BaseExecutor):
         return value
 
     def handle(self, meta, buffers, reply):
+        """Run ``[op, ctx, *args]`` (an ``OPS`` name, ``image_load``, ``lib_call``/``lib_record``, or
+        ``launches`` with the C queue's records as ``buffers[0]``) in context ``ctx``.
+
+        A request (``reply``) answers ``[code, value, deferred], buffers``: ``code`` 0 and the call's value
+        (bytes as the reply's buffer), or the CUresult and message of its ``CudaDriverError`` (INVALID_VALUE
+        for wrong arguments, UNKNOWN for anything else, logged), and ``deferred``, the ``[op, code,
+        message]`` of posts that failed since the last reply (at most ``MAX_DEFERRED``). A post returns None;
+        its failure waits in ``deferred``. Raises ``OpFailed`` only for a message that is not ``[op, ctx,
+        ...]`` (an ERROR frame)."""
         if not isinstance(meta, list) or len(meta) < 2 or not isinstance(meta[0], str):
             raise OpFailed("cuda", "malformed cuda route message: expected [op, ctx, *args]")
         op, ctx, args = meta[0], meta[1], meta[2:]
@@ -262,6 +277,8 @@ class Executor(BaseExecutor):
         return pos + size
 
     def close(self) -> None:
+        """Release the math libraries' handles, then every context and allocation the driver made (failures
+        logged: the worker exits next); with ``RGPU_CUDA_WAIT_REPORT`` say the answered calls on stderr."""
         if self.answered:
             top = ", ".join(f"{op} {n}" for op, n in self.answered.most_common(12))
             print(f"rgpu worker: a cuda session answered {sum(self.answered.values())} calls (round trips); the "

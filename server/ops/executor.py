@@ -65,7 +65,11 @@ def pick_devices(settings) -> tuple[str, list[torch.device], list[str]]:
 
 
 class Executor(BaseExecutor):
+    """One ops-route session: the aten ops, uploads, downloads and graphs a client's device streams."""
+
     def __init__(self, session):
+        """The devices ``--device``/``--devices`` name (``RuntimeError``: ``cuda`` without a GPU) and the session's
+        parts; ``ValueError`` for a ``device_offset`` hello option that is not an integer 0..1023."""
         super().__init__(session)
         self.kind, devices, self.names = pick_devices(session.settings)
         # A client of several servers numbers every server's devices in one row (rgpu:0..N-1): this
@@ -113,6 +117,8 @@ class Executor(BaseExecutor):
         self.op_path_failed = fast is None and use_c and fast_op.why_not() is not None
 
     def welcome(self) -> dict:
+        """The handshake's facts: devices (kind, count, names), torch, TF32, what ops run through (``op_path``;
+        ``op_path_failed``: C++ could not be built), this server's first device index, its peer port or None."""
         return {"device": self.kind, "device_count": len(self.names), "names": self.names,
                 "torch": torch.__version__, "tf32": self.session.settings.tf32, "op_path": self.op_path,
                 "op_path_failed": self.op_path_failed, "device_offset": self.offset,
@@ -120,6 +126,10 @@ class Executor(BaseExecutor):
                 "peer_tls": self.peers.fingerprint if self.peers is not None else None}
 
     def handle(self, meta, buffers, reply: bool):
+        """Run ``[Msg kind, ...]`` (payloads: ``rgpu.protocol.ops``) in inference mode; ``buffers`` live for the
+        call. Returns None for a post, ``(meta, buffers)`` for a request. Raises ``ValueError`` for a message
+        not the route's, ``OpFailed`` naming an op that failed (its outputs poisoned first), or what a handler
+        raised: each an ERROR frame, and the session goes on."""
         handler = self.handlers.get(meta[0]) if type(meta) is list and meta else None
         if handler is None:
             raise ValueError(f"not an ops-route message: {str(meta)[:80]}")
@@ -133,6 +143,7 @@ class Executor(BaseExecutor):
         return _InferenceMode(True)
 
     def close(self) -> None:
+        """Release the session: its profile, staged uploads (finished first), groups, storages, peer listener."""
         self._stop_profiling()
         self.uploads.close()  # pending staged copies finish before their pinned memory is unregistered
         self.collectives.close()

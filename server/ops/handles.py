@@ -78,7 +78,12 @@ class Entry:
 
 
 class HandleTable:
+    """One session's storages by client-minted id, in Python: the reference, and the table of a session with a
+    quota; the C++ one (``handle_table.h``, its Python face ``handle_table.cpp``) has the same methods and errors.
+    A descriptor is ``[id, storage bytes, dtype code, sizes, strides, offset, device]`` (``rgpu.protocol.ops``)."""
+
     def __init__(self, devices: list[torch.device], max_bytes: int | None = None):
+        """``devices``: what rgpu:0.. are here; ``max_bytes``: the session's quota (``QuotaExceeded`` past it)."""
         self.devices = devices
         self.entries: dict[int, Entry] = {}
         self.max_bytes = max_bytes     # RGPU_MAX_SESSION_BYTES: over it an allocation fails (quotas.py)
@@ -86,6 +91,7 @@ class HandleTable:
         self.peak = [0] * len(devices)
 
     def device(self, index: int) -> torch.device:
+        """The torch device of rgpu:``index``; ``IndexError`` naming it when this server has no such device."""
         if not 0 <= index < len(self.devices):
             raise IndexError(f"rgpu:{index} does not exist (the server has {len(self.devices)} devices)")
         return self.devices[index]
@@ -95,6 +101,9 @@ class HandleTable:
         self.peak[index] = max(self.peak[index], self.allocated[index])
 
     def entry(self, sid: int, nbytes: int, dev: int) -> Entry:
+        """``sid``'s entry, a new storage of ``nbytes`` (uninitialised) on ``dev`` when the id is new; raises its
+        ``Poisoned`` when an op that failed made it, ``QuotaExceeded`` past the quota, ``TypeError`` for an id
+        that is not a 64-bit int."""
         e = self.entries.get(sid)
         if e is None:
             _check_id(sid)
@@ -229,11 +238,13 @@ class HandleTable:
         return True
 
     def poison(self, sid: int, dev: int, cause: Poisoned) -> None:
+        """Make ``sid`` name the failure ``cause`` (its storage freed): reading it raises ``cause``."""
         _check_id(sid)
         self.free(sid)
         self.entries[sid] = Entry(None, dev, cause)
 
     def free(self, sid: int) -> None:
+        """Forget ``sid`` and give its bytes back to the counts (an id it does not hold: nothing)."""
         e = self.entries.pop(sid, None)
         if e is not None and e.storage is not None:
             self.allocated[e.device] -= e.storage.nbytes()
@@ -245,6 +256,8 @@ class HandleTable:
         return None if e is None or e.poison is not None else e.ptr
 
     def apply_events(self, events: list[int]) -> None:
+        """The client allocator's events, in order: frees, and growths (a new storage with the old one's first
+        bytes); ``ValueError`` for an unknown kind."""
         i, n = 0, len(events)
         while i < n:
             kind = events[i]
@@ -267,6 +280,7 @@ class HandleTable:
             as_bytes(fresh.storage)[:count].copy_(as_bytes(old.storage)[:count])
 
     def close(self) -> None:
+        """Drop every storage (the session ends); the table is empty and usable after."""
         self.entries.clear()
         self.allocated = quotas.counts(len(self.devices), self.max_bytes)
 
