@@ -60,6 +60,7 @@ at::Tensor alias_of(const at::Tensor& src, at::ScalarType dtype, at::IntArrayRef
   return with_storage(src.storage(), static_cast<int>(dtype), size, stride, offset);
 }
 
+void set_server_count(int servers);  // guard.cpp: how many servers the devices are on (its message)
 void bind_fast_path(py::module_& m);  // fast_path.cpp
 void bind_graph_call(py::module_& m);  // graph_call.cpp
 
@@ -74,7 +75,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mint_ids", &rgpu::mint_ids);
   m.def("drain_events", &rgpu::drain_events);
   m.def("device_count", []() { return static_cast<int>(rgpu::device_count()); });
-  m.def("set_device_count", [](int n) { rgpu::set_device_count(static_cast<c10::DeviceIndex>(n)); });
+  m.def("set_device_count", [](int n, int servers) {
+    rgpu::set_device_count(static_cast<c10::DeviceIndex>(n));
+    rgpu::set_server_count(servers);
+  }, py::arg("count"), py::arg("servers") = 1);
   m.def("current_device", []() { return static_cast<int>(rgpu::current_device()); });
   m.def("set_device", [](int d) { rgpu::set_current_device(static_cast<c10::DeviceIndex>(d)); });
   m.def("pinned_region", &rgpu::pinned_region);

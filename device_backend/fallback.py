@@ -54,11 +54,12 @@ def post_out(s, op, i, args, kwargs):
     return stream(s, op, i, args, kwargs)
 
 
-def from_cpp(op, args, kwargs, learn: bool):
+def from_cpp(op, args, kwargs, learn: bool, device: int = -1):
     """The C++ fast path's way in (fast_path.cpp), for a call it has no plan for: (result, what it may learn).
 
     What it may learn: None (nothing: this call's plan is not one C++ replays), False
-    (this op never streams: C++ stops asking), or the plan in C++'s terms (``meta.express``).
+    (this op never streams: C++ stops asking), or the plan in C++'s terms (``meta.express``),
+    with the op's index at the server of ``rgpu:device`` (the call's device, as C++ found it).
     """
     s = session.current()
     if not learn or s is None:
@@ -70,7 +71,8 @@ def from_cpp(op, args, kwargs, learn: bool):
         args, kwargs = _indices_to_device(i.indices, args, kwargs)
     empty = [loc for loc in i.outs if _empty(optable.locate(loc, args, kwargs))]  # before they are resized
     result, plan = _stream(s, op, i, args, kwargs)
-    return result, None if plan is None else meta.express(plan, op, i, s._index(op) if plan.post else 0, empty)
+    index = s._index(op, s.servers.of(device if device >= 0 else None)) if plan.post else 0
+    return result, None if plan is None else meta.express(plan, op, i, index, empty)
 
 
 def _empty(t) -> bool:

@@ -18,6 +18,7 @@
 #include <torch/csrc/PyInterpreter.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <atomic>
 #include <unordered_map>
 
@@ -52,28 +53,42 @@ struct OpRecord {
   Arguments args;
   bool never = false;  // the Python side said this op does not stream (call, local)
   bool copy = false;   // aten::_copy_from: small uploads are posted here (upload())
-  int index = 0;       // the session's op index (sent with DEFINE by the first post)
+  std::vector<int> index;  // each server's op index for it (sent with DEFINE by its first post there), 0: none yet
   std::unordered_map<std::string, Plan> plans;
 };
 
 // Every field below is touched with the GIL held: the fallback takes it first.
-PyObject* g_miss = nullptr;  // fallback.from_cpp(op, args, kwargs, learn) -> (result, learned)
-// The session's lock (its acquire and release) and its connection's post_packed: the
+PyObject* g_miss = nullptr;  // fallback.from_cpp(op, args, kwargs, learn, device) -> (result, learned)
+// The session's lock (its acquire and release) and each server's post_packed: the
 // message is finished and posted under that lock, as Session.post_op does in Python.
 PyObject* g_acquire = nullptr;
 PyObject* g_release = nullptr;
-PyObject* g_send = nullptr;
+struct Target {               // one server of the session (servers.py's Server)
+  int64_t first = 0;          // its first device: rgpu:first.. are its
+  PyObject* send = nullptr;   // its connection's post_packed (several servers: a failure named, Servers.sender)
+  PyObject* events = nullptr; // several servers: Servers.events_for(it), the events due there; one: null (all of them)
+  uint64_t posts = 0;         // messages C++ posted to it (fast_path_stats)
+};
+std::vector<Target> g_targets;  // in device order; empty: no session streams
 bool g_enabled = false;
 size_t g_upload_max = 0;  // RGPU_POST_COPY_BYTES: an upload up to this size is one frame, its bytes copied at the post
 size_t g_plan_count = 0;
 std::unordered_map<const c10::FunctionSchema*, OpRecord> g_records;
 std::atomic<uint64_t> g_hits{0}, g_misses{0}, g_passes{0}, g_uploads{0};
 
+// The server holding rgpu:device (servers.Servers.of): the last whose first device is at most it.
+size_t target_of(int device) {
+  size_t k = g_targets.empty() ? 0 : g_targets.size() - 1;
+  while (k > 0 && device < g_targets[k].first) --k;
+  return k;
+}
+
 OpRecord& record_for(const c10::FunctionSchema& schema) {
   auto it = g_records.find(&schema);
   if (it != g_records.end()) return it->second;
   OpRecord& r = g_records[&schema];
   r.args = arguments_of(schema);
+  r.index.assign(std::max<size_t>(g_targets.size(), 1), 0);
   r.copy = schema.name() == "aten::_copy_from" && schema.overload_name().empty();
   return r;
 }
@@ -95,7 +110,8 @@ Out out_from(py::handle leaf) {
 }
 
 // learned: (op index, post, returns, resize); each return a leaf tuple or a list of them (meta.express).
-void learn(const c10::FunctionSchema& schema, const std::string& sig, py::handle learned) {
+// The index is that of the server of rgpu:device, where Python posted the call.
+void learn(const c10::FunctionSchema& schema, const std::string& sig, py::handle learned, int device) {
   auto it = g_records.find(&schema);  // found again: the Python call may have started a new session
   if (it == g_records.end()) return;
   OpRecord& r = it->second;
@@ -106,7 +122,8 @@ void learn(const c10::FunctionSchema& schema, const std::string& sig, py::handle
   if (learned.is_none()) return;
   auto t = py::reinterpret_borrow<py::tuple>(learned);
   Plan plan;
-  if (t[0].cast<int>() > 0) r.index = t[0].cast<int>();  // 0: a plan that posts nothing
+  size_t k = target_of(device);
+  if (t[0].cast<int>() > 0 && k < r.index.size()) r.index[k] = t[0].cast<int>();  // 0: a plan that posts nothing
   plan.post = t[1].cast<bool>();
   for (auto ret : py::reinterpret_borrow<py::list>(t[2])) {
     if (py::isinstance<py::list>(ret)) {
@@ -129,14 +146,17 @@ void learn(const c10::FunctionSchema& schema, const std::string& sig, py::handle
   if (r.plans.emplace(sig, std::move(plan)).second) ++g_plan_count;
 }
 
-void miss(const c10::OperatorHandle& op, torch::jit::Stack* stack, const OpRecord& r, const std::string* sig) {
+// `device`: the call's device as the signature found it (-1: none, the current device's), or -1 without `sig`.
+void miss(const c10::OperatorHandle& op, torch::jit::Stack* stack, const OpRecord& r, const std::string* sig,
+          int device = -1) {
   const auto& schema = op.schema();
   auto arguments = torch::jit::pop(*stack, schema.arguments().size());
   auto [args, kwargs] = to_python(schema, r.args, arguments);
   py::handle fn = torch::detail::getTorchApiFunction(op);
-  auto got = py::reinterpret_borrow<py::object>(g_miss)(fn, args, kwargs, sig != nullptr);
+  if (device < 0) device = current_device();  // as Python's fallback picks the server (the same thread)
+  auto got = py::reinterpret_borrow<py::object>(g_miss)(fn, args, kwargs, sig != nullptr, device);
   auto pair = py::reinterpret_borrow<py::tuple>(got);
-  if (sig != nullptr) learn(schema, *sig, pair[1]);
+  if (sig != nullptr) learn(schema, *sig, pair[1], device);
   push_result(schema, stack, pair[0]);
 }
 
@@ -157,19 +177,25 @@ struct Held {
 
 }  // namespace
 
-bool streaming() { return g_enabled && g_send != nullptr; }
+bool streaming() { return g_enabled && !g_targets.empty(); }
 
 namespace {
 
-// [kind, events, key (if any), ...body]: events drained under the lock, so every message carries
-// the events recorded before it in the order the messages go out; `buffer`, if any, goes with it.
-void post(int kind, size_t fields, const int64_t* key, const std::string& body, py::handle buffer = {}) {
-  auto send = py::reinterpret_borrow<py::object>(g_send);  // the session's, even if a new one starts meanwhile
+// [kind, events, key (if any), ...body] to server `k`: events drained under the lock, so every message
+// carries the events recorded before it in the order the messages go out; `buffer`, if any, goes with it.
+void post(int kind, size_t fields, const int64_t* key, const std::string& body, size_t k,
+          py::handle buffer = {}) {
+  if (k >= g_targets.size()) throw std::runtime_error("rgpu: the session's servers changed during the call");
+  // The session's, even if a new one starts meanwhile (acquire may let the GIL go)
+  auto send = py::reinterpret_borrow<py::object>(g_targets[k].send);
+  py::object split = g_targets[k].events ? py::reinterpret_borrow<py::object>(g_targets[k].events) : py::object();
   Held held;
-  auto events = drain_events();
+  if (k < g_targets.size()) ++g_targets[k].posts;
   Packer head;
   head.array(fields);
   head.integer(kind);
+  // several servers: the events due at this one, as Servers.events_for splits them
+  auto events = split ? split().cast<std::vector<int64_t>>() : drain_events();
   head.array(events.size());
   for (auto e : events) head.integer(e);
   if (key != nullptr) head.integer(*key);
@@ -201,7 +227,7 @@ bool upload(torch::jit::Stack* stack) {
   auto bytes = py::reinterpret_steal<py::object>(PyMemoryView_FromMemory(
       static_cast<char*>(const_cast<void*>(src.const_data_ptr())), static_cast<Py_ssize_t>(src.nbytes()), PyBUF_READ));
   if (!bytes) throw py::error_already_set();
-  post(kMsgUpload, 3, nullptr, p.out, bytes);
+  post(kMsgUpload, 3, nullptr, p.out, target_of(dst.device().index()), bytes);
   at::Tensor out = dst;
   torch::jit::drop(*stack, 3);
   stack->emplace_back(std::move(out));
@@ -210,15 +236,19 @@ bool upload(torch::jit::Stack* stack) {
 
 }  // namespace
 
-void post_message(int kind, size_t fields, int64_t key, const std::string& body) {
-  post(kind, fields, &key, body);
+void post_message(int kind, size_t fields, int64_t key, const std::string& body, size_t server) {
+  post(kind, fields, &key, body, server);
 }
 
 namespace {
 
-// Returns false (nothing done) when an input the plan names is not a tensor this time.
+// Returns false (nothing done) when an input the plan names is not a tensor this time, or when the
+// op was never posted to its device's server (its index there comes with Python's post).
 bool replay(const c10::FunctionSchema& schema, torch::jit::Stack* stack, const OpRecord& r, const Plan& plan,
             int device) {
+  if (device < 0) device = current_device();
+  size_t server = target_of(device);
+  if (plan.post && (server >= r.index.size() || r.index[server] == 0)) return false;
   size_t n = schema.arguments().size();
   auto args = torch::jit::last(*stack, n);
   for (const auto& o : plan.outs)
@@ -226,7 +256,6 @@ bool replay(const c10::FunctionSchema& schema, torch::jit::Stack* stack, const O
   for (const auto& [pos, sizes] : plan.resize)
     if (!args[pos].isTensor()) return false;
   for (const auto& [pos, sizes] : plan.resize) args[pos].toTensor().resize_(sizes);  // as fallback.py does
-  if (device < 0) device = current_device();
   std::vector<c10::IValue> results;
   results.reserve(plan.outs.size());
   Packer p;
@@ -261,7 +290,7 @@ bool replay(const c10::FunctionSchema& schema, torch::jit::Stack* stack, const O
   // The arguments live until after the post: were the stack's the last references to an input, its
   // free would otherwise ride in (and be applied before) the very message that names it.
   bool posts = plan.post;
-  int index = r.index;
+  int index = plan.post ? r.index[server] : 0;
   auto inputs = torch::jit::pop(*stack, n);
   size_t next = 0;
   for (int count : plan.returns) {
@@ -274,7 +303,7 @@ bool replay(const c10::FunctionSchema& schema, torch::jit::Stack* stack, const O
     for (int i = 0; i < count; ++i) list.push_back(results[next++].toTensor());
     stack->emplace_back(std::move(list));
   }
-  if (posts) post_message(kMsgOp, 6, index, p.out);  // [Msg.OP, events, op index, args, kwargs, outs]
+  if (posts) post_message(kMsgOp, 6, index, p.out, server);  // [Msg.OP, events, op index, args, kwargs, outs]
   return true;
 }
 
@@ -304,7 +333,7 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::St
     return;
   }
   ++g_misses;
-  miss(op, stack, r, &sig);
+  miss(op, stack, r, &sig, device);
 }
 
 torch::Library* g_fallback_lib = nullptr;  // never freed: the dispatcher may outlive static destructors
@@ -328,12 +357,25 @@ void fast_claim(const std::vector<std::string>& names) {
   for (const auto& name : names) g_claim_lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&fallback>());
 }
 
-void fast_session(py::object lock, py::object send, bool enabled, size_t upload_max) {
-  for (PyObject** slot : {&g_acquire, &g_release, &g_send}) Py_CLEAR(*slot);
+// servers: (first device, post_packed, events or None) per server, in device order.
+void fast_session(py::object lock, const py::list& servers, bool enabled, size_t upload_max) {
+  for (PyObject** slot : {&g_acquire, &g_release}) Py_CLEAR(*slot);
+  for (auto& t : g_targets) {
+    Py_CLEAR(t.send);
+    Py_CLEAR(t.events);
+  }
+  g_targets.clear();
   if (enabled) {
     g_acquire = py::object(lock.attr("acquire")).release().ptr();
     g_release = py::object(lock.attr("release")).release().ptr();
-    g_send = send.release().ptr();
+    for (auto item : servers) {
+      auto t = py::reinterpret_borrow<py::tuple>(item);
+      Target target;
+      target.first = t[0].cast<int64_t>();
+      target.send = py::object(t[1]).release().ptr();
+      if (!t[2].is_none()) target.events = py::object(t[2]).release().ptr();
+      g_targets.push_back(target);
+    }
   }
   g_enabled = enabled;
   g_upload_max = upload_max;
@@ -348,6 +390,12 @@ py::dict fast_stats(bool reset) {
   d["passes"] = g_passes.load();
   d["plans"] = g_plan_count;
   d["uploads"] = g_uploads.load();
+  py::list posts;  // per server of the session, in device order
+  for (auto& t : g_targets) {
+    posts.append(t.posts);
+    if (reset) t.posts = 0;
+  }
+  d["posts"] = posts;
   if (reset) g_hits = g_misses = g_passes = g_uploads = 0;
   return d;
 }
@@ -357,8 +405,9 @@ py::dict fast_stats(bool reset) {
 void bind_fast_path(py::module_& m) {
   m.def("fast_install", &fast_install, "route PrivateUse1's fallback through the fast path (once)");
   m.def("fast_claim", &fast_claim, "make the fast path the PrivateUse1 kernel of these aten ops");
-  m.def("fast_session", &fast_session, "a new session: its lock, its connection's post_packed, whether C++ streams, "
-        "the biggest upload C++ posts", py::arg("lock"), py::arg("send"), py::arg("enabled"), py::arg("upload_max") = 0);
+  m.def("fast_session", &fast_session, "a new session: its lock, its servers ((first device, post_packed, events or "
+        "None) each), whether C++ streams, the biggest upload C++ posts", py::arg("lock"), py::arg("servers"),
+        py::arg("enabled"), py::arg("upload_max") = 0);
   m.def("fast_path_stats", &fast_stats, py::arg("reset") = false);
 }
 

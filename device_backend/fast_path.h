@@ -44,8 +44,9 @@ std::pair<py::tuple, py::dict> to_python(const c10::FunctionSchema& schema, cons
 void push_result(const c10::FunctionSchema& schema, torch::jit::Stack* stack, py::handle out);
 
 // fast_path.cpp: whether this session streams from C++, and a message posted as the fast path posts
-// an op: under the session's lock, `[kind, events, key, ...body]` (`fields` counts them all).
+// an op: under the session's lock, `[kind, events, key, ...body]` (`fields` counts them all), to the
+// session's `server`-th server (in device order).
 bool streaming();
-void post_message(int kind, size_t fields, int64_t key, const std::string& body);
+void post_message(int kind, size_t fields, int64_t key, const std::string& body, size_t server = 0);
 
 }  // namespace rgpu

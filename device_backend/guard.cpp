@@ -16,6 +16,7 @@ thread_local c10::DeviceIndex t_current = 0;
 // Why 1 before the server answers: the autograd engine sizes its per-device
 // queues from this the first time any backward runs.
 std::atomic<c10::DeviceIndex> g_count{1};
+std::atomic<int> g_servers{1};  // servers whose devices these are (RGPU_SERVER=a,b): the message says which
 
 constexpr auto kType = c10::DeviceType::PrivateUse1;
 
@@ -60,13 +61,17 @@ struct Guard final : c10::impl::DeviceGuardImplInterface {
 c10::DeviceIndex current_device() { return t_current; }
 
 void set_current_device(c10::DeviceIndex index) {
-  TORCH_CHECK(index >= 0 && index < g_count.load(), "rgpu: device index ", static_cast<int>(index),
-              " is out of range (the server has ", static_cast<int>(g_count.load()), ")");
+  int count = g_count.load();
+  bool ok = index >= 0 && index < count;
+  if (g_servers.load() > 1)  // servers.Servers.of's words
+    TORCH_CHECK(ok, "rgpu:", static_cast<int>(index), " does not exist (the servers have ", count, " devices)");
+  TORCH_CHECK(ok, "rgpu: device index ", static_cast<int>(index), " is out of range (the server has ", count, ")");
   t_current = index;
 }
 
 c10::DeviceIndex device_count() { return g_count.load(); }
 void set_device_count(c10::DeviceIndex count) { g_count.store(count); }
+void set_server_count(int servers) { g_servers.store(servers); }  // bindings.cpp
 
 C10_REGISTER_GUARD_IMPL(PrivateUse1, Guard);
 

@@ -31,7 +31,7 @@ class Session:
 
     def __init__(self, conns, C, wheres: "list[str] | None" = None):
         conns = conns if isinstance(conns, list) else [conns]
-        self.conn, self.C = conns[0], C    # server 0's: the C++ fast path posts on it (one server only)
+        self.conn, self.C = conns[0], C    # server 0's (each server's: self.servers)
         self.lock = threading.RLock()  # ops come from the main thread and autograd's device threads
         self.servers = Servers(conns, C, self.lock, wheres or ["the server"] * len(conns))
         self.several = len(conns) > 1
@@ -42,7 +42,7 @@ class Session:
         self.count = self.servers.count
         self.server_torch = first.torch
         self.devtype = torch._C._get_privateuse1_backend_name()
-        C.set_device_count(self.count)
+        C.set_device_count(self.count, len(conns))
         for server in self.servers.all:
             server.transfers = Transfers(server)   # uploads and downloads of tensors' bytes
         self.transfers = first.transfers

@@ -108,9 +108,7 @@ def use(conn, C=None, wheres=None):
     with session.lock:
         s = session.Session(conn, C or build.load(), wheres)
         old = session.install(s)
-        # RGPU_FAST_PATH, read when a session starts. Why one server only: C++ posts on server 0's
-        # connection; several servers' ops go through Python
-        fast = config.settings().fast_path and not s.several
+        fast = config.settings().fast_path  # RGPU_FAST_PATH, read when a session starts
         fast_path(s, fast)
         if old is not None:
             old.close()
@@ -136,8 +134,12 @@ def fast_path(s, on: bool) -> None:
         registration.drop_python_fallback()
     if not registration.has_python_fallback():
         s.C.fast_install(fallback.from_cpp)
-    # C++ posts under the session's lock, as post_op does; small uploads too (their bytes copied at the post)
-    s.C.fast_session(s.lock, s.conn.post_packed, on, s.conn.settings.post_copy_bytes)
+    # C++ posts under the session's lock, as post_op does; small uploads too (their bytes copied at the post).
+    # Each op to its device's server; with several, through Servers.sender, with the events due there
+    servers = s.servers
+    targets = [(0, s.conn.post_packed, None)] if not s.several else [
+        (server.first, servers.sender(server), server.events) for server in servers.all]
+    s.C.fast_session(s.lock, targets, on, s.conn.settings.post_copy_bytes)
 
 
 def claim_composites(C=None, fast: bool = False) -> None:

@@ -133,6 +133,8 @@ try:
     out["mixed_call"] = None
 except RuntimeError as exc:
     out["mixed_call"] = str(exc)
+from rgpu.device_backend import session
+out["fast_path"] = session.current().C.fast_path_stats()
 print(json.dumps(out))
 """
 
@@ -181,6 +183,11 @@ def test_copies_between_servers_bypass_the_client_and_keep_every_value(main):
     # four copies of 4 MiB (three across servers): the client's connections carried no tensor bytes
     # (their counters count buffers: uploads, downloads), only the messages
     assert main["client_bytes"] < main["copy_bytes"] // 20, main
+
+
+def test_the_fast_path_streams_from_cpp_to_both_servers(main):
+    stats = main["fast_path"]
+    assert stats["hits"] > 0 and len(stats["posts"]) == 2 and all(stats["posts"]), stats
 
 
 def test_an_op_mixing_two_servers_devices_is_refused_naming_both(main):
