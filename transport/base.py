@@ -48,12 +48,17 @@ Into = Callable[[int, int, list], "Sequence[memoryview] | None"]
 class Capabilities:
     """What a transport can do beyond the verbs, declared once by its class (callers read, never probe).
 
-    ``writes_inline``: a write is a memory copy, no syscall, so a connection writes posts on the caller's
-    thread rather than handing them to its I/O thread (shm). ``batch_window_s``: a write is a syscall,
-    so small posts gather up to this long and go in one write (tcp: 200 µs); None: no gathering.
-    ``names_shared_memory``: buffers in memory the peer maps are named, not copied, once the layer above
-    says where such memory is (``share_memory``; shm). ``resumable``: a plain byte stream the client can
-    dial again, so a session may outlive a drop (tcp; ``resume.py``).
+    A transport class sets its own as a class attribute (``capabilities = Capabilities(...)``), the same
+    for every instance; each field's default is what a transport without that capability declares.
+
+    ``writes_inline`` (bool): a write is a memory copy, no syscall, so a connection writes posts on the
+        caller's thread rather than handing them to its I/O thread. shm: True.
+    ``batch_window_s`` (float seconds, or None): a write is a syscall, so small posts gather up to this
+        long and go in one write (tcp: 200 µs); None: no gathering.
+    ``names_shared_memory`` (bool): buffers in memory the peer maps are named, not copied, once the layer
+        above says where such memory is (``share_memory``, ``names``, ``settle``). shm: True.
+    ``resumable`` (bool): a plain byte stream the client can dial again, so a session may outlive a drop
+        (``resume.py``). tcp: True.
     """
     writes_inline: bool = False
     batch_window_s: float | None = None
@@ -70,7 +75,9 @@ class Transport(ABC):
 
     Errors: every verb raises ``ConnectionLost`` once the connection is gone (closed, the peer went away,
     a write or read failed) and ``ProtocolError`` for a frame that breaks the wire format or ``Limits``;
-    nothing else of theirs escapes (an ``OSError`` is translated, naming what failed).
+    nothing else of theirs escapes (an ``OSError`` is translated, naming what failed). A resuming
+    transport (``resume.py``) hides a drop it can resume, and raises ``SessionLost`` (a ``ConnectionLost``)
+    naming why when it cannot. ``TypeError`` is the caller's mistake (parts that are not whole frames).
     """
 
     name: ClassVar[str]
@@ -82,11 +89,14 @@ class Transport(ABC):
     on_block: Callable[[], "bool | None"] | None = None
     # lone_call(parts: connection_lone.LoneParts) -> lone: the connection's exchange state (exchange.py's
     # face) that is also its whole call() of a lone request in one call, lone(meta, buffers, reply_into)
-    # -> Reply or None (None: nothing sent, the connection's request() does it); set by a transport that
-    # has one (shm's C path, shm_lone.c).
+    # -> Reply or None (None: nothing sent, the connection's request() does it); it raises what call()
+    # raises (RemoteError, ConnectionLost, ProtocolError). Set by a transport that has one (shm's C path,
+    # shm_lone.c); None elsewhere.
     lone_call: Callable | None = None
     # serve(handle, applied, limits) -> (why, applied, detail): a server's frame loop in C where the
-    # transport has one (shm's); the worker runs frames it returns for the usual way (server/worker.py).
+    # transport has one (shm's: shm_native.NativeCalls.serve says what why and detail are), each POST and
+    # REQUEST through handle(meta, buffers, wants_reply), until Python is needed; ConnectionLost once
+    # closed. The worker runs the frames it leaves for the usual way (server/worker.py). None elsewhere.
     serve: Callable | None = None
 
     # Set by a resuming transport's user (the connection): called when its replay log fills, to read
@@ -99,16 +109,24 @@ class Transport(ABC):
 
         ``parts``: each frame's parts back to back, either plain (a prefix from ``wire.encode_prefix``, then
         one bytes-like part per buffer: every transport takes these) or what this transport's
-        ``frame_parts`` made. The caller may reuse every buffer once this returns, except memory named by
-        ``names_shared_memory`` (left alone until the peer lets the frame go: ``settle``). Raises
-        ``ConnectionLost``; ``TypeError`` for parts that are not whole frames (shm, ucx).
+        ``frame_parts`` made. Returns None once every frame is written (shm: in the ring, tcp: to the socket,
+        or gathered by the layer above). The caller may reuse every buffer once this returns, except memory
+        named by ``names_shared_memory`` (left alone until the peer lets the frame go: ``settle``). May block
+        while the peer does not read (calling ``on_block`` meanwhile). Raises ``ConnectionLost`` (closed,
+        the peer went away, the write failed); ``TypeError`` for parts that are not whole frames (shm, ucx).
         """
 
     @abstractmethod
     def recv_frame(self, limits: Limits, pool: BufferPool, into: Into | None = None) -> Frame:
         """Read one frame, waiting as long as it takes; buffers go where ``into(kind, seq, lengths)`` says
-        (caller-owned views of exactly those lengths), else into leases from ``pool`` (``Frame.release``).
-        Raises ``ConnectionLost`` (EOF, closed) or ``ProtocolError`` (malformed, over ``limits``)."""
+        (caller-owned views of exactly those lengths; a different answer, or None, and they go to the
+        pool), else into leases from ``pool``.
+
+        ``limits``: the bounds a frame must keep (metadata bytes, buffer count, frame bytes). Returns a
+        ``wire.Frame`` (kind, seq, ack, metadata, buffers); its buffers stay valid until
+        ``Frame.release()`` (shm: views into the sender's memory, handed back at release or when the last
+        view goes). Raises ``ConnectionLost`` (EOF, closed, the peer went away) or ``ProtocolError``
+        (malformed, over ``limits``: the message names the field); after either, the connection is done."""
 
     @property
     def tls(self) -> bool:
@@ -116,22 +134,27 @@ class Transport(ABC):
         return False
 
     def readable(self, timeout: float) -> bool:
-        """Whether a frame (or the end of the connection) can be read within ``timeout`` seconds (0: now).
-        A transport that cannot tell says True: its ``recv_frame`` then waits."""
+        """Whether a frame (or the end of the connection) can be read within ``timeout`` seconds (0: now),
+        waiting at most that long. A transport that cannot tell says True: its ``recv_frame`` then waits.
+        An end the peer closed reads as True (``recv_frame`` then raises ``ConnectionLost``); shm raises
+        ``ConnectionLost`` for a wait that itself failed."""
         return True
 
     def spin_reads(self, spin_us: float | None, use_c: bool = True) -> None:
-        """How long a read polls before it sleeps (``RGPU_TCP_SPIN_US``), once the handshake is over; a
-        transport whose waits are its own (shm's spin, ucx's progress) ignores it."""
+        """How long a read polls before it sleeps (``RGPU_TCP_SPIN_US``; None: the machine's default,
+        ``spin_seconds``), once the handshake is over; ``use_c``: poll in C where it builds. A transport
+        whose waits are its own (shm's spin, ucx's progress) ignores it. Raises nothing."""
         return None
 
     def share_memory(self, find: FindShared) -> bool:
         """Let this transport name buffers that lie in memory ``find`` places (the peer maps it), not copy
-        them; True where it will (``capabilities.names_shared_memory``), else False and it copies all."""
+        them. ``find(address, nbytes)`` -> (memfd, base, size) of such memory holding that range, or None.
+        Returns True where it will (``capabilities.names_shared_memory``), else False and it copies all."""
         return False
 
     def names(self, address: int, nbytes: int) -> bool:
-        """Whether a buffer at ``address`` of ``nbytes`` would be named rather than copied (see share_memory)."""
+        """Whether a buffer at ``address`` of ``nbytes`` would be named rather than copied (see share_memory):
+        the layer above then leaves that memory alone until ``settle``."""
         return False
 
     def settle(self) -> None:
@@ -141,10 +164,12 @@ class Transport(ABC):
 
     @abstractmethod
     def close(self) -> None:
-        """Orderly close; safe to call twice."""
+        """Orderly close: the peer sees the end, our own waiters wake with ``ConnectionLost``, and every
+        later verb raises it. Safe to call twice; raises nothing."""
 
     def abort(self) -> None:
-        """Close at once, waking any thread blocked in send or receive."""
+        """Close at once, waking any thread blocked in send or receive (they raise ``ConnectionLost``).
+        Raises nothing; a resuming client first says goodbye (a BYE, when one can go at once)."""
         self.close()
 
     def _close_when_idle(self, release: Callable[[], None]) -> None:
@@ -168,14 +193,18 @@ class Transport(ABC):
                 self._send_lock.release()
 
     def send_meta(self, kind: int, seq: int, meta: bytes, buffers: Sequence = ()) -> None:
-        """``send`` of one frame with packed metadata (a transport may write it more directly); ``buffers``
+        """``send`` of one frame with packed metadata (a transport may write it more directly): ``kind`` (a
+        ``MsgKind``), ``seq``, ``meta`` (``wire.pack_meta``'s bytes), ``buffers`` (bytes-like). The buffers
         are copied before it returns, never named (the caller may change them at once): here at the call,
-        since a wrapping transport may hold the parts (the delay line)."""
+        since a wrapping transport may hold the parts (the delay line). Raises what ``send`` raises."""
         views = copied(buffers) if buffers else ()
         self.send([encode_prefix(kind, seq, 0, meta, [v.nbytes for v in views]), *views])
 
     def frame_parts(self, kind: int, seq: int, ack: int, meta, views: Sequence[memoryview], flags: int = 0) -> list:
-        """The parts of one frame, ready for ``send`` (several frames' parts may be joined)."""
+        """The parts of one frame, ready for ``send`` (several frames' parts may be joined): ``kind``, ``seq``,
+        ``ack`` (the last seq received, for a resuming peer), ``meta`` (any msgpack value), ``views`` (the
+        buffers, sent as they are when ``send`` runs), ``flags`` (``wire``'s frame flags). Returns a list;
+        ``ProtocolError`` when ``meta`` holds a type the wire does not carry."""
         prefix = encode_prefix(kind, seq, ack, pack_meta(meta), [v.nbytes for v in views], flags)
         return [prefix, *views] if views else [prefix]
 
