@@ -1,6 +1,6 @@
 """``rgpu run`` and ``rgpu doctor``: reach a GPU host in one command, and check that everything works.
 
-    rgpu run [--ssh USER@HOST [--ssh-port N] [-i KEY] [--remote-port N] [--start-server] | --server HOST:PORT] -- CMD ARGS
+    rgpu run [--ssh USER@HOST[,USER@HOST...] [--ssh-port N] [-i KEY] [--remote-port N] [--start-server] | --server HOST:PORT] -- CMD ARGS
 
 With ``--ssh``: a tunnel from a free local port to the server's loopback port,
 the token (and, for a ``--tls`` server, its certificate's fingerprint) read over
@@ -9,7 +9,8 @@ answers through it, then CMD with ``RGPU_SERVER`` and the token in its
 environment. CMD's exit status is rgpu run's (128+N when a signal N ended it);
 the tunnel, and a server that ``--start-server`` started, always end with it.
 With neither flag: ``RGPU_SERVER`` if set, else one local server for CMD and
-everything it starts.
+everything it starts. ``--ssh`` of several hosts: one tunnel (and server) per host,
+set up at once, ``RGPU_SERVER`` every tunnel in host order; one host failing ends all.
 """
 from __future__ import annotations
 
@@ -29,14 +30,17 @@ def add_parser(sub) -> None:
     p = sub.add_parser("run", help="run a command against a server: over ssh, at an address, or a local one",
                        description=__doc__.split("\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--ssh", metavar="USER@HOST", help="tunnel to the server on this host over ssh")
+    where.add_argument("--ssh", metavar="USER@HOST", help="tunnel to the server on this host over ssh, or to the "
+                       "servers of several (comma list: rgpu:0.. are the first host's devices, then the next's)")
     where.add_argument("--server", metavar="HOST:PORT", help="a server reachable directly, or a comma list of several (sets RGPU_SERVER)")
     p.add_argument("--ssh-port", type=int, metavar="N", help="the ssh server's port (default: ssh's own)")
     p.add_argument("-i", "--identity", metavar="KEY", help="ssh private key file")
     p.add_argument("-o", "--ssh-option", action="append", default=[], metavar="OPT",
                    help="an ssh -o option, e.g. -o ProxyJump=bastion (repeatable)")
-    p.add_argument("--remote-port", type=int, default=9713, metavar="N",
-                   help="the server's port on the remote host's loopback (default 9713)")
+    from .ssh_hosts import ports
+    p.add_argument("--remote-port", type=ports, default=9713, metavar="N",
+                   help="the server's port on the remote host's loopback (default 9713); several hosts: one "
+                        "for all, or a comma list, one per host")
     p.add_argument("--remote-token-file", metavar="PATH",
                    help="the token file on the remote host (default: its RGPU_TOKEN_FILE or ~/.config/rgpu/token)")
     p.add_argument("--start-server", action="store_true",
@@ -87,7 +91,8 @@ def run(args) -> int:
     previous = signal.signal(signal.SIGINT, interrupts)
     try:
         if args.ssh:
-            env.update(_over_ssh(args, s, cleanup))
+            from . import ssh_hosts
+            env.update(ssh_hosts.over_ssh(args, s, cleanup))   # one host (_over_ssh), or several at once
         elif args.server:
             config.parse_addresses(args.server, "--server")  # one host:port, or several (comma list)
             env["RGPU_SERVER"] = args.server

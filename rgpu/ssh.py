@@ -45,10 +45,46 @@ def _set_pdeathsig():  # Linux: the tunnel ends when rgpu run dies, even by SIGK
 _PREEXEC = _set_pdeathsig() if sys.platform.startswith("linux") else None
 
 
+_HANDED: set[int] = set()   # ports free_port gave out: tunnels opened in parallel never share one
+_LOCK = threading.Lock()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        with _LOCK:
+            if port not in _HANDED:
+                _HANDED.add(port)
+                return port
+    raise ConnectError("no free local port for a tunnel (100 tries)")
+
+
+# Children by the thread that started them: hosts set up in parallel (rgpu/ssh_hosts.py) end one host's at once.
+_SPAWNED: dict[int, list[subprocess.Popen]] = {}
+_CANCELLED: set[int] = set()
+
+
+def cancel(thread_id: int) -> None:
+    """End every ssh that thread started and refuse it new ones: its setup fails at its next step."""
+    with _LOCK:
+        _CANCELLED.add(thread_id)
+        procs = list(_SPAWNED.get(thread_id, ()))
+    for proc in procs:
+        _end(proc)
+
+
+def forget(thread_id: int) -> None:
+    """That thread has ended its children: drop what was kept for it (a thread id can be used again)."""
+    with _LOCK:
+        _SPAWNED.pop(thread_id, None)
+        _CANCELLED.discard(thread_id)
+
+
+def _refuse_if_cancelled() -> None:
+    if threading.get_ident() in _CANCELLED:
+        raise ConnectError("stopped: another host failed, or the setup was interrupted")
 
 
 def port_listening(port: int) -> bool:
@@ -105,6 +141,7 @@ class SshTarget:
 
     def run(self, command: str, timeout: float = 60.0) -> str:
         """Run ``sh -c COMMAND`` there; its stdout, or ConnectError with ssh's own message."""
+        _refuse_if_cancelled()
         try:
             done = subprocess.run(self.argv(self.dest, "sh -c " + shlex.quote(command)), capture_output=True,
                                   text=True, stdin=subprocess.DEVNULL, timeout=timeout, start_new_session=True)
@@ -115,8 +152,12 @@ class SshTarget:
         return done.stdout
 
     def spawn(self, *args: str) -> subprocess.Popen:
-        return subprocess.Popen(self.argv(*args), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        _refuse_if_cancelled()
+        proc = subprocess.Popen(self.argv(*args), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=_PREEXEC)
+        with _LOCK:
+            _SPAWNED.setdefault(threading.get_ident(), []).append(proc)
+        return proc
 
 
 class _Drain:
@@ -234,8 +275,9 @@ class RemoteServer:
                  timeout: float = 60.0):
         self.target = target
         flags = f" --token-file {remote_path(token_file)}" if token_file else ""
-        # $$ is the shell that execs the server: the pid to stop it by
-        script = f'echo "rgpu-pid $$"; exec {rgpu_command} serve --port {int(port)}{flags}'
+        # $$ is the shell that execs the server: the pid to stop it by; $PPID, the ssh session: the server ends
+        # with it too, should this end die before it can stop the server
+        script = f'echo "rgpu-pid $$"; exec {rgpu_command} serve --port {int(port)}{flags} --exit-with-parent $PPID'
         self.proc = target.spawn(target.dest, "sh -c " + shlex.quote(script))
         self._stdout, self._stderr = _Drain(self.proc.stdout), _Drain(self.proc.stderr)
         started = self._stdout.wait_for("listening on", timeout)
