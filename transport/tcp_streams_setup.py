@@ -26,7 +26,7 @@ import select
 import socket
 import time
 
-from rgpu.errors import AuthenticationError, ConnectionLost, ProtocolError, RgpuError
+from rgpu.errors import AuthenticationError, ConnectionLost, ProtocolError, RgpuError, translate_os_error
 
 from . import handshake, tcp, ticketed, tls
 from .buffers import BufferPool
@@ -140,7 +140,7 @@ class ServerOffer:
             return None
         try:
             return cls(main, hello.session, count, token, tls_cert, settings.connect_timeout + DIAL_TIMEOUT_S)
-        except OSError as exc:
+        except (OSError, RgpuError) as exc:
             log.warning("tcp streams: cannot listen for a session's extra streams (%s); it goes on one", exc)
             return None
 
@@ -185,6 +185,8 @@ class ServerOffer:
     def _admit(self, got: dict, deadline: float) -> None:
         try:   # a stranger who stalls is dropped: it has until `deadline` to prove the token and the ticket
             accepted = self.listener.accept(deadline)
+        except OSError as exc:
+            raise translate_os_error(exc, where="accepting a tcp stream") from None
         except RgpuError as exc:
             log.warning("a tcp stream refused: %s", exc)
             return

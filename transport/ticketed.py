@@ -90,14 +90,12 @@ class Listener:
     def accept(self, deadline: float) -> tuple[socket.socket, object] | None:
         """The next connection, tuned, TLS done where the listener serves TLS, with a short timeout set for its
         first words (``STRANGER_S``, or what is left to ``deadline``, a ``time.monotonic()``); None when none
-        came by ``deadline``. Raises ConfigError (a connection of the wrong kind, answered by ``refuse``),
-        AuthenticationError (its TLS handshake failed) or ConnectionLost: the connection is closed then."""
+        came by ``deadline``. That connection's failures are RgpuErrors, and close it: ConfigError (the wrong
+        kind, answered by ``refuse``), AuthenticationError (its TLS handshake), ConnectionLost, Timeout (it
+        stalled). The listener's own (no descriptor left) is the OSError, raised as it is."""
         if not self.waiting(deadline - time.monotonic()):
             return None
-        try:
-            conn, peer = self.sock.accept()
-        except OSError as exc:
-            raise translate_os_error(exc, where="accepting a ticketed connection") from None
+        conn, peer = self.sock.accept()
         try:
             conn.settimeout(min(self.stranger_s, max(0.1, deadline - time.monotonic())))
             tcp.tune(conn)

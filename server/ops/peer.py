@@ -132,6 +132,8 @@ class Peers:
             self._expire()
             try:
                 got = self.listener.accept(deadline)
+            except OSError as exc:   # the port itself (no descriptor left): waiting on would spin
+                raise PeerError(f"this server's peer port cannot accept a transfer: {exc}") from None
             except RgpuError as exc:   # the wrong kind (refused, named), a failed TLS handshake, gone
                 log.warning("peer port %d: %s", self.port, exc)
                 continue
