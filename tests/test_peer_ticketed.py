@@ -161,3 +161,48 @@ def test_a_listener_says_none_came_by_its_deadline_and_closes():
     listener.close()
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=1)
+
+
+def test_a_tls_streams_offer_refuses_a_plain_stream_in_the_main_ports_words_and_attaches_a_tls_one(tmp_path):
+    from rgpu import config
+    from rgpu.errors import ConfigError
+    from rgpu.transport import handshake, tcp, tcp_streams_setup, tls
+    from rgpu.transport.tcp import TcpTransport
+    from rgpu.transport.tcp_streams import StripedTcp
+    from rgpu.transport.wire import MsgKind
+
+    tls.generate_self_signed(tmp_path / "c.pem", tmp_path / "k.pem")
+    cert = {"cert": str(tmp_path / "c.pem"), "key": str(tmp_path / "k.pem")}
+    listener = tcp.listen("127.0.0.1", 0)
+    client_main = tcp.connect("127.0.0.1", listener.getsockname()[1], 5)
+    server_main, _ = listener.accept()
+    listener.close()
+    token = b"t" * 32
+    settings = config.settings(environ={}, tcp_streams=4, connect_timeout=5.0,
+                               tls_fingerprint=tls.file_fingerprint(cert["cert"]))
+    hello = handshake.Hello(route="echo", session="s1", versions={}, transports=[], options={"streams": 4})
+    made = tcp_streams_setup.ServerOffer.make(server_main, hello, settings, token, cert)
+    result: dict = {}
+
+    def attach():
+        try:
+            result["t"] = made.attach(TcpTransport(server_main))
+        except BaseException as exc:
+            result["error"] = exc
+    thread = threading.Thread(target=attach, daemon=True)
+    thread.start()
+    try:
+        port, mine = made.details()["port"], handshake.Hello(route="echo", session="s1", versions={}, transports=[])
+        with pytest.raises(ConfigError, match="requires TLS"):   # the ticket in plain never reaches the handshake
+            tcp_streams_setup._dial("127.0.0.1", port, token, mine, settings, False, 1, made.ticket)
+        good = tcp_streams_setup._dial("127.0.0.1", port, token, mine, settings, True, 1, made.ticket)
+        main = TcpTransport(client_main)
+        main.send(main.frame_parts(MsgKind.UPGRADE, 0, 0, {"transport": "tcp", "streams": [1]}, []))
+        thread.join(10)
+        assert isinstance(result.get("t"), StripedTcp) and result["t"].stream_count == 2, result
+        assert result["t"].streams[0].version() is not None    # the extra stream is a TLS socket
+        result["t"].close()
+        good.close()
+    finally:
+        client_main.close()
+        server_main.close()
