@@ -156,3 +156,26 @@ def _lt_table_refuses(folder, monkeypatch):
     call = BY_NAME["cublasLtMatmul"].id          # through cuBLAS's table, the walker's entry
     assert c.rgpu_cublas_record(cublas, call, bench.HANDLE, S1, payload, len(payload)) == 0
     session.libs.close()
+
+
+@isolated
+def test_a_heuristic_query_after_a_matmul_is_answered_with_the_c_table_on_as_with_it_off(folder, monkeypatch):
+    """A heuristic query names six objects (a desc, four layouts, a preference), a matmul's state five: only
+    the matmul's goes to the C table. (The H200 host's ladder failed every cuBLASLt rung when the query's six
+    were put in the C table's array of five: CUBLAS_STATUS_NOT_INITIALIZED at cublasLtMatmulAlgoGetHeuristic.)"""
+    heur = BY_NAME["cublasLtMatmulAlgoGetHeuristic"]
+    pref = struct.pack("<II", 3, 16) + struct.pack("<IIQ", 1, 8, 1 << 20)      # kind 3: the workspace limit
+    query = memoryview(heur.format.pack(4) + _state() + pref)
+    answers, logs = {}, {}
+    for native in ("auto", "off"):
+        session = _lt_session(folder, monkeypatch, native)
+        run(session, _matmul(), monkeypatch)                  # a matmul's state first: with C on, in the C table
+        answers[native] = [session.libs.run(heur.id, bench.HANDLE, 0, query, answered=True) for _ in range(2)]
+        logs[native], _ = run(session, _matmul(), monkeypatch)
+        assert session.executor.deferred == []
+        session.libs.close()
+    for native in answers:
+        for out, status, message in answers[native]:
+            assert (status, message, len(out)) == (0, None, 96), (native, status, message)
+    assert answers["auto"] == answers["off"]
+    assert logs["auto"] == logs["off"]

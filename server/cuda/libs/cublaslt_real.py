@@ -234,10 +234,10 @@ class Library:
             raise LibError(P.INVALID_VALUE, f"matmul descriptor attributes {bad}: a device address is 8 bytes")
         attrs = (c_int32 * len(pointers))(*(a for a, _ in pointers))
         values = (c_uint64 * len(pointers))(*(int.from_bytes(v, "little") for _, v in pointers))
-        real = (c_uint64 * 5)(*(r or 0 for r in reals))           # a null descriptor: 0, as Python passes it
-        if kinds == MATMUL_STATE and self.c.rgpu_cublaslt_state(self.fast, key, len(key), real, mode, len(pointers),
-                                                               attrs, values):
-            raise LibError(ALLOC_FAILED, "the C table refused a matmul state (no memory)")
+        if kinds == MATMUL_STATE:   # only a matmul's state goes to the C table (a heuristic query has six objects)
+            real = (c_uint64 * len(reals))(*(r or 0 for r in reals))   # a null descriptor: 0, as Python passes it
+            if self.c.rgpu_cublaslt_state(self.fast, key, len(key), real, mode, len(pointers), attrs, values):
+                raise LibError(ALLOC_FAILED, "the C table refused a matmul state (no memory)")
         return (attrs, values) if pointers else ()
 
     def _make(self, obj: P.Obj, create: str, set_attr: str, args: tuple[int, ...]) -> int:
