@@ -10,8 +10,13 @@ import time
 import pytest
 import torch
 
+from rgpu import config
+from rgpu.errors import ConfigError
 from rgpu.server.ops.peer import PeerError, Peers
-from rgpu.transport import ticketed
+from rgpu.transport import handshake, tcp, tcp_streams_setup, ticketed, tls
+from rgpu.transport.tcp import TcpTransport
+from rgpu.transport.tcp_streams import StripedTcp
+from rgpu.transport.wire import MsgKind
 
 
 def _push(dst: Peers, ticket: bytes, src: torch.Tensor, fingerprint=None):
@@ -164,13 +169,6 @@ def test_a_listener_says_none_came_by_its_deadline_and_closes():
 
 
 def test_a_tls_streams_offer_refuses_a_plain_stream_in_the_main_ports_words_and_attaches_a_tls_one(tmp_path):
-    from rgpu import config
-    from rgpu.errors import ConfigError
-    from rgpu.transport import handshake, tcp, tcp_streams_setup, tls
-    from rgpu.transport.tcp import TcpTransport
-    from rgpu.transport.tcp_streams import StripedTcp
-    from rgpu.transport.wire import MsgKind
-
     tls.generate_self_signed(tmp_path / "c.pem", tmp_path / "k.pem")
     cert = {"cert": str(tmp_path / "c.pem"), "key": str(tmp_path / "k.pem")}
     listener = tcp.listen("127.0.0.1", 0)
