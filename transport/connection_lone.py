@@ -85,17 +85,29 @@ class LoneCaller:
         writes = self.writes
         try:
             self._x.sending_seq = seq
-            views = [as_bytes_view(b) for b in buffers]
-            into = [writable_view(b) for b in reply_into] if reply_into is not None else None  # checked first
-            # plain parts, which every transport's send takes; the buffers stay untouched until the reply
-            self.transport.send([encode_prefix(_REQUEST, seq, 0, packed, [v.nbytes for v in views]), *views])
+            # loops, not comprehensions: each of those is a function call, and this is every call's path
+            views, lengths, nbytes = [], [], 0
+            for b in buffers:
+                v = as_bytes_view(b)
+                views.append(v)
+                lengths.append(v.nbytes)
+                nbytes += v.nbytes
+            into = None
+            if reply_into is not None:        # checked before anything is sent
+                into = []
+                for b in reply_into:
+                    into.append(writable_view(b))
+            # plain parts, which every transport's send takes; the buffers stay untouched until the reply.
+            # Its ack: the last answer read, which a resumable session's server then need not keep
+            prefix = encode_prefix(_REQUEST, seq, self.router.answered, packed, lengths)
+            self.transport.send([prefix, *views])
         except RgpuError as exc:
             raise self._lost(exc) from None
         finally:
             if writes.batch_s is not None:
                 writes.wrote_at = time.perf_counter()
             writes.send_lock.release()
-        self._x.bytes_out += sum([v.nbytes for v in views])
+        self._x.bytes_out += nbytes
         return self.router.read_reply(seq, into)
 
     def _read_alone(self, seq: int, reply_into, frame: Frame | None) -> Reply:

@@ -93,6 +93,9 @@ class ReplyRouter:
                  fail: Callable[[RgpuError], None]):
         self.transport, self.limits, self.pool, self._x = transport, limits, pool, state
         self.pending, self.rcv_lock, self.rcv = pending, rcv_lock, rcv
+        # the seq of the last answer read (answers come in seq order): a lone call's request says it in its
+        # ack field, so a resumable session's server forgets the answers kept for a resume (resume_server.py)
+        self.answered = 0
         self._request_timeout = request_timeout
         self._fail = fail
 
@@ -116,7 +119,7 @@ class ReplyRouter:
     def read_reply(self, seq: int, into, frame: Frame | None = None) -> Reply:
         """Frames until request ``seq``'s answer (this thread is the reader); earlier posts' errors first."""
         recv, limits, pool = self.transport.recv_frame, self.limits, self.pool
-        want = (lambda kind, s, lengths: into if kind is _REPLY and s == seq else None) if into is not None else None
+        want = None if into is None else (lambda kind, s, lengths: into if kind is _REPLY and s == seq else None)
         while True:
             if frame is None:
                 try:
@@ -132,8 +135,13 @@ class ReplyRouter:
                 self._fail(exc)
                 raise self._x.dead from None
             frame = None
-        if frame.buffers:
-            self._x.bytes_in += sum([b.nbytes for b in frame.buffers])
+        self.answered = seq
+        bufs = frame.buffers
+        if bufs:
+            n = 0
+            for b in bufs:                        # (a loop: a comprehension is a call more on every reply)
+                n += b.nbytes
+            self._x.bytes_in += n
         if self._x.async_error is not None:
             err = self.take_async_error(seq)      # a post before this request failed: it wins
             if err is not None:
@@ -226,6 +234,7 @@ class ReplyRouter:
             if fut is not None:
                 fut._reply = Reply(frame.meta, frame.buffers, frame)
                 fut.done = True
+                self.answered = frame.seq
                 return
         if frame.kind is _REPLY or frame.kind is _ERROR:  # (a reply to no request: refused below)
             fut = self.pending.pop(frame.seq, None)

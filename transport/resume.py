@@ -99,21 +99,20 @@ class ResumingTransport(Transport):
 
     def send(self, parts: Sequence) -> None:
         # every call's own path (a lone call's request, each batch of posts): as few steps as it takes; the
-        # write lock is held from the frames' keeping to their write, so a replay never overtakes a send
+        # write lock is held from the frames' keeping to their write, so a replay never overtakes a send.
+        # The lock is not re-entrant, so a send never runs inside another on the same thread: ``_writer``
+        # only tells a read inside this send (on_block, on_acks) that a drop is this send's to resume
         if self._lost is not None:
             raise self._lost
         wlock, log = self._wlock, self.log
         wlock.acquire()
-        me, outer, gen = get_ident(), self._writer, self._gen
-        self._writer = me
+        self._writer, gen = get_ident(), self._gen
         try:
-            acked = self.acked                # what the readers saw acknowledged: forgotten here, by the log's owner
-            if acked and log.frames and log.frames[0][0] <= acked:
-                log.trim(acked)
-            if log.add(parts):
+            # what the readers saw acknowledged is forgotten here, by the log's owner, as it keeps these
+            if log.keep(parts, self.acked):
                 self._said_bye = True
             self._inner.send(parts)
-            if outer is None and log.added - log.dropped > self._half:
+            if log.added - log.dropped > self._half:
                 self._make_room()
             return
         except SessionLost:
@@ -123,10 +122,8 @@ class ResumingTransport(Transport):
                 raise
             lost = exc
         finally:
-            self._writer = outer
+            self._writer = None
             wlock.release()
-        if outer == me:
-            raise lost                        # a read inside our own send (on_block): the outer send resumes
         self._resume(gen, lost)               # replays what we kept, these frames among them
 
     def recv_frame(self, limits, pool, into=None):

@@ -6,8 +6,10 @@ resumed connection (authenticated again, the id checked: ``server/serve.py``), i
 
 - a frame whose seq it has had already (the client's replay overlaps) is skipped: each seq is applied
   at most once; ``done`` is the last seq handed to the executor;
-- answers (REPLY, ERROR) are kept, copied, the most recent ones up to ``RGPU_REPLAY_BYTES``; a resumed
-  client says the seq of the last answer it read and gets the later ones again, in order;
+- answers (REPLY, ERROR) are kept, copied, the most recent ones up to ``RGPU_REPLAY_BYTES``, until the
+  client says it read them (a lone call's request carries the seq of the last answer read in its ``ack``
+  field, so a session of calls keeps one answer, not ``ANSWERS_KEPT``); a resumed client says the seq of
+  the last answer it read and gets the later ones again, in order;
 - the client's kept frames are acknowledged in every reply's ``ack`` and, during a stretch of posts, by
   a REPLY of seq 0 every ``ACK_EVERY`` seqs or ``ACK_BYTES`` (cumulative: no per-frame count).
 
@@ -53,6 +55,7 @@ class ResumableEnd(Transport):
         self.answers: deque = deque() # (seq, parts, nbytes), oldest first
         self.kept = 0
         self.lost_upto = 0            # the newest answer no longer kept
+        self.read_upto = 0            # the client's word: it read every answer up to this seq (not kept since)
         self._acked, self._bytes_since_ack = 0, 0   # the seq last acknowledged; bytes read since
         # acknowledged well before the client's log is full (its bound, said in its HELLO)
         self._ack_bytes = max(1, min(ACK_BYTES, (client_bound or bound) // 8))
@@ -75,6 +78,8 @@ class ResumableEnd(Transport):
             except ConnectionLost as exc:
                 self._await_resume(exc)
                 continue
+            if frame.ack > self.read_upto:    # the client read the answers up to it: a resume never asks again
+                self._read(frame.ack)
             seq = frame.seq
             if seq > self.done:
                 self.done = seq
@@ -87,6 +92,12 @@ class ResumableEnd(Transport):
             if not seq:
                 return frame
             frame.release()               # replayed, and had already: applied once
+
+    def _read(self, ack: int) -> None:
+        """The client says it read every answer up to ``ack`` (a lone call's request does): those go."""
+        self.read_upto, answers = ack, self.answers
+        while answers and answers[0][0] <= ack:
+            self.kept -= answers.popleft()[2]
 
     def _ack(self, seq: int) -> None:
         self._acked, self._bytes_since_ack = seq, 0
@@ -194,6 +205,9 @@ class ResumableEnd(Transport):
         if not isinstance(received, int) or received < self.lost_upto:
             return (f"the answers after seq {received} were past the replay bound of {self.bound} bytes "
                     "(RGPU_REPLAY_BYTES) and are gone")
+        if received < self.read_upto:
+            return (f"the client said it had read the answers up to seq {self.read_upto}, and now asks for those "
+                    f"after seq {received}: they are no longer kept")
         return None
 
     def _welcome(self, t: TcpTransport, received: int) -> None:

@@ -93,6 +93,30 @@ class TcpTransport(Transport):
             self.sock.sendall(pending)
 
     def _sendmsg_all(self, parts: Sequence) -> None:
+        # with an on_block hook, never sleep inside sendmsg: a full socket hands control to the hook
+        on_block = self.on_block
+        flags = _DONTWAIT if on_block is not None else 0
+        n = len(parts)
+        if n <= IOV_MAX:
+            # the common case (a frame or a batch of them, bytes and byte views, all taken at once): one call,
+            # the parts as given; anything else (another buffer type, a partial write) is the loop below's
+            total = 0
+            for p in parts:
+                t = type(p)
+                if t is bytes:
+                    total += len(p)
+                elif t is memoryview and p.itemsize == 1 and p.ndim == 1 and p.c_contiguous:
+                    total += p.nbytes
+                else:
+                    break
+            else:
+                try:
+                    sent = self.sock.sendmsg(parts, (), flags)
+                except BlockingIOError:
+                    sent = 0
+                if sent == total:
+                    return
+                parts = _after(parts, sent)
         pending, total = [], 0
         for p in parts:
             if type(p) is not bytes:
@@ -100,9 +124,6 @@ class TcpTransport(Transport):
             if len(p):
                 pending.append(p)
                 total += len(p)
-        on_block = self.on_block
-        # with an on_block hook, never sleep inside sendmsg: a full socket hands control to the hook
-        flags = socket.MSG_DONTWAIT if on_block is not None else 0
         i = 0
         while i < len(pending):
             try:
@@ -167,6 +188,18 @@ class TcpTransport(Transport):
         except OSError:
             pass
         self.close()
+
+
+def _after(parts: Sequence, sent: int) -> list:
+    """What is left of ``parts`` (bytes and 1-D byte views) once ``sent`` bytes of them went."""
+    i = 0
+    while sent:
+        n = len(parts[i])
+        if sent < n:
+            return [parts[i][sent:], *parts[i + 1:]]
+        sent -= n
+        i += 1
+    return list(parts[i:])
 
 
 def connect(host: str, port: int, timeout: float) -> socket.socket:

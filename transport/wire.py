@@ -120,7 +120,7 @@ def _has_foreign(value) -> bool:
     return False
 
 
-_UNPACK_OPTIONS = {"raw": False, "use_list": True, "strict_map_key": False, "ext_hook": _refuse_ext}
+_UNPACK_OPTIONS = {"raw": False, "use_list": True, "strict_map_key": False, "ext_hook": _refuse_ext}   # unpack_meta's
 
 
 def unpack_spec() -> tuple:
@@ -130,17 +130,21 @@ def unpack_spec() -> tuple:
     return msgpack.unpackb, tuple(_UNPACK_OPTIONS), tuple(_UNPACK_OPTIONS.values())
 
 
+_unpackb = msgpack.unpackb
+
+
 def unpack_meta(data, limits: Limits) -> Any:
-    if len(data) == 0:
+    if not len(data):
         return None
-    try:
-        meta = msgpack.unpackb(data, **_UNPACK_OPTIONS)
+    try:   # (the options spelled out, not ``**_UNPACK_OPTIONS``: every frame's meta passes here, and a dict
+        # unpacked per call cost twice the decode of a small meta)
+        meta = _unpackb(data, raw=False, use_list=True, strict_map_key=False, ext_hook=_refuse_ext)
     except ProtocolError:
         raise
     except Exception as exc:  # msgpack raises several unrelated types for bad input
         raise ProtocolError(f"metadata: undecodable msgpack ({type(exc).__name__}: {exc})") from None
-    raw = bytes(data) if isinstance(data, memoryview) else data
-    if b"\xff" in raw and any(mark in raw for mark in _TIMESTAMP_MARKS) and _has_foreign(meta):
+    raw = data.tobytes() if type(data) is memoryview else data   # (a view's tobytes(): a quarter of bytes(view))
+    if 255 in raw and any(mark in raw for mark in _TIMESTAMP_MARKS) and _has_foreign(meta):
         raise ProtocolError("metadata: extension type -1 (timestamp) is not allowed")
     return meta
 
