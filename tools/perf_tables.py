@@ -20,47 +20,49 @@ GPU = ROOT / "docs" / "perf" / "gpu"
 H200 = "one NVIDIA H200, 16 cores, torch 2.11.0+cu130, Python 3.12"
 
 # the runs the tables read: folder -> (date, machine)
-RUNS = {"run19": ("2026-12-02", H200), "run14": ("2026-12-01", H200), "run12": ("2026-11-30", H200), "run3": ("2026-11-30", H200)}
+RUNS = {"run20": ("2026-12-02", H200), "run19": ("2026-12-02", H200), "run14": ("2026-12-01", H200), "run12": ("2026-11-30", H200), "run3": ("2026-11-30", H200)}
 
-T14 = "run14/call5-transports.tar.gz:transports/"
-STEP14 = "run14/call3-step_start.tar.gz:step_start/step_start.tar.gz:"
+T20 = "run20/call4-transports.tar.gz:transports/"
+FP20 = "run20/call2-fast_path.tar.gz:fast_path/"
 MiB = 1 << 20
 B19 = "run19/callA-baseline.tar.gz:a/bench_cuda.json"
-
-STEP_CMD = ("run14: `rgpu bench train --pin --repeats 5`, TF32 on, by `bash gpu/run_all.sh step_start` "
-            "(a one-off check since removed, in git history; `gpu/check_fast_path.sh` measures the same step)")
 
 # page -> (the command that measured it, [(label, source, transport, metric, size, direction, target)])
 PAGES: dict[str, tuple[str, list[tuple]]] = {
     "transport": ("`bash gpu/run_all.sh transports rtt` (`gpu/check_transports.sh`: `rgpu bench transport --json`)", [
-        ("tcp round trip, 64 B", T14 + "transport_tcp.json", "tcp", "rtt", 64, "", "<= 1.5"),
-        ("tcp upload, 64 MiB", T14 + "transport_tcp.json", "tcp", "bandwidth", 64 * MiB, "", ">= 0.90"),
-        ("tcp download, 64 MiB", T14 + "transport_tcp.json", "tcp", "bandwidth", 64 * MiB, "download", ""),
-        ("shm round trip (the lone call), 64 B", T14 + "transport_shm.json", "shm", "rtt", 64, "", "<= 0.20"),
-        ("shm upload, 64 MiB", T14 + "transport_shm.json", "shm", "bandwidth", 64 * MiB, "", ">= 0.80"),
-        ("shm upload, 256 MiB", T14 + "transport_shm.json", "shm", "bandwidth", 256 * MiB, "", ""),
-        ("shm download, 64 MiB", T14 + "transport_shm.json", "shm", "bandwidth", 64 * MiB, "download", ""),
+        ("tcp round trip, 64 B", T20 + "transport_tcp.json", "tcp", "rtt", 64, "", "<= 1.5"),
+        ("tcp upload, 64 MiB", T20 + "transport_tcp.json", "tcp", "bandwidth", 64 * MiB, "", ">= 0.90"),
+        ("tcp download, 64 MiB", T20 + "transport_tcp.json", "tcp", "bandwidth", 64 * MiB, "download", ""),
+        ("shm round trip (the lone call), 64 B", T20 + "transport_shm.json", "shm", "rtt", 64, "", "<= 0.20"),
+        ("shm upload, 64 MiB", T20 + "transport_shm.json", "shm", "bandwidth", 64 * MiB, "", ">= 0.80"),
+        ("shm upload, 256 MiB", T20 + "transport_shm.json", "shm", "bandwidth", 256 * MiB, "", ""),
+        ("shm download, 64 MiB", T20 + "transport_shm.json", "shm", "bandwidth", 64 * MiB, "download", ""),
     ]),
-    "fast_path": (STEP_CMD + "; run12: the same for the compiled step, then `rgpu bench ops`, `upload`, "
-                  "`train --sim-rtt 1,10,30` (`gpu/check_fast_path.sh` runs them all now)", [
-        ("eager step / native eager, shm", STEP14 + "shm.json", "shm", "training step", None, "", "<= 1.10"),
-        ("eager step / native eager, tcp", STEP14 + "tcp.json", "tcp", "training step", None, "", "<= 1.10"),
+    "fast_path": ("run20: `bash gpu/run_all.sh fast_path` (`gpu/check_fast_path.sh`: `rgpu bench train`, `ops`, "
+                  "`upload`, `train --compile` over tcp, `train --sim-rtt 1,10,30`); run12: the compiled step in "
+                  "reduce-overhead mode (`gpu/check_compiled.sh`)", [
+        ("eager step / native eager, shm", FP20 + "train.json", "shm", "training step", None, "", "<= 1.05"),
+        ("eager step / native eager, tcp", FP20 + "train_compiled.json", "tcp", "training step", None, "", "<= 1.05"),
+        ("compiled step / native eager, tcp", FP20 + "train_compiled.json", "tcp",
+         "training step, torch.compile(backend='rgpu')", None, "", ""),
         ("compiled step (reduce-overhead) / native eager, shm", "run12/call5_shm.json", "shm",
          "training step, torch.compile(backend='rgpu')", None, "", "<= 0.90"),
         ("compiled step (reduce-overhead) / native eager, tcp", "run12/call5_tcp.json", "tcp",
          "training step, torch.compile(backend='rgpu')", None, "", "<= 0.90"),
-        ("client cost per streamed op / native enqueue, shm", "run12/call4_ops.json", "shm",
+        ("client cost per streamed op / native enqueue, shm", FP20 + "ops.json", "shm",
          "client cost per streamed op (add, 4 elements)", None, "", "<= 1.0"),
-        ("1 GiB upload from pinned memory / pinned copy, shm", "run12/call4_upload.json", "shm",
-         "upload from pinned memory", None, "", ">= 0.50"),
-        ("step at a simulated 30 ms round trip / (0 ms + 1 RTT)", "run12/call4_train_rtt.json", "shm",
+        ("chain of 1000 adds ending in .cpu() / native", FP20 + "ops.json", "shm",
+         "chain of 1000 adds ending in .cpu() (server: cuda)", None, "", "<= 1.5"),
+        ("1 GiB upload from pinned memory / pinned copy, shm", FP20 + "upload.json", "shm",
+         "upload from pinned memory", None, "", ">= 0.85"),
+        ("step at a simulated 30 ms round trip / (0 ms + 1 RTT)", FP20 + "train_rtt.json", "shm",
          "training step at a simulated 30 ms round trip", None, "", "<= 1.10"),
     ]),
-    "device_route": (STEP_CMD, [
-        ("eager nanoGPT step, shm", STEP14 + "shm.json", "shm", "training step", None, "", "<= 1.10"),
-        ("eager nanoGPT step, tcp", STEP14 + "tcp.json", "tcp", "training step", None, "", "<= 1.10"),
-        ("round trips per step, shm", STEP14 + "shm.json", "shm", "round trips per step", None, "", "1"),
-        ("max |loss - native loss|, 3 warm-up steps, shm", STEP14 + "shm.json", "shm",
+    "device_route": ("run20: `bash gpu/run_all.sh fast_path` (`rgpu bench train`; over tcp, `train --compile`'s eager rows)", [
+        ("eager nanoGPT step, shm", FP20 + "train.json", "shm", "training step", None, "", "<= 1.05"),
+        ("eager nanoGPT step, tcp", FP20 + "train_compiled.json", "tcp", "training step", None, "", "<= 1.05"),
+        ("round trips per step, shm", FP20 + "train.json", "shm", "round trips per step", None, "", "1"),
+        ("max |loss - native loss|, 3 warm-up steps, shm", FP20 + "train.json", "shm",
          "max |loss - native loss| over 3 warm-up steps", None, "", ""),
     ]),
     "cuda_route": ("`rgpu bench cuda --json --repeats 3` (run19: `docs/perf/gpu/run19/README.md`; "
@@ -80,7 +82,7 @@ PAGES: dict[str, tuple[str, list[tuple]]] = {
 
 
 # plots the checks drew from the same run, brought up beside the pages: docs/perf/<name> <- source
-PLOTS = {"transport_gpu_tcp.png": T14 + "transport_tcp.png", "transport_gpu_shm.png": T14 + "transport_shm.png"}
+PLOTS = {"transport_gpu_tcp.png": T20 + "transport_tcp.png", "transport_gpu_shm.png": T20 + "transport_shm.png"}
 
 
 def read(source: str) -> bytes:
