@@ -30,6 +30,9 @@ class Decoder:
         self._cached = cached
 
     def value(self, v):
+        """A wire value as the op takes it: lists item by item, ``{"t": descriptor}`` a tensor of the table (its
+        ``Poisoned`` raised for a failed op's), the other tags (``rgpu.protocol.ops``) a dtype, device, layout,
+        memory format, complex, 0-dim tensor or ``GeneratorArg``; ``ValueError`` for an unknown tag or name."""
         t = type(v)
         if t is list:
             if self._cached and v and type(v[0]) is dict and "t" in v[0]:  # a list of tensors, in one loop
@@ -83,6 +86,7 @@ class Decoder:
         raise ValueError(f"unknown value tag {tag!r}")
 
     def kwargs(self, v: dict) -> dict:
+        """``value`` of each keyword argument."""
         return {k: x if type(x) in _PLAIN else self.value(x) for k, x in v.items()}
 
 

@@ -62,6 +62,10 @@ class Collectives:
         return [self.host, store.port], []
 
     def join(self, meta, buffers):
+        """``Msg.GROUP_JOIN`` ``[id, store host, port, rank, size, backend, device, timeout s, servers]``: this
+        rank joins the servers' group (gloo, or NCCL on a GPU server) and waits until every rank is there.
+        Returns ``(None, [])``; ``OpFailed("init_process_group", why)`` when it cannot, or when a second rank
+        of one group would be in this session; ``ValueError`` for a malformed message."""
         _, gid, host, port, rank, size, backend, dev, timeout, servers = _checked_join(meta)
         backend = backend or ("nccl" if self.kind == "cuda" else "gloo")
         device = self.table.device(dev)
@@ -101,11 +105,13 @@ class Collectives:
         raise NotImplementedError(f"servers' group backend {backend!r}: gloo or nccl")
 
     def leave(self, meta, buffers):
+        """``Msg.GROUP_LEAVE`` ``[id]``: the group shut down here (an unknown id: nothing)."""
         group = self.groups.pop(meta[1], None)
         if group is not None:
             _shut(group)
 
     def close(self) -> None:
+        """The session ends: every group shut down, the stores opened here let go."""
         for group in self.groups.values():
             _shut(group)
         self.groups.clear()
@@ -114,6 +120,10 @@ class Collectives:
     # ---- a collective, in stream order -----------------------------------------------------
 
     def collective(self, meta, buffers):
+        """``Msg.COLLECTIVE`` ``[events, id, name, op, root, inputs, outputs]``, run in stream order. An input
+        a failed op made poisons what it would write, quietly; an unknown group, a broken one, a collective
+        it does not run or a failure of the group's engine (a peer gone, a timeout, named) raise ``OpFailed``
+        (what it would write poisoned, the group broken for later ones). Returns None (a post)."""
         _, events, gid, name, op, root, ins, outs = meta
         self.table.apply_events(events)
         group = self.groups.get(gid)

@@ -278,6 +278,8 @@ class Graphs:
         return self.capturer
 
     def define(self, meta, buffers):
+        """``Msg.GRAPH`` ``[id, options, graph]``: the graph made (compiled at its first run on a GPU). A graph
+        it cannot take raises ``GraphError`` naming why, and stays refused: each ``run`` of it fails so."""
         _, gid, options, wire = meta
         if type(gid) is not int or type(options) is not dict:
             raise GraphError("GRAPH: [id, options, graph]")
@@ -292,9 +294,12 @@ class Graphs:
             raise self.graphs[gid] from None
 
     def free(self, meta, buffers):
+        """``Msg.GRAPH_FREE`` ``[id]``: the graph forgotten (an unknown id: nothing)."""
         self.graphs.pop(meta[1], None)
 
     def info(self, meta, buffers):
+        """``Msg.GRAPH_INFO`` ``[id]``: ``({"backend", "error", "runs", "nodes", "run_ms", "copies_per_run",
+        "cuda_graphs"?}, [])``, or ``(None, [])`` for an id it never had."""
         g = self.graphs.get(meta[1])
         if g is None:
             return None, []
@@ -307,7 +312,9 @@ class Graphs:
         return info, []
 
     def run(self, meta, buffers):
-        """Inputs from the handle table, the graph, outputs bound to the client's ids (or poisoned)."""
+        """``Msg.RUN`` ``[events, id, inputs, outs]``: inputs from the handle table, the graph, outputs bound to
+        the client's ids. An input a failed op made poisons the outputs quietly; any other failure poisons
+        them and raises ``GraphFailed`` naming the graph. Returns None (a post)."""
         _, events, gid, inputs, outs = meta
         self.table.apply_events(events)
         g = self.graphs.get(gid)

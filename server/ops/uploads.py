@@ -53,6 +53,8 @@ class Uploads:
                        "whole by ring": 0, "whole staged": 0, "whole plain": 0}
 
     def info(self, meta, buffers):
+        """``Msg.UPLOAD_INFO``: ``({"pieces": counts by way, "registered_bytes", "slots_pinned",
+        "register_failed", "ring_bytes"}, [])``, what the session's uploads went through (tests, benchmarks)."""
         rings = [r for r in self.rings.values() if r is not None]
         return {"pieces": dict(self.pieces, **{"ring full": sum(r.waits for r in rings)}),
                 "registered_bytes": sum(r.nbytes for r in self.pinned.entries.values()),
@@ -60,6 +62,7 @@ class Uploads:
                 "ring_bytes": sum(r.bytes.nbytes for r in rings)}, []
 
     def close(self) -> None:
+        """The session ends: staged copies finished (the GPU synchronised), then every pinned registration undone."""
         if self.pinned.entries or self.slots or self.rings:
             torch.cuda.synchronize()  # no copy reads what is unregistered next
             self.pinned.close()
@@ -109,6 +112,9 @@ class Uploads:
         return ring
 
     def part(self, meta, buffers):
+        """``Msg.UPLOAD_PART`` ``[events, descriptor, byte offset]`` and one buffer: the piece's bytes at their
+        offset of the tensor (a failed op's result is replaced); ``UploadError`` for a piece that does not fit
+        its contiguous tensor, or a malformed message. Returns None (a post)."""
         _, events, desc, offset = meta
         self.table.apply_events(events)
         if len(buffers) != 1 or type(offset) is not int or offset < 0:
