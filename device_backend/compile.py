@@ -12,7 +12,9 @@ from C++ (``RGPU_FAST_PATH``), ``graph_call.cpp`` does that call with no Python 
 tensor (a forward of ~80 inputs and ~170 outputs: docs/perf/fast_path-history.md, run7).
 
 A graph that cannot be shipped (a tensor constant other than a CPU scalar, a
-non-aten node) runs eagerly, op by op, with one warning saying why. Dynamic shapes are compiled per
+non-aten node, tensors on two servers' devices) runs eagerly, op by op, with one
+warning saying why; in a session of several servers a graph goes to the server its
+tensors are on. Dynamic shapes are compiled per
 concrete shape, so a new shape ships a new graph.
 """
 from __future__ import annotations
@@ -25,6 +27,7 @@ import warnings
 import weakref
 
 import torch
+from torch.utils import _pytree
 
 from rgpu.protocol.ops import Msg
 
@@ -149,8 +152,6 @@ class PerShape:
 def compile_graph(gm: torch.fx.GraphModule, example_inputs, mode: str = "default"):
     """aot_autograd's compiler for one aten graph: shipped, or eager with one warning saying why."""
     try:
-        if _session.get().several:  # a graph would run on server 0 whatever its inputs' devices
-            raise Unshippable("graphs are not shipped in a session of several servers (RGPU_SERVER=a,b)")
         g = ShippedGraph(gm, mode)
     except Unshippable as why:
         _counts["eager"] += 1
@@ -170,7 +171,8 @@ def stats() -> dict:
 def info() -> list[dict]:
     """For each live shipped graph: how the server runs it (``backend``), any compile error, runs so far."""
     s = _session.get()
-    return [dict(s.request([Msg.GRAPH_INFO, g.gid]) or {}, graph=g.gid) for g in list(_live) if g.session is s]
+    return [dict(s.request([Msg.GRAPH_INFO, g.gid], g.device) or {}, graph=g.gid)
+            for g in list(_live) if g.session is s]
 
 
 # ---- one shipped graph ------------------------------------------------------------------------
@@ -205,13 +207,16 @@ class ShippedGraph:
         self.mode, self.session, self.devtype = mode, None, s.devtype
         self.gid = ShippedGraph._next_id
         ShippedGraph._next_id += 1
-        self.wire, self.outs = self._encode(gm, s)
-        # its calls made and posted in C++ while the session streams from C++ (graph_call.cpp)
-        self._fast = s.C.GraphCall(self.gid, [_cpp_spec(spec) for spec in self.outs])
+        self.device = _server_device(gm, s)  # several servers: the first device of the one its tensors are on
+        self.wire, self.outs = self._encode(gm, s, s.server(self.device))
+        # its calls made and posted in C++ while the session streams from C++ (graph_call.cpp), which
+        # posts to the session's first server: a graph on another server's devices is called from Python
+        cpp = s.server(self.device) is s.servers.all[0]
+        self._fast = s.C.GraphCall(self.gid, [_cpp_spec(spec) for spec in self.outs]) if cpp else _no_call
         self._ship(s)
         _live.add(self)
 
-    def _encode(self, gm, s):
+    def _encode(self, gm, s, server):
         enc = _GraphEncoder(s.C.describe, s.devtype, mixed_ok=True)
         enc.index = {}
         n_in, nodes, placeholders, outputs = 0, [], [], None
@@ -225,12 +230,12 @@ class ShippedGraph:
                 n_in += 1
             elif node.op == "call_function":
                 enc.index[node] = n_in + len(nodes)
-                nodes.append(self._node(node, enc, s))
+                nodes.append(self._node(node, enc, s, server))
             elif node.op == "output":
                 outputs = node.args[0]
             elif node.op == "get_attr":
                 enc.index[node] = n_in + len(nodes)
-                nodes.append(self._constant(gm, node, enc, s))
+                nodes.append(self._constant(gm, node, enc, s, server))
             else:
                 raise Unshippable(f"a {node.op} node ({node.target})")
         outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
@@ -240,7 +245,7 @@ class ShippedGraph:
         return wire, _output_specs(outputs, placeholders, s.devtype)
 
     @staticmethod
-    def _node(node, enc, s) -> list:
+    def _node(node, enc, s, server) -> list:
         target = node.target
         if target is operator.getitem:
             src, item = node.args
@@ -251,10 +256,10 @@ class ShippedGraph:
             raise Unshippable(f"a node that is not an aten op ({node.name}: {target})")
         if target.namespace != "aten":
             raise Unshippable(f"an op outside aten ({target})")
-        return [s._index(target), enc.value(list(node.args)), enc.kwargs(dict(node.kwargs))]
+        return [s._index(target, server), enc.value(list(node.args)), enc.kwargs(dict(node.kwargs))]
 
     @staticmethod
-    def _constant(gm, node, enc, s) -> list:
+    def _constant(gm, node, enc, s, server) -> list:
         """A CPU scalar the graph holds (``torch.tensor(3.0)`` in forward) becomes a node that makes it."""
         value = gm
         for part in str(node.target).split("."):
@@ -267,13 +272,13 @@ class ShippedGraph:
         with unset_fake_temporarily():  # we compile inside dynamo's fake mode; the constant is real
             number = value.item()
         op = torch.ops.aten.scalar_tensor.default
-        return [s._index(op), [enc.value(number)],
+        return [s._index(op, server), [enc.value(number)],
                 enc.kwargs({"dtype": value.dtype, "device": torch.device("cpu")})]
 
     def _ship(self, s) -> None:
-        s.post([Msg.GRAPH, self.gid, {"mode": self.mode}, self.wire])
+        s.post([Msg.GRAPH, self.gid, {"mode": self.mode}, self.wire], self.device)
         self.session = s
-        weakref.finalize(self, _free, weakref.ref(s), self.gid)
+        weakref.finalize(self, _free, weakref.ref(s), self.gid, self.device)
 
     def __call__(self, args: list):
         s = _session.current()
@@ -310,9 +315,36 @@ class ShippedGraph:
                 else:
                     t = spec[1]
             results.append(t)
+        server = s.server(self.device)
         with s.lock:
-            s.conn.post([Msg.RUN, s.servers.all[0].events(), self.gid, ins, outs])  # (server 0's graphs)
+            s._on(server, lambda: server.conn.post([Msg.RUN, server.events(), self.gid, ins, outs]))
         return results
+
+
+def _no_call(args):
+    return None  # graph_call.cpp's answer when Python must do the call
+
+
+def _server_device(gm, s) -> "int | None":
+    """Several servers: the first device of the server that every tensor of ``gm`` is on; None with one server.
+
+    Every node's traced value counts (inputs, results) and devices named in arguments;
+    tensors on two servers' devices leave the graph eager (an op of it would mix them).
+    """
+    if not s.several:
+        return None
+    devices = set()
+    for node in gm.graph.nodes:
+        values = [*_pytree.tree_leaves(node.meta.get("val")), *node.args, *node.kwargs.values()]
+        for v in values:
+            device = v.device if isinstance(v, torch.Tensor) else v if isinstance(v, torch.device) else None
+            if device is not None and device.type == s.devtype:
+                devices.add(device.index or 0)
+    servers = {id(server): server for server in (s.server(d) for d in sorted(devices) or [None])}
+    if len(servers) > 1:
+        raise Unshippable("its tensors are on several servers' devices (" + ", ".join(
+            f"{server.devices()} on server {server.where}" for server in servers.values()) + ")")
+    return next(iter(servers.values())).first
 
 
 _CPP_KINDS = {"new": 0, "base": 1, "input": 2, "alias_in": 3, "alias_out": 4, "value": 5}  # graph_call.cpp's Make
@@ -399,10 +431,10 @@ def _device(v: torch.Tensor, devtype: str) -> torch.device:
     return torch.device(devtype, v.device.index or 0)
 
 
-def _free(session_ref, gid: int) -> None:
+def _free(session_ref, gid: int, device: "int | None") -> None:
     s = session_ref()
     if s is not None and s is _session.current():
         try:
-            s.post([Msg.GRAPH_FREE, gid])
+            s.post([Msg.GRAPH_FREE, gid], device)
         except Exception:  # the connection may be closing at exit
             pass

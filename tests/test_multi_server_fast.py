@@ -164,3 +164,76 @@ def test_an_out_of_range_device_names_every_servers_count(fast):
     assert want in fast["guard"]["set_device"], fast["guard"]
     assert "rgpu:5 does not exist (the servers have 4 devices)" in fast["guard"]["factory"], fast["guard"]
     assert fast["python_message"] == "rgpu:6 does not exist (the servers have 4 devices)"
+
+
+COMPILED = r"""
+import json, warnings, torch, rgpu
+from rgpu.device_backend import compile as rcompile
+out = {}
+
+def train(device, compiled):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    step_model = torch.compile(model, backend="rgpu") if compiled else model
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(4):
+        x = torch.randn(8, 6, generator=g).to(device)
+        y = torch.randint(0, 3, (8,), generator=g).to(device)
+        loss = torch.nn.functional.cross_entropy(step_model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, [p.detach().cpu() for p in model.parameters()]
+
+torch.ones(1, device="rgpu")   # the session first: autograd sizes its device queues at its first backward
+cpu = train("cpu", False)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for device in ("rgpu:0", "rgpu:3"):   # one graph pair per server: shipped to the server holding it
+        before = rcompile.stats()
+        torch._dynamo.reset()
+        got = train(device, True)
+        after = rcompile.stats()
+        out[device] = {"losses": got[0], "params": all(torch.allclose(p, q, rtol=1e-6, atol=1e-6)
+                                                       for p, q in zip(cpu[1], got[1])),
+                       "shipped": after["graphs_shipped"] - before["graphs_shipped"],
+                       "eager": after["graphs_eager"] - before["graphs_eager"]}
+    out["cpu_losses"] = cpu[0]
+
+    def crossing(x, w):     # tensors of both servers in one graph: eager, op by op
+        return ((x * 2).to("rgpu:2") @ w).relu()
+
+    x, w = torch.randn(4, 5), torch.randn(5, 3)
+    before = rcompile.stats()
+    torch._dynamo.reset()
+    got = torch.compile(crossing, backend="rgpu")(x.to("rgpu:1"), w.to("rgpu:2"))
+    after = rcompile.stats()
+    out["crossing"] = {"equal": torch.equal(got.cpu(), ((x * 2) @ w).relu()),
+                       "eager": after["graphs_eager"] - before["graphs_eager"],
+                       "shipped": after["graphs_shipped"] - before["graphs_shipped"]}
+out["warnings"] = [str(w.message) for w in caught if "rgpu" in str(w.message)]
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def compiled(servers):
+    return _client(COMPILED, servers)
+
+
+def test_a_compiled_model_is_shipped_to_the_server_of_its_devices_and_trains_as_on_the_cpu(compiled):
+    for device in ("rgpu:0", "rgpu:3"):
+        got = compiled[device]
+        assert got["shipped"] >= 2 and got["eager"] == 0, compiled   # forward and backward graphs
+        assert got["losses"] == pytest.approx(compiled["cpu_losses"], rel=1e-6, abs=1e-6)
+        assert got["params"]
+
+
+def test_a_graph_whose_tensors_are_on_two_servers_runs_eagerly_with_the_reason(compiled, servers):
+    crossing = compiled["crossing"]
+    assert crossing["equal"] and crossing["eager"] >= 1 and crossing["shipped"] == 0, compiled
+    said = [w for w in compiled["warnings"] if "several servers' devices" in w]
+    assert said and all(s.address in said[0] for s in servers), compiled["warnings"]
