@@ -76,6 +76,9 @@ class Future:
         return self._reply
 
 
+_new = tuple.__new__   # Reply(...) on a reply's path without its Python __new__ (a call fewer)
+
+
 def _remote_error(meta) -> RemoteError:
     meta = meta if isinstance(meta, dict) else {}
     return RemoteError(str(meta.get("message", "remote call failed")), op=meta.get("op"),
@@ -150,7 +153,7 @@ class ReplyRouter:
         if frame.kind is _ERROR:
             frame.release()
             raise _remote_error(frame.meta)
-        return Reply(frame.meta, frame.buffers, frame)
+        return _new(Reply, (frame.meta, frame.buffers, frame))
 
     def drain_while_blocked(self) -> bool | None:
         """The transport's ``on_block``: our write waits on the server; read the replies it may be blocked on."""
@@ -232,7 +235,7 @@ class ReplyRouter:
         if frame.kind is _REPLY:  # the common case first
             fut = self.pending.pop(frame.seq, None)
             if fut is not None:
-                fut._reply = Reply(frame.meta, frame.buffers, frame)
+                fut._reply = _new(Reply, (frame.meta, frame.buffers, frame))
                 fut.done = True
                 self.answered = frame.seq
                 return
