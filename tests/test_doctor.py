@@ -185,3 +185,19 @@ def test_a_dead_server_among_several_is_named_and_the_others_are_still_checked(t
     assert sum(bool(re.match(r"  ok\s", row)) for row in rows) == 2 * len(ORDER)   # the live ones passed
     assert f"1 of 3 servers failed: {dead} (server: " in done.stderr, done.stderr
     assert "summary: 1 of 3 servers failed" in done.stdout
+
+
+def test_json_of_several_servers_gives_each_ones_checks_and_the_sessions_device_count(two_servers):
+    from conftest import TOKEN
+
+    wheres = [s.address for s in two_servers]
+    done = subprocess.run([sys.executable, "-m", "rgpu", "doctor", "--json", "--server", ",".join(wheres)],
+                          capture_output=True, text=True, timeout=600,
+                          env=clean_env(RGPU_TOKEN=TOKEN, RGPU_TRANSPORT="tcp"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["ok"] and report["devices"] == 4   # two --devices 2 servers
+    assert [(s["server"], s["ok"], s["first"], s["count"]) for s in report["servers"]] == [
+        (wheres[0], True, 0, 2), (wheres[1], True, 2, 2)]
+    assert all([c["name"] for c in s["checks"]] == ORDER for s in report["servers"])
+    assert report["summary"].startswith("2 servers, 4 devices rgpu:0..3")
