@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import re
 import shutil
 import signal
 import socket
@@ -311,6 +312,18 @@ def test_the_same_host_twice_gives_one_session_of_both_servers_devices_rgpu_0_to
     assert "setting up 2 hosts at once" in done.stderr
     assert done.stderr.count(f"-> {host} port") == 2, done.stderr   # a progress line for each host
     wait_until(lambda: no_tunnel_left(sshd), what="both tunnels to end")
+
+
+@needs_sshd
+def test_doctor_through_two_tunnels_checks_both_servers_and_numbers_their_devices(sshd, two_remote_servers):
+    a, b = two_remote_servers
+    host = f"{getpass.getuser()}@127.0.0.1"
+    done = rgpu_run(*sshd.args(dest=f"{host},{host}"), "--remote-port", f"{a.port},{b.port}",
+                    "--remote-token-file", a.token_file, "--", sys.executable, "-m", "rgpu", "doctor", timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "all checks pass on 2 servers" in done.stderr
+    assert re.search(r"summary: 2 servers, 4 devices rgpu:0\.\.3: rgpu:0\.\.1 on 127\.0\.0\.1:\d+, rgpu:2\.\.3 on",
+                     done.stdout), done.stdout
 
 
 @needs_sshd
