@@ -91,8 +91,15 @@ def _capabilities() -> list[tuple[int, int]]:
 
 
 def load_image(what: str, scalar: dict, data: bytes):
-    """Load ``data`` as a module or library on the server by its sha256; the bytes cross only if it lacks them."""
+    """Load ``data`` as a module or library on the server by its sha256; the bytes cross only if it lacks them.
+
+    ``library_kernels`` with no current context loads the library alone (``[library, None]``): a kernel's
+    parameter layout is read in a context, the one its launches run in (a static CUDA runtime loads its
+    fatbins before it makes one; the driver picks a kernel's image by the context's device), so each kernel's
+    layout then comes with its cuLibraryGetKernel."""
     c = client.get()
+    if what == "library_kernels" and not c.ctx():
+        return [load_image("library", scalar, data), None]
     trimmed = fatbin.trim(data, _capabilities())
     digest = hashlib.sha256(trimmed).hexdigest()
     IMAGES["loads"] += 1

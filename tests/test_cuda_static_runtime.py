@@ -22,21 +22,24 @@ import pytest
 
 from conftest import clean_env
 from cuda_programs import HERE as PROGRAMS_DIR, PROGRAMS, check, nvcc_or_skip
+from rgpu.server.cuda.base import CudaDriverError
 from test_cuda_programs import run
+from test_cuda_runtime_calls import over_shim  # noqa: F401  (the real driver's code over rgpu's libcuda.so.1)
 from test_cuda_support import build_shim_or_skip
 
 INTERCEPT = Path(__file__).resolve().parent.parent / "cuda_intercept"
 STATIC_PTX = ["-cudart", "static", "-O2", "-gencode", "arch=compute_90,code=compute_90", "-no-compress"]
+STATIC_SASS = ["-cudart", "static", "-O2", "-gencode", "arch=compute_90,code=sm_90"]   # the GPU check's flags
 
 
-def build_static(name: str, out: Path) -> Path:
+def build_static(name: str, out: Path, flags=STATIC_PTX) -> Path:
     """Program ``name`` of tests/cuda_programs built with the static runtime (PTX only: the fake reads it)."""
     compiler = nvcc_or_skip()
     source = PROGRAMS_DIR / f"{name}.cu"
-    key = hashlib.sha256(source.read_bytes() + (PROGRAMS_DIR / "check.h").read_bytes() + " ".join(STATIC_PTX).encode())
+    key = hashlib.sha256(source.read_bytes() + (PROGRAMS_DIR / "check.h").read_bytes() + " ".join(flags).encode())
     exe = out / f"{name}-static-{key.hexdigest()[:12]}"
     if not exe.exists():
-        done = subprocess.run([compiler, *STATIC_PTX, f"-I{PROGRAMS_DIR}", "-o", str(exe), str(source)],
+        done = subprocess.run([compiler, *flags, f"-I{PROGRAMS_DIR}", "-o", str(exe), str(source)],
                               capture_output=True, text=True)
         assert done.returncode == 0, f"nvcc failed for {name}:\n{done.stderr}"
     return exe
@@ -46,7 +49,7 @@ def build_static(name: str, out: Path) -> Path:
 def static_programs(tmp_path_factory):
     build_shim_or_skip()
     out = tmp_path_factory.mktemp("static-programs")
-    return lambda name: build_static(name, out)
+    return lambda name, flags=STATIC_PTX: build_static(name, out, flags)
 
 
 @pytest.mark.parametrize("name", PROGRAMS)
@@ -58,6 +61,43 @@ def test_a_program_on_the_static_runtime_runs_unchanged_with_numpys_values(name,
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr
     check(name, done.stdout)
     assert "slot" not in done.stderr, done.stderr          # no table slot rgpu lacks was called
+
+
+# ---- the static runtime loads its fatbins before it has a context -------------------------------------------
+# It calls cuLibraryLoadData first and makes the primary context current only after; a kernel's parameter
+# layout is read in a context (the driver picks the kernel's image by the context's device), so the layouts
+# come with each kernel's look-up, in the context its launches run in.  The GPU check's build is SASS only.
+def test_a_sass_only_static_program_fails_at_its_load_naming_the_missing_ptx_not_at_a_launch(static_programs,
+                                                                                              rgpu_server):
+    done = run([static_programs("saxpy", STATIC_SASS)], rgpu_server)
+    assert done.returncode != 0, done.stdout
+    assert "cuLibraryLoadData: CUresult 209" in done.stderr and "has no PTX" in done.stderr, done.stderr
+    assert "cuLaunchKernel" not in done.stderr, done.stderr       # never a launch with sizes the client guessed
+
+
+class SaxpyArgs(ctypes.Structure):       # saxpy(float a, const float *x, float *y, int n) as the C ABI lays it out
+    _fields_ = [("a", ctypes.c_float), ("x", ctypes.c_void_p), ("y", ctypes.c_void_p), ("n", ctypes.c_int)]
+
+
+def test_a_library_loaded_with_no_context_gets_its_kernels_layouts_in_the_context(over_shim):
+    from cuda_programs import build, kernels_fatbin
+    ctx = ctypes.c_void_p()
+    over_shim.api("cuCtxGetCurrent", ctypes.byref(ctx))
+    over_shim.set_current(0)
+    try:
+        lib = over_shim.library_load({}, memoryview(kernels_fatbin(build("saxpy"))))
+        assert over_shim.library_kernels(lib) is None           # no context: no layout read, the look-up reads it
+    finally:
+        over_shim.set_current(ctx.value)
+    k = over_shim.library_get_kernel(lib, "saxpy")
+    want = [[getattr(SaxpyArgs, f).offset, getattr(SaxpyArgs, f).size] for f, _ in SaxpyArgs._fields_]
+    assert over_shim.param_layout(k) == want
+
+
+def test_a_layout_the_driver_will_not_give_is_an_error_naming_the_call_never_an_empty_layout(over_shim):
+    with pytest.raises(CudaDriverError) as err:
+        over_shim.param_layout(0xDEAD0)
+    assert err.value.code == 400 and "cuFuncGetParamInfo of 0xdead0, parameter 0" in str(err.value)
 
 
 # ---- the integrity hash, held to ZLUDA's vectors (dark_api/src/lib.rs tests) ---------------------------------

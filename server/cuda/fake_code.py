@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from rgpu import fatbin
 
-from .base import (CUDA_ERROR_INVALID_IMAGE, CUDA_ERROR_INVALID_PTX, CUDA_ERROR_INVALID_VALUE,
+from .base import (CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_IMAGE, CUDA_ERROR_INVALID_PTX, CUDA_ERROR_INVALID_VALUE,
                    CUDA_ERROR_LAUNCH_FAILED, CUDA_ERROR_NO_BINARY_FOR_GPU, CUDA_ERROR_NOT_FOUND,
                    CUDA_ERROR_NOT_SUPPORTED, Code, CudaDriverError, check)
 from . import fake_kernels
@@ -205,7 +205,16 @@ class FakeCode(Code):
         return found[1]
 
     def param_layout(self, func: int) -> list:
-        return [[p.offset, p.size] for p in self._entry(func).params]
+        entry = self._entry(func)
+        if self.functions[func][0] in self.libraries.values():
+            self._need_kernel_ctx(entry.name)
+        return [[p.offset, p.size] for p in entry.params]
+
+    def _need_kernel_ctx(self, name: str) -> None:
+        # A library's kernel has no image until a context says which device: its layout is read in one
+        # (rgpu's client reads it so; a static CUDA runtime loads its fatbins before it has a context)
+        check(self.driver.current in self.driver.contexts, CUDA_ERROR_INVALID_CONTEXT,
+              f"kernel {name!r}: a library kernel's parameter layout is read in a context, and none is current")
 
     def func_name(self, func: int) -> str:
         return self._entry(func).name
@@ -242,6 +251,8 @@ class FakeCode(Code):
 
     def library_kernels(self, lib: int) -> dict:
         mod = self.library_get_module(lib)
+        for name in self.modules[mod].entries:
+            self._need_kernel_ctx(name)
         return {name: [self.module_get_function(mod, name), [[p.offset, p.size] for p in entry.params]]
                 for name, entry in self.modules[mod].entries.items()}
 

@@ -85,9 +85,11 @@ class RealCode(Code):
         if not self.api.has(fn):
             raise CudaDriverError(801, f"{fn} needs a CUDA 12.4 or newer driver on the server")
         out, off, size, i = [], c_size_t(), c_size_t(), 0
-        while getattr(self.api.lib, fn)(handle, i, byref(off), byref(size)) == 0:
+        while (rc := getattr(self.api.lib, fn)(handle, i, byref(off), byref(size))) == 0:
             out.append([off.value, size.value])
             i += 1
+        if rc != CUDA_ERROR_INVALID_VALUE:      # INVALID_VALUE: past the last parameter; anything else is a failure
+            raise CudaDriverError(rc, f"{fn} of {handle:#x}, parameter {i}: {self.api.error_name(rc)}")
         self.layouts[handle] = out
         return out
 
@@ -125,8 +127,8 @@ class RealCode(Code):
         # CUDA 12.4+: the kernels' handles, names and parameter layouts come from the library's metadata;
         # none is loaded into a context (lazy loading stays lazy until a kernel's first launch).
         fns = ("cuLibraryGetKernelCount", "cuLibraryEnumerateKernels", "cuKernelGetName", "cuKernelGetParamInfo")
-        if not all(self.api.has(f) for f in fns):
-            return None
+        if not all(self.api.has(f) for f in fns) or not self.api.out("cuCtxGetCurrent", c_void_p):
+            return None                  # a kernel's layout is read in a context: the client asks per kernel
         _typed(self.api.lib, "cuLibraryGetKernelCount", [c_void_p, c_void_p])
         _typed(self.api.lib, "cuLibraryEnumerateKernels", [c_void_p, c_uint, c_void_p])
         _typed(self.api.lib, "cuKernelGetName", [c_void_p, c_void_p])
@@ -199,7 +201,11 @@ class RealCode(Code):
             self.by_params.add(func)
             return self._launch_params(func, gx, gy, gz, bx, by, bz, shared, stream, args_addr)
         if rc:
-            raise CudaDriverError(rc, f"cuLaunchKernel: {self.api.error_name(rc)}")
+            raise self._launch_failed(rc, func, nargs)
+
+    def _launch_failed(self, rc: int, func: int, nargs: int) -> CudaDriverError:
+        return CudaDriverError(rc, f"cuLaunchKernel: {self.api.error_name(rc)} (function {func:#x}, {nargs} bytes of "
+                                   f"arguments, layout {self.layouts.get(func, 'not read here')})")
 
     def launch_records(self, base: int, length: int, pos: int, ctx: int | None, cublas: int | None = None):
         """Launch the records at address ``base`` (``length`` bytes) from ``pos`` in C until the end or the
@@ -216,7 +222,7 @@ class RealCode(Code):
         params = (c_void_p * max(1, len(offsets)))(*[args_addr + off for off in offsets])
         rc = self._launch(func, gx, gy, gz, bx, by, bz, shared, stream, params, None)
         if rc:
-            raise CudaDriverError(rc, f"cuLaunchKernel: {self.api.error_name(rc)}")
+            raise self._launch_failed(rc, func, sum(size for _, size in self.layouts[func]))
 
     def launch(self, func: int, grid, block, shared: int, stream: int, attrs, args) -> None:
         keep = bytes(args)
