@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from rgpu.protocol.ops import Msg
-from rgpu.transport import fastcopy
+from rgpu.transport import buffers, fastcopy
 from rgpu.transport.buffers import as_bytes_view
 
 UPLOAD_PIECE_BYTES = 8 << 20  # bigger uploads go in pieces of this size (to a contiguous destination)
@@ -48,10 +48,24 @@ class Transfers:
         else:
             # in pieces, the lock let go between them: other threads' ops never wait for the whole upload,
             # and the server copies each piece to the device while the next one arrives
+            held = not shared and self.s.conn.transport_name == "tcp"
+            if held:
+                # a resumable tcp session's replay log copies a posted buffer (the caller may change it once
+                # post() returns): into fresh memory, a page fault per 4 KiB, costlier than the send (the
+                # GPU host's gVisor). Held, the pieces are kept by reference, and the last one is a request:
+                # its answer says the server has them all, so nothing replays the caller's memory after we
+                # return (unless non_blocking from pinned memory: as on CUDA, left alone until a synchronize)
+                view = buffers.held(view)
+            last = view.nbytes - (view.nbytes - 1) % piece - 1
+            wait = held and not (non_blocking and _pinned(data))
             for offset in range(0, view.nbytes, piece):
                 with self.s.lock:
-                    self.s.conn.post([Msg.UPLOAD_PART, self.s.events(), desc, offset],
-                                     [view[offset:offset + piece]])
+                    meta, part = [Msg.UPLOAD_PART, self.s.events(), desc, offset], [view[offset:offset + piece]]
+                    if not (wait and offset == last):
+                        self.s.conn.post(meta, part)
+                        continue
+                    fut = self.s.conn.request(meta, part)
+                fut.result().release()
         if shared and not non_blocking:
             # sent by naming the pinned memory, not copied: as CUDA's copy from pinned memory, a
             # blocking one returns once the device has the bytes, so the caller may change them then
@@ -156,6 +170,13 @@ def _region_finder(C):
         region = C.pinned_region(addr)
         return tuple(region) if region else None
     return find
+
+
+def _pinned(data) -> bool:
+    try:
+        return isinstance(data, torch.Tensor) and data.is_pinned()
+    except RuntimeError:   # no accelerator says where it lies
+        return False
 
 
 def _contiguous(sizes, strides) -> bool:

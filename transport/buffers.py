@@ -36,6 +36,17 @@ def as_bytes_view(obj) -> memoryview:
         raise TypeError(f"cannot send a {type(obj).__name__}: expected bytes, memoryview, numpy array or CPU tensor") from None
 
 
+class Held(np.ndarray):
+    """Bytes their owner leaves unchanged until the peer has acknowledged the frames that carry them: a
+    resumable connection's replay log keeps them by reference, where it copies other posted memory (it may
+    change once ``post()`` returns). Made by ``held``; slices of its views are held too."""
+
+
+def held(view: memoryview) -> memoryview:
+    """``view``'s bytes, marked ``Held`` (no copy): the sender waits for the acknowledgement itself."""
+    return memoryview(np.frombuffer(view, dtype=np.uint8).view(Held))
+
+
 def copied(buffers) -> list[memoryview]:
     """Each buffer's bytes, copied: what a sender keeps when its caller may change the buffers at once."""
     return [memoryview(bytearray(as_bytes_view(b))) for b in buffers]

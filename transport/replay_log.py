@@ -12,6 +12,7 @@ import struct
 from collections import deque
 from typing import Sequence
 
+from .buffers import Held
 from .wire import MsgKind
 
 _BYE, _POST = MsgKind.BYE, MsgKind.POST
@@ -24,8 +25,10 @@ class ReplayLog:
 
     A send's parts are kept by reference (the frame prefixes are the connection's own bytes, a post's
     small buffers its own copies); only a buffer the caller may change once the send returns (a request's,
-    a post's larger than ``owned``) is copied. Acknowledgements are cumulative: an entry goes once the
-    server has applied its last frame, and a replay splits the first entry it needs (rare) by its headers.
+    a post's larger than ``owned``) is copied, unless it is ``buffers.Held`` (its owner waits for the
+    acknowledgement: a big upload's pieces, ``device_backend/transfers.py``). Acknowledgements are
+    cumulative: an entry goes once the server has applied its last frame, and a replay splits the first
+    entry it needs (rare) by its headers.
     """
 
     def __init__(self, bound: int, owned: int = -1):
@@ -66,8 +69,9 @@ class ReplayLog:
             else:
                 m = b.nbytes if type(b) is memoryview else len(b)
                 size += m
-                if size <= self.bound and (kind != _POST or m > self.owned):   # (a view's tobytes(): bytes(view)
-                    kept = (prefix, b.tobytes() if type(b) is memoryview else bytes(b))   # costs four times as much)
+                if (size <= self.bound and (kind != _POST or m > self.owned)    # (a view's tobytes(): bytes(view)
+                        and not (type(b) is memoryview and type(b.obj) is Held)):   # costs four times as much)
+                    kept = (prefix, b.tobytes() if type(b) is memoryview else bytes(b))
         elif nbufs:
             return self._add_frames(parts)
         if size > self.bound:                 # never kept (a 1 GiB upload's copy cost as long as its send)
@@ -105,7 +109,8 @@ class ReplayLog:
                     frame += m
                     # the caller's memory: copied, unless the frame is over the bound already (never kept:
                     # a 1 GiB upload's copy cost as long as its send)
-                    if (copy or m > owned) and frame <= bound:
+                    if (copy or m > owned) and frame <= bound and not (type(b) is memoryview
+                                                                       and type(b.obj) is Held):
                         if kept is parts:
                             kept = list(parts)
                         kept[i] = b.tobytes() if type(b) is memoryview else bytes(b)

@@ -1,0 +1,58 @@
+"""Big uploads over tcp: pieces kept by reference in the replay log (never copied), the last one answered."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from device_helpers import rgpu_device  # noqa: F401
+
+import rgpu
+from rgpu.transport.buffers import Held, held
+from rgpu.transport.replay_log import ReplayLog
+from rgpu.transport.wire import MsgKind, encode_prefix
+
+
+def _frame(kind: MsgKind, seq: int, *bufs) -> list:
+    return [encode_prefix(kind, seq, 0, b"", [memoryview(b).nbytes for b in bufs]), *bufs]
+
+
+def test_the_replay_log_keeps_held_memory_by_reference_alone_or_in_a_batch_and_copies_the_callers():
+    log = ReplayLog(1 << 20, 64)
+    alone, mine, theirs, asked = bytearray(b"a" * 100), bytearray(b"b" * 100), bytearray(b"c" * 100), bytearray(b"d" * 9)
+    log.add(_frame(MsgKind.POST, 1, held(memoryview(alone))))        # one frame (a piece written alone)
+    log.add(_frame(MsgKind.POST, 2, held(memoryview(mine))) + _frame(MsgKind.POST, 3, memoryview(theirs))
+            + _frame(MsgKind.REQUEST, 4, held(memoryview(asked))))  # a batch
+    for buf, byte in ((alone, b"A"), (mine, b"B"), (theirs, b"C"), (asked, b"D")):
+        buf[:] = byte * len(buf)   # changed after the sends returned
+    again = log.after(0)
+    bufs = [bytes(p) for p in again if len(p) in (100, 9)]
+    # held memory is replayed as it is now (a reference: its owner waits for the acknowledgement itself);
+    # the caller's other memory as it was sent (a copy)
+    assert bufs == [b"A" * 100, b"B" * 100, b"c" * 100, b"D" * 9]
+    assert type(held(memoryview(alone))[10:20].obj) is Held   # a piece of a held view is held too
+
+
+def test_a_big_upload_over_tcp_returns_once_the_server_has_every_piece_and_later_changes_never_arrive(rgpu_device):
+    assert rgpu_device.conn.transport_name == "tcp"
+    piece = rgpu_device.transfers.piece_bytes()
+    src = torch.from_numpy(np.random.default_rng(5).standard_normal(2 * piece // 4 + 1000).astype(np.float32))
+    expected = src.clone()
+    torch.rgpu.synchronize()
+    rgpu.stats(reset=True)
+    dst = src.to("rgpu")
+    sent = rgpu.stats()
+    # three pieces: two posts, then the last one as a request, whose answer says the server has them all
+    assert sent["messages"] == 3 and sent["round_trips"] == 1, sent
+    src.fill_(7.0)    # a drop and a replay now could only send what the server already has
+    assert torch.equal(dst.cpu(), expected)
+
+
+def test_a_non_blocking_upload_from_pinned_memory_waits_for_nothing_and_arrives_by_the_synchronize(rgpu_device):
+    piece = rgpu_device.transfers.piece_bytes()
+    src = torch.arange(piece // 4 + 3, dtype=torch.float32).pin_memory()
+    dst = torch.empty_like(src, device="rgpu")
+    torch.rgpu.synchronize()
+    rgpu.stats(reset=True)
+    dst.copy_(src, non_blocking=True)
+    assert rgpu.stats()["round_trips"] == 0
+    torch.rgpu.synchronize()
+    assert torch.equal(dst.cpu(), torch.arange(piece // 4 + 3, dtype=torch.float32))
