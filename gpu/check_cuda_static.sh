@@ -10,7 +10,8 @@
 # rgpu, outputs compared line by line and with numpy; then CuPy (the first Python that imports it): elementwise,
 # reductions, a RawKernel, an ElementwiseKernel, natively and through rgpu, compared bitwise.  What runs where:
 # CuPy's NVRTC compiles on the client (its maps show libnvrtc), the kernels run on the server's GPU.
-# Results: $OUT/summary.txt and $OUT/cuda_static.tar.gz (cuda_static.json inside, one log per step).
+# Results: $OUT/summary.txt and $OUT/cuda_static.tar.gz (cuda_static.json inside, one log per step, and
+# saxpy-static.trace: saxpy's run through rgpu with the driver-call trace of gpu/cuda_call_trace).
 BUDGET=280
 cd "$(dirname "$0")/.."
 . gpu/steps.sh
@@ -23,7 +24,8 @@ serve_cuda "$OUT/server.log"; SERVER_PID=$SERVED_PID; export RGPU_SERVER=$SERVED
 stamp "server $RGPU_SERVER (pid $SERVER_PID), libraries in $LIBDIR"
 
 # ---- the nvcc programs, -cudart static: native vs rgpu ---------------------------------------------
-step programs 120 python3 "$REPO/gpu/cuda_programs_check.py" "$REPO" static
+# (saxpy once more with the driver-call trace: $OUT/saxpy-static.trace, in the tarball)
+step programs 150 python3 "$REPO/gpu/cuda_programs_check.py" "$REPO" static "$OUT"
 
 # ---- CuPy: elementwise, reductions, RawKernel, ElementwiseKernel ------------------------------------
 program_python cupy "$OUT/cupy_install.log" "${CUPY_PYTHON:-}"; CPY=$PROGRAM_PY
