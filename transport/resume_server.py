@@ -78,8 +78,11 @@ class ResumableEnd(Transport):
             except ConnectionLost as exc:
                 self._await_resume(exc)
                 continue
-            if frame.ack > self.read_upto:    # the client read the answers up to it: a resume never asks again
-                self._read(frame.ack)
+            ack = frame.ack
+            if ack > self.read_upto:          # the client read the answers up to it: a resume never asks again
+                self.read_upto, answers = ack, self.answers
+                while answers and answers[0][0] <= ack:
+                    self.kept -= answers.popleft()[2]
             seq = frame.seq
             if seq > self.done:
                 self.done = seq
@@ -92,12 +95,6 @@ class ResumableEnd(Transport):
             if not seq:
                 return frame
             frame.release()               # replayed, and had already: applied once
-
-    def _read(self, ack: int) -> None:
-        """The client says it read every answer up to ``ack`` (a lone call's request does): those go."""
-        self.read_upto, answers = ack, self.answers
-        while answers and answers[0][0] <= ack:
-            self.kept -= answers.popleft()[2]
 
     def _ack(self, seq: int) -> None:
         self._acked, self._bytes_since_ack = seq, 0

@@ -6,7 +6,8 @@
     6      2     kind         MsgKind
     8      4     flags        reserved bits, must be 0 except those in Flags
     12     8     seq          sender's sequence number (posts too)
-    20     8     ack          replies: highest sequence number applied by the sender
+    20     8     ack          replies: highest sequence number applied by the sender; a client's
+                                request: the seq of the last answer it read (0: not said)
     28     4     meta_len     bytes of msgpack metadata
     32     4     nbufs        raw buffers that follow
     36     8*n   buffer lengths (u64 each)
