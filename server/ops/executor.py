@@ -421,6 +421,9 @@ class Executor(BaseExecutor):
                 raise ValueError("DOWNLOAD into memory: [events, tensor, byte offset] and one buffer")
             self.uploads.fill(t, meta[3], buffers[0])
             return None, []
+        kept = self.uploads.answer(t)   # a GPU tensor's bytes in the kept pinned buffer, where it applies
+        if kept is not None:
+            return None, [kept]
         data = t.detach().to("cpu").contiguous().reshape(-1)
         if data.stride() != (1,):  # one element keeps its view's stride: contiguous() leaves it be
             data = data.clone(memory_format=torch.contiguous_format)

@@ -1,4 +1,5 @@
-"""Pinned host memory the uploads stage through: CUDA registrations, staging slots, the whole uploads' ring.
+"""Pinned host memory the uploads stage through: CUDA registrations, staging slots, the whole uploads' ring;
+and the kept buffer downloads are answered from (``Readback``).
 
 Over shm a piece of a big upload arrives in place, in a memfd segment the client
 made and this process mapped: ``Pinned`` registers each such segment with
@@ -31,6 +32,8 @@ log = logging.getLogger("rgpu.server.uploads")
 SLOT_BYTES = 8 << 20      # the client's largest piece
 RING_BYTES = 4 << 20      # whole uploads' staging, per GPU: a step's batch (2 x 128 KiB) many times over
 RING_ALIGN = 256          # each upload's span starts at a multiple of this
+READBACK_MIN_BYTES = 1 << 20   # downloads from this size are answered from the kept pinned buffer ...
+READBACK_MAX_BYTES = 1 << 30   # ... up to this size (bigger ones: fresh memory, as before)
 
 
 def pin(ptr: int, nbytes: int) -> int:
@@ -102,6 +105,47 @@ class Slot:
         if not self.registered:
             log.warning("cudaHostRegister of a staging slot failed (%d): its copies run at pageable speed", rc)
         self.done: torch.cuda.Event | None = None
+
+
+class Readback:
+    """Pinned host memory a download's answer is copied into by DMA, kept for the next download.
+
+    Why: ``.to("cpu")`` of a GPU tensor copies into fresh pageable memory, a page fault per 4 KiB (on
+    the GPU host's gVisor kernel that, not the copy, set a 1 GiB download's pace) and a copy CUDA stages
+    through its own buffers. Kept and registered, the memory faults once, and the GPU writes it by DMA.
+    It grows to the largest download (a power of two, at most ``READBACK_MAX_BYTES``) and is given back
+    at the session's end. ``pin``/``unpin`` can be swapped, so the bookkeeping runs without a GPU.
+    """
+
+    def __init__(self, pin=pin, unpin=None):
+        self.pin, self.unpin = pin, unpin or (lambda ptr: torch.cuda.cudart().cudaHostUnregister(ptr))
+        self.host: torch.Tensor | None = None
+        self.mapping: mmap.mmap | None = None
+        self.failed = False
+
+    def view(self, nbytes: int) -> torch.Tensor | None:
+        """``nbytes`` of the kept pinned memory (grown first where it is smaller); None where a download
+        that size is not answered from it: outside the bounds, or a registration that failed (once)."""
+        if self.failed or not READBACK_MIN_BYTES <= nbytes <= READBACK_MAX_BYTES:
+            return None
+        if self.host is None or self.host.numel() < nbytes:
+            self.close()
+            size = min(1 << (nbytes - 1).bit_length(), READBACK_MAX_BYTES)
+            mapping = mmap.mmap(-1, size)    # page-aligned: its registration shares no page with another
+            host = torch.frombuffer(mapping, dtype=torch.uint8)
+            rc = self.pin(host.data_ptr(), size)
+            if rc != 0:
+                log.warning("cudaHostRegister of the download buffer failed (%d); downloads copied plainly", rc)
+                self.failed = True
+                return None
+            self.host, self.mapping = host, mapping
+        return self.host[:nbytes]
+
+    def close(self) -> None:
+        """Unregistered (no copy may be reading it: the caller synchronised); unmapped once no view is left."""
+        if self.host is not None:
+            self.unpin(self.host.data_ptr())
+            self.host = self.mapping = None
 
 
 def _send(dst: torch.Tensor, host: torch.Tensor, done) -> None:

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from .handles import HandleTable, Poisoned
-from .staging import SLOT_BYTES, Pinned, Ring, Slot, pin
+from .staging import SLOT_BYTES, Pinned, Readback, Ring, Slot, pin
 
 log = logging.getLogger("rgpu.server.uploads")
 
@@ -47,10 +47,11 @@ class Uploads:
         self.pinned = Pinned()
         self.rings: dict[int, Ring | None] = {}  # by GPU; None where it would not pin
         self.ring_failed = False
+        self.readback = Readback()             # downloads' answers (pinned on the first one)
         # how pieces went (UPLOAD_INFO): each way, by DMA from or to shm segments, staged, or on the CPU;
         # and whole uploads to a GPU: through the ring, through the slots (bigger than it), or plainly
         self.pieces = {"cpu": 0, "dma from shm": 0, "staged": 0, "dma to shm": 0, "to host memory": 0,
-                       "whole by ring": 0, "whole staged": 0, "whole plain": 0}
+                       "whole by ring": 0, "whole staged": 0, "whole plain": 0, "download kept": 0}
 
     def info(self, meta, buffers):
         """``Msg.UPLOAD_INFO``: ``({"pieces": counts by way, "registered_bytes", "slots_pinned",
@@ -63,9 +64,10 @@ class Uploads:
 
     def close(self) -> None:
         """The session ends: staged copies finished (the GPU synchronised), then every pinned registration undone."""
-        if self.pinned.entries or self.slots or self.rings:
+        if self.pinned.entries or self.slots or self.rings or self.readback.host is not None:
             torch.cuda.synchronize()  # no copy reads what is unregistered next
             self.pinned.close()
+            self.readback.close()
             for slot in self.slots:
                 if slot.registered:
                     torch.cuda.cudart().cudaHostUnregister(slot.host.data_ptr())
@@ -165,6 +167,22 @@ class Uploads:
             return
         np.copyto(np.frombuffer(buf, dtype=np.uint8), src.numpy())
         self.pieces["cpu"] += 1
+
+    def answer(self, t: torch.Tensor) -> memoryview | None:
+        """A download's bytes (``Msg.DOWNLOAD`` of a GPU tensor) in the kept pinned buffer, copied there
+        by DMA (``staging.Readback``: fresh memory per answer cost a page fault per 4 KiB); valid until
+        the next download. None where it does not apply: a CPU or strided tensor, or a size outside the
+        buffer's bounds (the caller copies it plainly)."""
+        if not self.on_gpu or t.device.type != "cuda" or not t.is_contiguous():
+            return None
+        n = t.numel() * t.element_size()
+        with torch.cuda.device(t.device):   # registered (once) in the context of the GPU that writes it
+            host = self.readback.view(n)
+        if host is None:
+            return None
+        host.copy_(t.detach().reshape(-1).view(torch.uint8))   # on its stream, after what came before; waited for
+        self.pieces["download kept"] += 1
+        return memoryview(host.numpy())
 
     def _staged(self, into: torch.Tensor, src: torch.Tensor) -> None:
         if not self.slots:
