@@ -19,6 +19,10 @@ from rgpu.transport import buffers, fastcopy
 from rgpu.transport.buffers import as_bytes_view
 
 UPLOAD_PIECE_BYTES = 8 << 20  # bigger uploads go in pieces of this size (to a contiguous destination)
+# over tcp, where a piece is neither copied here nor kept as a copy (held): each one's cost is the frame's
+# own (the streams' threads woken on both ends, an acknowledgement), so fewer, bigger ones go faster;
+# an op waits behind one at most this long (2 ms at the GPU host's 9 GB/s over 4 streams)
+TCP_PIECE_BYTES = 16 << 20
 SHARED_MIN_BYTES = 16 << 10   # what the shm transport sends by naming it, when in pinned memory (its INLINE_MAX)
 # Pinned memory over shm is not copied here, so a piece only bounds how long an op waits behind it; the
 # server's DMA per piece has a fixed cost, so bigger pieces go faster (docs/perf/fast_path-history.md, uploads)
@@ -77,10 +81,10 @@ class Transfers:
         self.s.conn.transport.settle()
 
     def piece_bytes(self, shared: bool = False) -> int:
-        """The size of an upload's pieces: named pinned memory, other memory over shm, else."""
+        """The size of an upload's pieces: named pinned memory, other memory over shm, tcp, else."""
         if shared:
             return SHARED_PIECE_BYTES
-        return SHM_PIECE_BYTES if self.s.conn.transport_name == "shm" else UPLOAD_PIECE_BYTES
+        return {"shm": SHM_PIECE_BYTES, "tcp": TCP_PIECE_BYTES}.get(self.s.conn.transport_name, UPLOAD_PIECE_BYTES)
 
     def shared(self, data) -> bool:
         """Whether the transport will name ``data`` (a tensor or bytes-like) rather than copy it: pinned, over shm."""

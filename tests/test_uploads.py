@@ -26,7 +26,7 @@ def test_a_big_upload_goes_in_pieces_and_arrives_whole(rgpu_device):
 
 
 def test_later_changes_to_the_source_of_a_big_upload_never_arrive(rgpu_device):
-    src = torch.ones(UPLOAD_PIECE_BYTES // 4 * 2)
+    src = torch.ones(rgpu_device.transfers.piece_bytes() // 4 * 2)
     dst = src.to("rgpu")
     src.fill_(7.0)
     assert dst.sum().item() == src.numel()

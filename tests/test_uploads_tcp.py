@@ -56,3 +56,17 @@ def test_a_non_blocking_upload_from_pinned_memory_waits_for_nothing_and_arrives_
     assert rgpu.stats()["round_trips"] == 0
     torch.rgpu.synchronize()
     assert torch.equal(dst.cpu(), torch.arange(piece // 4 + 3, dtype=torch.float32))
+
+
+def test_each_transport_gets_its_piece_size_and_tcp_bigger_ones_than_the_default():
+    from types import SimpleNamespace
+
+    from rgpu.device_backend import transfers
+
+    def piece(name: str, shared: bool = False) -> int:
+        return transfers.Transfers.piece_bytes(SimpleNamespace(s=SimpleNamespace(conn=SimpleNamespace(
+            transport_name=name))), shared)
+
+    assert piece("tcp") == transfers.TCP_PIECE_BYTES > transfers.UPLOAD_PIECE_BYTES
+    assert piece("shm") == transfers.SHM_PIECE_BYTES and piece("ucx") == transfers.UPLOAD_PIECE_BYTES
+    assert piece("shm", shared=True) == transfers.SHARED_PIECE_BYTES

@@ -29,7 +29,7 @@ import torch
 
 log = logging.getLogger("rgpu.server.uploads")
 
-SLOT_BYTES = 8 << 20      # the client's largest piece
+SLOT_BYTES = 8 << 20      # a piece is staged in chunks of this size, a slot each
 RING_BYTES = 4 << 20      # whole uploads' staging, per GPU: a step's batch (2 x 128 KiB) many times over
 RING_ALIGN = 256          # each upload's span starts at a multiple of this
 READBACK_MIN_BYTES = 1 << 20   # downloads from this size are answered from the kept pinned buffer ...
