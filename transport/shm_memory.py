@@ -37,7 +37,7 @@ def round_up(n: int, step: int) -> int:
 
 
 class Segment:
-    """One sealed memfd mapped here; ``fd`` is kept only until it has been passed to the peer."""
+    """One sealed memfd mapped here, owning its mapping; ``fd`` is kept only until it has been passed to the peer."""
 
     __slots__ = ("id", "size", "fd", "mm", "array")
 
@@ -101,7 +101,11 @@ class Segment:
 
 
 class Heap:
-    """The sender's memory for big buffers: first fit over segments, one slot per frame in flight."""
+    """The sender's memory for big buffers: first fit over segments, one slot per frame in flight.
+
+    Owns its segments, their free runs, the free slots, each slot's places in flight and the buffers it
+    names but does not copy (``hold``). Given the slot table shared with the receiver (``slots``: it
+    sets a slot, the receiver clears it) and how to announce a new segment to the peer and drop one."""
 
     def __init__(self, slots: memoryview, announce: Callable[[Segment], None], drop: Callable[[int], None],
                  first_bytes: int = 64 << 20, cap_bytes: int = 8 << 30, keep_bytes: int = 512 << 20):

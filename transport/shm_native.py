@@ -59,6 +59,7 @@ class NativeCalls:
         self._send_lock, self._recv_lock, self._recv_c = send_lock, recv_lock, recv_c
         self._n_serve, self._n_ring, self._c_frame, self._n_frame = c.serve_loop, c.ring_addr, c.frame, c.frame_addr
         self._unpack, self._pack = unpack_spec(), meta_packer().pack
+        self._busy_for, self._spun = waits.busy_for, waits.spun     # what serve calls, one lookup each
 
     def lone_call(self, parts: LoneParts):
         """A connection's exchange state and whole lone call over this transport, in C (``shm_lone.c``'s
@@ -87,9 +88,9 @@ class NativeCalls:
             try:
                 got = self._n_serve(self._n_ring, self._n_frame, ends.tail, ends.head, handle, self._unpack,
                                     self._pack, limits.max_meta_bytes, limits.max_buffers, limits.max_frame_bytes,
-                                    _POST, _REQUEST, _REPLY, waits.busy_for(time.perf_counter()), waits.spin_s,
+                                    _POST, _REQUEST, _REPLY, self._busy_for(time.perf_counter()), waits.spin_s,
                                     waits.spin_yield, applied)
-                waits.spun(got[0] == SERVE_IDLE)    # recv_frame then sleeps without spinning again
+                self._spun(got[0] == SERVE_IDLE)    # recv_frame then sleeps without spinning again
                 return got
             finally:
                 ends.tail, ends.head = frame.tail, frame.head

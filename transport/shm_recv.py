@@ -47,7 +47,8 @@ def _ring_buffers(ring, p: int, lengths: list, into: Into | None, kind, seq: int
 
 
 class _Lease:
-    """A received frame's hold on its heap slot: let go on release() or when its last in-place view dies."""
+    """A received frame's hold on its heap slot: let go on release() or when its last in-place view dies.
+    Owns the count of live views and whether it let go; given ``let_go(slot)`` (``Receiver.release_slot``)."""
     __slots__ = ("let_go", "slot", "live", "done", "__weakref__")
 
     def __init__(self, let_go: Callable[[int], None], slot: int):
