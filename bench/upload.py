@@ -12,6 +12,10 @@ its baseline from the same run:
   server's copies to the GPU overlapping). Baseline: a pageable host-to-device copy.
 - download into a new tensor (``.cpu()``). Baseline: ``.cpu()`` of a CUDA tensor.
 
+Each upload row names its pieces' size (``piece_bytes``: tcp 16 MiB, held rather than copied by
+the replay log); ``server_pieces`` says how the server took them (staged, DMA'd, on the CPU) and
+how many downloads it answered from its kept pinned buffer (``download kept``).
+
 On a GPU host the baselines run in a helper process that never imports rgpu
 (``h2d_baseline.py``; with rgpu registered, pinning gives no CUDA pinned memory);
 with a CPU server each baseline is a memcpy of the same size (``numpy.copyto``).
@@ -99,7 +103,8 @@ def rows(args=None) -> list[dict]:
                 result = harness.compare(mine, theirs, repeats)
                 name = f"{base_name} {where}" if on_gpu else where
                 out.append(harness.row("upload", s.conn.transport_name, metric, n, result, name, unit="GB/s",
-                                       server=s.kind,
+                                       server=s.kind, piece_bytes=s.transfers.piece_bytes(s.transfers.shared(
+                                           sources.get(copy, dst))) if copy != "cpu" else None,
                                        shared_bytes=getattr(s.conn.transport, "shared_bytes", 0)))
         finally:
             close()
