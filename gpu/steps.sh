@@ -90,6 +90,7 @@ out = sys.argv[1]
 for name in sys.argv[2:]:
     try:
         rows = json.load(open(os.path.join(out, name + ".json")))
+        rows = rows["bench"]["rows"] if isinstance(rows, dict) else rows   # rgpu bench transport's shape
     except Exception as exc:
         print(f"{name}: no rows ({type(exc).__name__}: {exc})")
         continue
