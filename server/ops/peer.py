@@ -244,21 +244,20 @@ class Peers:
 def _refuse(conn: socket.socket, peer, why: str) -> None:
     """A connection's refusal in words (it reads them, if it still listens), then closed."""
     log.warning("peer connection from %s refused: %s", peer, why)
-    text = why.encode()[:1024]
     try:
-        conn.sendall(_REFUSED + _WHY.pack(len(text)) + text)
-        conn.shutdown(socket.SHUT_WR)
-        _drain(conn)
-    except OSError:
-        pass
+        _tell_refused(conn, why)
     finally:
         conn.close()
 
 
 def _refuse_kind(conn: socket.socket, speaks_tls: bool) -> None:
     """A connection of the wrong kind: a plain one to a TLS port (told why), a TLS one to a plain port."""
-    why = PLAIN_REFUSED if not speaks_tls else "this server's peer port is plain (it serves without --tls)"
-    text = why.encode()
+    _tell_refused(conn, PLAIN_REFUSED if not speaks_tls else "this server's peer port is plain (it serves without --tls)")
+
+
+def _tell_refused(conn: socket.socket, why: str) -> None:
+    """The refusal and its reason, then our side shut and what the stranger sent drained (no reset eats the words)."""
+    text = why.encode()[:1024]
     try:
         conn.sendall(_REFUSED + _WHY.pack(len(text)) + text)
         conn.shutdown(socket.SHUT_WR)
