@@ -84,7 +84,8 @@ def serve_session(transport, session: Session, transports: list, resume: dict | 
         if control is not None and not isinstance(transport, ResumableEnd):
             control.close()           # shm, ucx: a dropped peer ends the session, as it always has
         with _serving(executor):
-            _loop(transport, executor, session, limits, pool, stop)
+            # an executor may own the receive buffers (the ops route on a GPU: pinned, DMA'd from where they land)
+            _loop(transport, executor, session, limits, getattr(executor, "receive_pool", None) or pool, stop)
     except Stopping:
         _say_bye(transport, STOPPING, error="ServerStopping")
     except (ProtocolError, VersionMismatch) as exc:

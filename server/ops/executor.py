@@ -95,6 +95,7 @@ class Executor(BaseExecutor):
         self.scratch_gens: dict[int, torch.Generator] = {}  # reseeded per op for explicit generator= arguments
         self.graphs = Graphs(self.table, self._resolved, self.kind == "cuda")  # torch.compile(backend="rgpu")
         self.uploads = Uploads(self.table, self.kind == "cuda")  # big uploads in pieces, staged through pinned memory
+        self.receive_pool = self.uploads.receive_pool   # the frame loop's receive buffers (pinned on a GPU), or None
         self.handlers = {Msg.GRAPH: self.graphs.define, Msg.RUN: self.graphs.run, Msg.UPLOAD_PART: self.uploads.part,
                          Msg.UPLOAD_INFO: self._upload_info,
                          Msg.GRAPH_FREE: self.graphs.free, Msg.GRAPH_INFO: self.graphs.info,

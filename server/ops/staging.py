@@ -27,11 +27,16 @@ from collections import deque
 import numpy as np
 import torch
 
+from rgpu.transport.buffers import BufferPool
+
 log = logging.getLogger("rgpu.server.uploads")
 
 SLOT_BYTES = 8 << 20      # a piece is staged in chunks of this size, a slot each
 RING_BYTES = 4 << 20      # whole uploads' staging, per GPU: a step's batch (2 x 128 KiB) many times over
 RING_ALIGN = 256          # each upload's span starts at a multiple of this
+RECEIVE_BYTES = 16 << 20  # the pinned receive blocks' size: the client's largest piece over tcp
+RECEIVE_BLOCKS = 4        # at most this many (one being received into, the rest crossing PCIe)
+RECEIVE_MIN_BYTES = 1 << 20    # frames' buffers from this size are received into a pinned block
 READBACK_MIN_BYTES = 1 << 20   # downloads from this size are answered from the kept pinned buffer ...
 READBACK_MAX_BYTES = 1 << 30   # ... up to this size (bigger ones: fresh memory, as before)
 
@@ -105,6 +110,88 @@ class Slot:
         if not self.registered:
             log.warning("cudaHostRegister of a staging slot failed (%d): its copies run at pageable speed", rc)
         self.done: torch.cuda.Event | None = None
+
+
+class ReceivePool(BufferPool):
+    """The frame loop's receive buffers, pinned where a piece fits a block: its bytes go to the GPU by DMA
+    from where they arrived, no staging copy in between (``Uploads.part``).
+
+    Why: a piece staged through a slot is copied once more on this host, in the frame loop, before the
+    next piece is read. A block goes back here when its frame is released, with the event of the copy
+    still reading it (``reading``); it is leased again only once that copy is done. Buffers of other
+    sizes, and every one once a registration failed, come from the plain pool. ``pin`` and ``event`` can
+    be swapped, so the bookkeeping runs without a GPU.
+    """
+
+    def __init__(self, pin=pin, event=torch.cuda.Event, unpin=None):
+        super().__init__()
+        self.pin, self.event = pin, event
+        self.unpin = unpin or (lambda ptr: torch.cuda.cudart().cudaHostUnregister(ptr))
+        self.blocks: dict[int, tuple[torch.Tensor, np.ndarray]] = {}   # by address: (tensor, array)
+        self.free: deque = deque()     # addresses of blocks not leased, oldest first
+        self.pending: dict[int, object] = {}   # address -> the event of the copy that reads it
+        self.failed = False
+        self.waits = 0                 # leases that waited for a block's copy
+
+    def lease(self, n: int):
+        if self.failed or not RECEIVE_MIN_BYTES <= n <= RECEIVE_BYTES:
+            return super().lease(n)
+        addr = self._block()
+        if addr is None:
+            return super().lease(n)
+        done = self.pending.pop(addr, None)
+        if done is not None and not done.query():
+            done.synchronize()         # every block still read by a copy: wait for the oldest
+            self.waits += 1
+        array = self.blocks[addr][1]
+        return memoryview(array)[:n], array
+
+    def _block(self) -> int | None:
+        if self.free and (len(self.blocks) == RECEIVE_BLOCKS or self._done(self.free[0])):
+            return self.free.popleft()
+        if len(self.blocks) < RECEIVE_BLOCKS:
+            host = torch.empty(RECEIVE_BYTES, dtype=torch.uint8)
+            rc = self.pin(host.data_ptr(), RECEIVE_BYTES)
+            if rc != 0:
+                log.warning("cudaHostRegister of a receive block failed (%d); pieces staged instead", rc)
+                self.failed = True
+                return None
+            self.blocks[host.data_ptr()] = (host, host.numpy())
+            return host.data_ptr()
+        return None                    # every block leased (a frame of several big buffers)
+
+    def _done(self, addr: int) -> bool:
+        done = self.pending.get(addr)
+        return done is None or done.query()
+
+    def release(self, block) -> None:
+        addr = block.ctypes.data if isinstance(block, np.ndarray) else None
+        if addr in self.blocks and self.blocks[addr][1] is block:
+            self.free.append(addr)
+        else:
+            super().release(block)
+
+    def holds(self, buf: memoryview) -> torch.Tensor | None:
+        """``buf`` as a tensor of its pinned block, when it lies in one (else None)."""
+        obj = buf.obj
+        if type(obj) is not np.ndarray:
+            return None
+        entry = self.blocks.get(obj.ctypes.data)
+        return torch.frombuffer(buf, dtype=torch.uint8) if entry is not None and entry[1] is obj else None
+
+    def reading(self, buf: memoryview, stream) -> None:
+        """A copy reading ``buf``'s block was queued on ``stream``: the block is not leased before it is done."""
+        done = self.event()
+        done.record(stream)
+        self.pending[buf.obj.ctypes.data] = done
+
+    def close(self) -> None:
+        """Unregistered (the caller synchronised first: no copy reads a block)."""
+        for addr in self.blocks:
+            self.unpin(addr)
+        self.blocks.clear()
+        self.free.clear()
+        self.pending.clear()
 
 
 class Readback:

@@ -1,10 +1,11 @@
 """Uploads: big ones in pieces (``Msg.UPLOAD_PART``) landing at their offsets, whole ones through a pinned ring.
 
 Why pieces: a gigabyte sent as one frame holds every small op behind it until the
-last byte is in, and the copy to the GPU could only start then. In pieces of at
-most 8 MiB, ops interleave with them, and on a GPU each piece goes through a
-pinned staging slot: copied there on the host, then to the device asynchronously,
-so the next piece is received and staged while the previous one crosses PCIe.
+last byte is in, and the copy to the GPU could only start then. In pieces (16 MiB
+over tcp), ops interleave with them. On a GPU a piece is received into a pinned
+block (``ReceivePool``, the frame loop's pool) and goes to the device from there
+asynchronously while the next one is received; one that arrived elsewhere goes
+through a pinned staging slot: copied there on the host, then to the device.
 Over shm a piece arrives in place, in a memfd segment the client made and this
 process mapped, and goes to the GPU by DMA straight from it (``Pinned``).
 
@@ -22,7 +23,7 @@ import numpy as np
 import torch
 
 from .handles import HandleTable, Poisoned
-from .staging import SLOT_BYTES, Pinned, Readback, Ring, Slot, pin
+from .staging import SLOT_BYTES, Pinned, Readback, ReceivePool, Ring, Slot, pin
 
 log = logging.getLogger("rgpu.server.uploads")
 
@@ -48,10 +49,13 @@ class Uploads:
         self.rings: dict[int, Ring | None] = {}  # by GPU; None where it would not pin
         self.ring_failed = False
         self.readback = Readback()             # downloads' answers (pinned on the first one)
+        # on a GPU, the frame loop receives big buffers into pinned blocks (the worker asks the executor)
+        self.receive_pool = ReceivePool() if on_gpu else None
         # how pieces went (UPLOAD_INFO): each way, by DMA from or to shm segments, staged, or on the CPU;
         # and whole uploads to a GPU: through the ring, through the slots (bigger than it), or plainly
         self.pieces = {"cpu": 0, "dma from shm": 0, "staged": 0, "dma to shm": 0, "to host memory": 0,
-                       "whole by ring": 0, "whole staged": 0, "whole plain": 0, "download kept": 0}
+                       "whole by ring": 0, "whole staged": 0, "whole plain": 0, "download kept": 0,
+                       "dma from received": 0}
 
     def info(self, meta, buffers):
         """``Msg.UPLOAD_INFO``: ``({"pieces": counts by way, "registered_bytes", "slots_pinned",
@@ -64,10 +68,13 @@ class Uploads:
 
     def close(self) -> None:
         """The session ends: staged copies finished (the GPU synchronised), then every pinned registration undone."""
-        if self.pinned.entries or self.slots or self.rings or self.readback.host is not None:
+        received = self.receive_pool is not None and self.receive_pool.blocks
+        if self.pinned.entries or self.slots or self.rings or self.readback.host is not None or received:
             torch.cuda.synchronize()  # no copy reads what is unregistered next
             self.pinned.close()
             self.readback.close()
+            if received:
+                self.receive_pool.close()
             for slot in self.slots:
                 if slot.registered:
                     torch.cuda.cudart().cudaHostUnregister(slot.host.data_ptr())
@@ -136,6 +143,14 @@ class Uploads:
             # one thread: a parallel copy per piece costs a thread-pool barrier per piece, a stall on a busy host
             np.copyto(into.numpy(), np.frombuffer(buffers[0], dtype=np.uint8))
             self.pieces["cpu"] += 1
+            return None
+        received = self.receive_pool.holds(buffers[0]) if self.receive_pool is not None else None
+        if received is not None:
+            # it arrived in a pinned block: to the device by DMA from there, asynchronously; the block is
+            # leased again only once this copy is done
+            into.copy_(received, non_blocking=True)
+            self.receive_pool.reading(buffers[0], torch.cuda.current_stream(into.device))
+            self.pieces["dma from received"] += 1
             return None
         src = torch.frombuffer(buffers[0], dtype=torch.uint8)
         pinned = self.pinned.view(buffers[0])
