@@ -15,6 +15,7 @@ from typing import Callable
 
 import torch
 
+from rgpu.config import settings as _settings
 from rgpu.errors import RgpuError
 from rgpu.protocol.ops import Msg
 
@@ -35,6 +36,8 @@ class Session:
         self.lock = threading.RLock()  # ops come from the main thread and autograd's device threads
         self.servers = Servers(conns, C, self.lock, wheres or ["the server"] * len(conns))
         self.several = len(conns) > 1
+        # RGPU_PEER_COPY, read when a session starts: copies between servers by the servers, or through here
+        self.peer_through_client = self.several and _settings().peer_copy == "client"
         first = self.servers.all[0]
         self.ops = first.ops
         self.kind = first.kind

@@ -14,6 +14,7 @@ signal when the *thread* that started it ends.
 from __future__ import annotations
 
 import argparse
+import os
 import queue
 import sys
 import threading
@@ -70,6 +71,8 @@ def merged(hosts: list[str], envs: list[dict]) -> dict:
                               "other hosts, or start each `rgpu serve` with the same RGPU_TOKEN)")
     env = dict(envs[0])
     env["RGPU_SERVER"] = ",".join(e["RGPU_SERVER"] for e in envs)
+    # servers behind SSH tunnels cannot reach each other's peer ports: their copies go through the command
+    env["RGPU_PEER_COPY"] = os.environ.get("RGPU_PEER_COPY", "client")
     print(f"rgpu run: RGPU_SERVER={env['RGPU_SERVER']} ({len(hosts)} hosts, in the order given)", file=sys.stderr,
           flush=True)
     return env

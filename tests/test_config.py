@@ -43,6 +43,7 @@ SAMPLES = {
     "RGPU_CONNECT_TIMEOUT": ("3", 3.0),
     "RGPU_COLLECTIVE_TIMEOUT": ("20", 20.0),
     "RGPU_PEER_TIMEOUT": ("30", 30.0),
+    "RGPU_PEER_COPY": ("client", "client"),
     "RGPU_TIMEOUT": ("0.25", 0.25),
     "RGPU_MAX_FRAME": ("512MiB", 512 * MiB),
     "RGPU_MAX_META": ("1MB", MiB),

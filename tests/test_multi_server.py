@@ -364,3 +364,33 @@ def test_allocator_events_are_split_per_server_and_an_idle_servers_frees_are_bou
     C.events = [Event.FREE, 1] * (srv.PENDING_MAX // 2 + 1)
     assert len(a.events()) == srv.PENDING_MAX + 2
     assert b.conn.posted and b.conn.posted[0][0] == Msg.EVENTS and not b.pending   # sent without an op
+
+
+THROUGH_CLIENT = r"""
+import json, torch, rgpu
+out = {}
+src = torch.randn(1 << 18, generator=torch.Generator().manual_seed(3))   # 1 MiB
+x0 = src.to("rgpu:0")
+torch.rgpu.synchronize()
+before = rgpu.stats()
+x3 = x0.to("rgpu:3")                       # across servers, through this process
+half = x3.to(torch.float16).to("rgpu:1")   # converted on rgpu:3, then across again
+torch.rgpu.synchronize()
+after = rgpu.stats()
+out["client_bytes"] = sum(after[k] - before[k] for k in ("bytes_out", "bytes_in"))
+out["copy_bytes"] = src.nbytes
+out["equal"] = [torch.equal(x3.cpu(), src), torch.equal(half.cpu(), src.half())]
+view = src[:24].reshape(4, 6).to("rgpu:1")[:, 1::2]
+dst = torch.zeros(3, 4, device="rgpu:2").t()
+dst.copy_(view)
+out["strided"] = torch.equal(dst.cpu(), src[:24].reshape(4, 6)[:, 1::2])
+print(json.dumps(out))
+"""
+
+
+def test_with_rgpu_peer_copy_client_copies_between_servers_go_through_the_client_with_every_value(servers):
+    """Servers behind SSH tunnels cannot reach each other (``rgpu run --ssh a,b`` sets RGPU_PEER_COPY=client)."""
+    got = _client(THROUGH_CLIENT, servers, RGPU_PEER_COPY="client")
+    assert got["equal"] == [True, True] and got["strided"], got
+    # each copy down and up again: the first (4 bytes an element) both ways, the converted one (2) both ways
+    assert got["client_bytes"] >= 2 * got["copy_bytes"] + got["copy_bytes"], got

@@ -24,7 +24,9 @@ ref = (a.relu() * 3 + 1).softmax(-1) @ a.t()
 out = {"servers": os.environ["RGPU_SERVER"].split(","), "count": torch.rgpu.device_count(),
        "names": [torch.rgpu.get_device_name(d) for d in range(torch.rgpu.device_count())],
        "same": [torch.equal(((a.to(f"rgpu:{d}").relu() * 3 + 1).softmax(-1) @ a.to(f"rgpu:{d}").t()).cpu(), ref)
-                for d in range(torch.rgpu.device_count())]}
+                for d in range(torch.rgpu.device_count())],
+       # servers behind tunnels cannot reach each other: a copy across goes through this process
+       "peer_copy": os.environ.get("RGPU_PEER_COPY"), "across": torch.equal(a.to("rgpu:0").to("rgpu:3").cpu(), a)}
 print("several:", json.dumps(out), flush=True)
 """
 
@@ -58,6 +60,7 @@ def test_the_same_host_twice_gives_one_session_of_both_servers_devices_rgpu_0_to
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout.split("several:", 1)[1])
     assert out["count"] == 4 and out["same"] == [True] * 4, out   # each device's ops against the CPU's
+    assert out["peer_copy"] == "client" and out["across"], out
     assert [n[-len("device 0)"):] for n in out["names"]] == ["device 0)", "device 1)"] * 2, out["names"]
     assert len(out["servers"]) == 2 and all(s.startswith("127.0.0.1:") for s in out["servers"])
     assert not {s.rpartition(":")[2] for s in out["servers"]} & {str(a.port), str(b.port)}  # the tunnels' ends
