@@ -4,7 +4,7 @@
 # little time left): the eager nanoGPT-class step over shm and over tcp (resumable, the default, and not:
 # RGPU_SESSION_GRACE=0; the acknowledgements' cost is the ratio of the two ratios), the client's cost per streamed
 # op and the 1,000-add chain, the 64 B round trips (shm/tcp, tcp/raw socket, resumable/plain), a 1 GiB upload and
-# download over tcp and over shm, each beside its baseline in the same run.
+# download over tcp and over shm, each beside its baseline in the same run; and tests/test_uploads.py on the GPU.
 #
 #   OUT=/some/folder bash gpu/check_regress.sh      (the device tool sets $OUT)
 #
@@ -16,9 +16,12 @@ step train 60 python3 -m rgpu.bench.train --json --repeats 3
 step upload_tcp 50 env RGPU_TRANSPORT=tcp python3 -m rgpu.bench.upload --json --repeats 3 --sizes 1G
 step upload 40 python3 -m rgpu.bench.upload --json --repeats 3 --sizes 1G
 step ops 40 python3 -m rgpu.bench.ops --json --repeats 3
+# the uploads' GPU tests (the ring, the pinned slots and receive blocks, registrations): values against the CPU's
+step upload_tests 60 python3 -m pytest -q -p no:cacheprovider -rs "$REPO/tests/test_uploads.py"
 step rtt 40 python3 -m rgpu bench transport --transport shm,tcp,tcp-resume --sizes 64 --repeats 7 --json
 step train_tcp 60 env RGPU_TRANSPORT=tcp python3 -m rgpu.bench.train --json --repeats 3
 step train_tcp_plain 60 env RGPU_TRANSPORT=tcp RGPU_SESSION_GRACE=0 python3 -m rgpu.bench.train --json --repeats 3
 summarize train upload_tcp upload ops rtt train_tcp train_tcp_plain
+{ echo "== upload_tests (rc $(cat "$OUT/upload_tests.rc"))"; tail -8 "$OUT/upload_tests.json"; } >>"$OUT/summary.txt" 2>&1
 cat "$OUT/summary.txt"
 pack regress.tar.gz
