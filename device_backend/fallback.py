@@ -71,8 +71,10 @@ def from_cpp(op, args, kwargs, learn: bool, device: int = -1):
         args, kwargs = _indices_to_device(i.indices, args, kwargs)
     empty = [loc for loc in i.outs if _empty(optable.locate(loc, args, kwargs))]  # before they are resized
     result, plan = _stream(s, op, i, args, kwargs)
+    if plan is None:   # sized by the server (a data-dependent shape): nothing C++ can replay
+        return result, None
     index = s._index(op, s.servers.of(device if device >= 0 else None)) if plan.post else 0
-    return result, None if plan is None else meta.express(plan, op, i, index, empty)
+    return result, meta.express(plan, op, i, index, empty)
 
 
 def _empty(t) -> bool:

@@ -14,11 +14,11 @@ BUDGET=${BUDGET:-330}
 install_rgpu
 step train 60 python3 -m rgpu.bench.train --json --repeats 3
 step upload_tcp 50 env RGPU_TRANSPORT=tcp python3 -m rgpu.bench.upload --json --repeats 3 --sizes 1G
-step upload 40 python3 -m rgpu.bench.upload --json --repeats 3 --sizes 1G
-step ops 40 python3 -m rgpu.bench.ops --json --repeats 3
 # the uploads' GPU tests (the ring, the pinned slots and receive blocks, registrations): values against the CPU's
 step upload_tests 60 python3 -m pytest -q -p no:cacheprovider -rs "$REPO/tests/test_uploads.py" \
   "$REPO/tests/test_download_readback.py" "$REPO/tests/test_receive_pool.py"
+step upload 40 python3 -m rgpu.bench.upload --json --repeats 3 --sizes 1G
+step ops 40 python3 -m rgpu.bench.ops --json --repeats 3
 step rtt 40 python3 -m rgpu bench transport --transport shm,tcp,tcp-resume --sizes 64 --repeats 7 --json
 step train_tcp 60 env RGPU_TRANSPORT=tcp python3 -m rgpu.bench.train --json --repeats 3
 step train_tcp_plain 60 env RGPU_TRANSPORT=tcp RGPU_SESSION_GRACE=0 python3 -m rgpu.bench.train --json --repeats 3
