@@ -32,6 +32,7 @@ class Cut:
     fraction: float = 0.0
     silent: bool = False      # only the client's side is shut: the server's stays open, as a dead link leaves it
     at: int | None = None     # at this byte of the direction's stream, from its first, nothing parsed (TLS)
+    reset: bool = False       # both sides reset (RST), as a crashed middlebox does: a blocked send fails at once
 
 
 class _Walker:
@@ -136,6 +137,9 @@ class CuttingProxy:
         for s in pair:
             try:
                 s.shutdown(socket.SHUT_RDWR)
+                if cut is not None and cut.reset and walker.cut_at is not None:
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    s.close()
             except OSError:
                 pass
 

@@ -91,8 +91,10 @@ print("resumes", session.current().conn.transport.resumes, flush=True)
 def test_a_big_upload_cut_mid_piece_resumes_and_arrives_as_it_was_when_the_upload_began(start_server):
     server = start_server("--device", "cpu", "--spare-workers", "1", "--preload", "torch",
                           env={"RGPU_SESSION_GRACE": "30"})
+    # mid the second piece, both sides reset: the client is blocked writing the piece (a cut that only shuts the
+    # proxy's ends leaves that write waiting for the kernel's timeout, past the server's grace)
     proxy = CuttingProxy((server.host, server.port), {0: Cut("up", kind=MsgKind.POST, min_bytes=1 << 20, nth=2,
-                                                             fraction=0.5)})   # mid the second piece
+                                                             fraction=0.5, reset=True)})
     try:
         done = run_python(CUT_UPLOAD, env={"RGPU_SERVER": proxy.address, "RGPU_TOKEN": server.token,
                                            "RGPU_TRANSPORT": "tcp", "RGPU_TCP_STREAMS": "1"}, timeout=120)
