@@ -317,3 +317,16 @@ def test_a_live_server_fuzzed_on_every_decoder_never_crashes_or_hangs_and_the_tr
     assert server.proc.poll() is None
     # no session ended by an internal error (a client's malformed call is its error, never the server's)
     assert not re.search(r"session \S+ failed", server.stderr), server.stderr[-3000:]
+
+
+def test_a_download_of_a_quantized_tensor_is_refused_and_the_session_goes_on(start_server):
+    """The fuzz's find: a DOWNLOAD naming a qint32 descriptor made torch crash the worker (a segfault copying it)."""
+    server = start_server("--device", "cpu")
+    s = Session(server, "ops")
+    try:
+        for meta in _define_trainer_ops():
+            s.send(MsgKind.POST, meta)
+        assert s.answer(s.send(MsgKind.REQUEST, [Msg.DOWNLOAD, [], [-5432, 66, 14, [0], [0], 0, 0], []])) == "error"
+        assert s.answer(s.send(MsgKind.REQUEST, [Msg.MEMORY, 0])) == "reply"       # the session goes on
+    finally:
+        s.close()

@@ -1,9 +1,8 @@
 """``ops``: the device route's executor: aten ops on the server's GPU (or CPU) for one session.
 
-The client streams ops with output ids it minted itself; this side binds each
-id to the storage the op produced. A failing op poisons the ids it would have
-written, so later ops on them fail quietly and the client hears of the first
-failure once (an ERROR frame naming the op); reading a poisoned tensor names it again.
+The client streams ops with output ids it minted itself; this side binds each id to the storage the op produced.
+A failing op poisons the ids it would have written, so later ops on them fail quietly and the client hears of the
+first failure once (an ERROR frame naming the op); reading a poisoned tensor names it again.
 """
 from __future__ import annotations
 
@@ -417,6 +416,8 @@ class Executor(BaseExecutor):
             t = self.table.tensor(desc)
         except Poisoned as cause:
             raise OpFailed(cause.op, str(cause)) from None
+        if t.is_quantized:   # torch crashes copying one this table made: refused, as the fuzz found
+            raise ValueError(f"DOWNLOAD of a {t.dtype} tensor: rgpu moves the bytes of plain dtypes only")
         if buffers:  # the client's pinned memory to fill in place (shm): nothing comes back but the answer
             if len(meta) != 4 or len(buffers) != 1:
                 raise ValueError("DOWNLOAD into memory: [events, tensor, byte offset] and one buffer")
