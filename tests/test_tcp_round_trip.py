@@ -112,3 +112,18 @@ def test_a_send_of_bytes_and_byte_views_that_fits_is_one_call():
 def test_a_non_contiguous_view_is_refused_as_before():
     with pytest.raises(TypeError, match="C-contiguous"):
         TcpTransport(_ShortWrites(64)).send([b"p", memoryview(bytearray(10))[::2]])
+
+
+def test_readable_on_a_closed_connection_says_it_is_lost_not_a_value_error():
+    """A resume looks for the server's BYE on the old connection, which another thread may have closed already."""
+    import socket as _socket
+
+    from rgpu.errors import ConnectionLost
+    from rgpu.transport.tcp import TcpTransport
+
+    a, b = _socket.socketpair()
+    t = TcpTransport(a)
+    t.close()
+    b.close()
+    with pytest.raises(ConnectionLost, match="closed"):
+        t.readable(0)

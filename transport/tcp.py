@@ -159,6 +159,8 @@ class TcpTransport(Transport):
         """Whether a frame has started to arrive within ``timeout`` seconds."""
         if self._reader.staged or (self._tls and self.sock.pending()):
             return True
+        if self.sock.fileno() < 0:   # closed (an abort on another thread): nothing will arrive
+            raise ConnectionLost("the connection is closed")
         poller = select.poll()  # not select(): it fails for descriptors past FD_SETSIZE
         poller.register(self.sock, select.POLLIN)
         return bool(poller.poll(max(0, int(timeout * 1000))))
