@@ -9,7 +9,6 @@ tests run the executor in-process); ``get()`` starts it through ``starter``.
 """
 from __future__ import annotations
 
-import secrets
 import threading
 from typing import Callable
 
@@ -18,6 +17,7 @@ import torch
 from rgpu.config import settings as _settings
 from rgpu.errors import RgpuError
 from rgpu.protocol.ops import Msg
+from rgpu.transport import ticketed
 
 from .servers import FAILURES, Server, Servers
 from .transfers import Transfers
@@ -111,7 +111,7 @@ class Session:
         src, dst = self.servers.of(src_desc[6]), self.servers.of(dst_desc[6])
         if dst.peer_port is None:
             raise RuntimeError(f"server {dst.where} opened no peer port: it cannot take a copy from another server")
-        ticket = secrets.token_bytes(32)
+        ticket = ticketed.new_ticket()   # never read as a TLS hello by a plain port
         pin = ((dst.conn.welcome or {}).get("info") or {}).get("peer_tls")   # its TLS certificate, when it serves TLS
         with self.lock:
             self._on(dst, lambda: dst.conn.post([Msg.PEER_RECV, dst.events(), dst_desc, ticket]))

@@ -204,3 +204,23 @@ def test_a_tls_streams_offer_refuses_a_plain_stream_in_the_main_ports_words_and_
     finally:
         client_main.close()
         server_main.close()
+
+
+def test_a_ticket_never_begins_as_a_tls_hello_so_a_plain_port_takes_every_one(monkeypatch):
+    # a plain port tells TLS by the first byte, which is the ticket's: 1 in 256 random tickets was refused
+    draws = iter([bytes([tls.TLS_HANDSHAKE_RECORD]) + b"t" * 31, b"u" * 32])
+    monkeypatch.setattr(ticketed.os, "urandom", lambda n: next(draws))
+    ticket = ticketed.new_ticket()
+    assert ticket == b"u" * 32                  # the draw that began as a TLS record was drawn again
+    monkeypatch.undo()
+    assert all(ticketed.new_ticket()[0] != tls.TLS_HANDSHAKE_RECORD for _ in range(4096))
+    dst = Peers("127.0.0.1", 10.0)
+    try:
+        values = torch.arange(6.0)
+        t, errors = _push(dst, ticket, values)
+        got = torch.zeros(6)
+        dst.receive(ticket, got)
+        t.join(5)
+        assert not errors and torch.equal(got, values)
+    finally:
+        dst.close()

@@ -36,7 +36,12 @@ SPENT_KEPT = 4096       # tickets used, remembered to refuse a replay (the oldes
 
 
 def new_ticket() -> bytes:
-    return os.urandom(TICKET_BYTES)
+    """32 random bytes, never beginning with the TLS handshake record's byte: a plain port tells a plain
+    connection from a TLS one by its first byte, which is the ticket's (1 in 256 random tickets was refused)."""
+    while True:
+        ticket = os.urandom(TICKET_BYTES)
+        if ticket[0] != tls.TLS_HANDSHAKE_RECORD:
+            return ticket
 
 
 def same(theirs, ours: bytes) -> bool:
