@@ -105,11 +105,12 @@ def test_a_tls_source_to_a_plain_peer_port_is_told_it_does_not_speak_tls(certs):
 # ---- two TLS servers and one client: copies across them, and strangers at the peer port -------------------
 
 CLIENT = r"""
-import json, os, secrets, socket, ssl, threading, time, types, torch, rgpu
+import json, os, socket, ssl, threading, time, types, torch, rgpu
 from rgpu.device_backend import session
+from rgpu.transport import ticketed
 
 made = []   # the copies' tickets, seen here
-session.secrets = types.SimpleNamespace(token_bytes=lambda n: made.append(secrets.token_bytes(n)) or made[-1])
+session.ticketed = types.SimpleNamespace(new_ticket=lambda: made.append(ticketed.new_ticket()) or made[-1])
 out = {}
 src = torch.randn(1 << 18, generator=torch.Generator().manual_seed(7))   # 1 MiB
 a = torch.linspace(-2, 2, 24).reshape(4, 6)
