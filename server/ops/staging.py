@@ -57,6 +57,12 @@ def pin(ptr: int, nbytes: int) -> int:
     return rc
 
 
+def unpin(ptr: int) -> None:
+    """``cudaHostUnregister`` of what ``pin`` registered at ``ptr`` (its error code is not a session's concern:
+    the memory is being let go)."""
+    torch.cuda.cudart().cudaHostUnregister(ptr)
+
+
 class Pinned:
     """Host mappings registered with CUDA, by base address; each entry holds its root array (the mapping)."""
 
@@ -89,12 +95,12 @@ class Pinned:
         """Unregister mappings only we still hold (the transport let the segment go); then they unmap."""
         for base in list(self.entries):
             if sys.getrefcount(self.entries[base]) <= 2:  # the dict's and getrefcount's argument
-                torch.cuda.cudart().cudaHostUnregister(base)
+                unpin(base)
                 del self.entries[base]
 
     def close(self) -> None:
         for base in list(self.entries):
-            torch.cuda.cudart().cudaHostUnregister(base)
+            unpin(base)
         self.entries.clear()
 
 
@@ -123,10 +129,10 @@ class ReceivePool(BufferPool):
     be swapped, so the bookkeeping runs without a GPU.
     """
 
-    def __init__(self, pin=pin, event=torch.cuda.Event, unpin=None):
+    def __init__(self, pin=pin, event=torch.cuda.Event, unpin=unpin):
         super().__init__()
         self.pin, self.event = pin, event
-        self.unpin = unpin or (lambda ptr: torch.cuda.cudart().cudaHostUnregister(ptr))
+        self.unpin = unpin
         self.blocks: dict[int, tuple[torch.Tensor, np.ndarray]] = {}   # by address: (tensor, array)
         self.free: deque = deque()     # addresses of blocks not leased, oldest first
         self.pending: dict[int, object] = {}   # address -> the event of the copy that reads it
@@ -204,8 +210,8 @@ class Readback:
     at the session's end. ``pin``/``unpin`` can be swapped, so the bookkeeping runs without a GPU.
     """
 
-    def __init__(self, pin=pin, unpin=None):
-        self.pin, self.unpin = pin, unpin or (lambda ptr: torch.cuda.cudart().cudaHostUnregister(ptr))
+    def __init__(self, pin=pin, unpin=unpin):
+        self.pin, self.unpin = pin, unpin
         self.host: torch.Tensor | None = None
         self.mapping: mmap.mmap | None = None
         self.failed = False

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from .handles import HandleTable, Poisoned
-from .staging import SLOT_BYTES, Pinned, Readback, ReceivePool, Ring, Slot, pin
+from .staging import SLOT_BYTES, Pinned, Readback, ReceivePool, Ring, Slot, pin, unpin
 
 log = logging.getLogger("rgpu.server.uploads")
 
@@ -77,13 +77,13 @@ class Uploads:
                 self.receive_pool.close()
             for slot in self.slots:
                 if slot.registered:
-                    torch.cuda.cudart().cudaHostUnregister(slot.host.data_ptr())
+                    unpin(slot.host.data_ptr())
             self.slots = []
             for index, ring in self.rings.items():
                 if ring is not None:
                     ring.drain()  # its GPU may not be the current one, which is all synchronize() waits for
                     with torch.cuda.device(index):
-                        torch.cuda.cudart().cudaHostUnregister(ring.host.data_ptr())
+                        unpin(ring.host.data_ptr())
             self.rings = {}
 
     def whole(self, dst: torch.Tensor, buf: memoryview) -> None:
