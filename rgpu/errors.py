@@ -100,7 +100,9 @@ def translate_os_error(exc: BaseException, *, connecting: bool = False, where: s
     suffix = f" ({where})" if where else ""
     if connecting or isinstance(exc, (ConnectionRefusedError, socket.gaierror)):
         return ConnectError(f"cannot connect{suffix}: {exc or type(exc).__name__}")  # a connect timeout too
-    if isinstance(exc, (socket.timeout, TimeoutError)):
+    if isinstance(exc, OSError) and exc.errno == errno.ETIMEDOUT:   # the kernel gave the peer up (keepalive,
+        return ConnectionLost(f"connection lost{suffix}: the peer stopped answering: {exc}")   # TCP_USER_TIMEOUT)
+    if isinstance(exc, (socket.timeout, TimeoutError)):   # a socket's own timeout ran out (errno None)
         return Timeout(f"timed out{suffix}: {exc}")
     if isinstance(exc, OSError) and (exc.errno in _LOST or isinstance(exc, ConnectionError)):
         return ConnectionLost(f"connection lost{suffix}: {exc}")

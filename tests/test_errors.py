@@ -44,6 +44,8 @@ OS_ERRORS = [
     (OSError(errno.EHOSTUNREACH, "no route"), {"connecting": True}, ConnectError),
     (socket.timeout("timed out"), {}, Timeout),
     (TimeoutError(), {}, Timeout),
+    # the kernel gave the peer up (keepalive, TCP_USER_TIMEOUT): a lost connection, which a session resumes
+    (OSError(errno.ETIMEDOUT, "Connection timed out"), {}, ConnectionLost),
     (ConnectionResetError(errno.ECONNRESET, "reset"), {}, ConnectionLost),
     (BrokenPipeError(errno.EPIPE, "pipe"), {}, ConnectionLost),
     (OSError(errno.EBADF, "bad fd"), {}, ConnectionLost),

@@ -1,6 +1,9 @@
 """Big uploads over tcp: pieces kept by reference in the replay log (never copied), the last one answered."""
 from __future__ import annotations
 
+import socket
+import time
+
 import numpy as np
 import torch
 from device_helpers import rgpu_device, run_python  # noqa: F401
@@ -103,3 +106,40 @@ def test_a_big_upload_cut_mid_piece_resumes_and_arrives_as_it_was_when_the_uploa
     assert done.returncode == 0, done.stderr[-3000:]
     assert "same True" in done.stdout and "resumes 1" in done.stdout, done.stdout
     assert len(proxy.cuts_done) == 1
+
+
+def test_a_write_blocked_on_a_link_gone_silent_gives_up_within_half_the_grace_and_resumes(start_server):
+    # the proxy only shuts its ends (no reset, as a link gone dead leaves them): the client's write of the piece
+    # blocks on a peer that no longer reads; TCP_USER_TIMEOUT at half the 12 s grace ends it in time to resume
+    server = start_server("--device", "cpu", "--spare-workers", "1", "--preload", "torch",
+                          env={"RGPU_SESSION_GRACE": "12"})
+    proxy = CuttingProxy((server.host, server.port), {0: Cut("up", kind=MsgKind.POST, min_bytes=1 << 20, nth=2,
+                                                             fraction=0.5)})
+    start = time.monotonic()
+    try:
+        done = run_python(CUT_UPLOAD, env={"RGPU_SERVER": proxy.address, "RGPU_TOKEN": server.token,
+                                           "RGPU_TRANSPORT": "tcp", "RGPU_TCP_STREAMS": "1"}, timeout=120)
+    finally:
+        proxy.close()
+    took = time.monotonic() - start
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "same True" in done.stdout and "resumes 1" in done.stdout, done.stdout
+    assert len(proxy.cuts_done) == 1
+    assert took < 50, took    # not the kernel's 60 s (the old timeout, past the grace)
+
+
+def test_a_silent_link_is_given_up_on_within_half_the_sessions_grace():
+    from rgpu.transport import resume, tcp
+
+    assert resume.dead_after(120.0) == tcp.DEAD_AFTER_S == 60.0      # the default grace: the kernel's minute
+    assert resume.dead_after(12.0) == 6.0 and resume.dead_after(1.0) == 2.0
+    sock = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(sock.getsockname())
+    try:
+        tcp.tune(client, 6.0)
+        assert client.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 6000
+        assert client.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 3
+        assert client.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL) == 1
+    finally:
+        client.close()
+        sock.close()

@@ -8,7 +8,7 @@ import uuid
 from rgpu import config, excepthook, local_server
 from rgpu.errors import ConnectionLost, Timeout
 
-from . import handshake, negotiate, tcp, tcp_streams_setup, tls, tokens
+from . import handshake, negotiate, resume, tcp, tcp_streams_setup, tls, tokens
 from .connection import Connection
 from .resume import ResumingTransport
 from .tcp import TcpTransport
@@ -71,8 +71,10 @@ def connect(route: str, *, settings=None, server: str | None = None, token: str 
         sock.settimeout(None)
         offer = welcome.get("resume")
         if isinstance(offer, dict):   # the server keeps the session through a drop (its grace)
-            transport = ResumingTransport(transport, offer, _dialer(host, port, secret, hello, limits, s, use_tls),
-                                          s, where)
+            dead_s = resume.dead_after(resume.grace_of(offer, s))
+            tcp.tune(sock, dead_s)
+            transport = ResumingTransport(transport, offer,
+                                          _dialer(host, port, secret, hello, limits, s, use_tls, dead_s), s, where)
     if s.sim_rtt_ms > 0:  # RGPU_SIM_RTT_MS: a delay line for tests and benchmarks, after the handshake
         from .delay import DelayTransport
 
@@ -80,13 +82,16 @@ def connect(route: str, *, settings=None, server: str | None = None, token: str 
     return Connection(transport, s, welcome, limits)
 
 
-def _dialer(host: str, port: int, secret: bytes, hello: handshake.Hello, limits: Limits, s, use_tls: bool = False):
+def _dialer(host: str, port: int, secret: bytes, hello: handshake.Hello, limits: Limits, s, use_tls: bool = False,
+            dead_s: float = tcp.DEAD_AFTER_S):
     """How a resuming transport reconnects: ``dial(options, timeout)`` -> (tcp transport, WELCOME), the
     session's HELLO again (a new nonce, the token proved again) with ``options`` saying what to resume;
-    over TLS after a plain preamble that routes the connection to the session's worker (tls.py)."""
+    over TLS after a plain preamble that routes the connection to the session's worker (tls.py). Each
+    connection gives a silent link up after ``dead_s`` (``resume.dead_after``)."""
 
     def dial(options: dict, timeout: float):
         sock = tcp.connect(host, port, timeout)
+        tcp.tune(sock, dead_s)
         if use_tls:
             sock = tls.client_resume(sock, options["resume"], s, host, port)
         t = TcpTransport(sock)

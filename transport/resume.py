@@ -34,6 +34,7 @@ from typing import Callable, Sequence
 
 from rgpu.errors import AuthenticationError, ConnectionLost, ProtocolError, RgpuError, SessionLost
 
+from . import tcp
 from .base import Transport
 from .replay_log import ReplayLog
 from .wire import MsgKind
@@ -43,6 +44,17 @@ BACKOFF_S = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0)   # between reconnection attempts; 
 ACK_WAIT_S = 5.0   # a send over the bound waits this long for acknowledgements (a server busy longer: shed)
 
 
+def grace_of(offer: dict, settings) -> float:
+    """The seconds the server keeps a dropped session (its WELCOME's offer says; else this client's setting)."""
+    return float(offer.get("grace_s") or settings.session_grace)
+
+
+def dead_after(grace_s: float) -> float:
+    """How soon a silent link is given up on (``tcp.tune``): within half the session's grace, so the resume
+    still finds the session (a write blocked on a dead link waited the kernel's 60 s, past a 30 s grace)."""
+    return min(tcp.DEAD_AFTER_S, max(2.0, grace_s / 2))
+
+
 class ResumingTransport(Transport):
     """A tcp transport that reconnects and resumes its session when the connection drops (see the module)."""
     name = "tcp"
@@ -50,7 +62,7 @@ class ResumingTransport(Transport):
     def __init__(self, inner, offer: dict, dial: Callable[[dict, float], tuple], settings, where: str):
         self._inner = inner
         self._id = str(offer["id"])
-        self.grace_s = float(offer.get("grace_s") or settings.session_grace)
+        self.grace_s = grace_of(offer, settings)
         self.log = ReplayLog(settings.replay_bytes, settings.post_copy_bytes)
         self._half = self.log.bound // 2      # past it a send reads the server's acknowledgements
         self._dial, self._where, self._settings = dial, where, settings

@@ -17,12 +17,18 @@ IOV_MAX = 1024  # sendmsg's limit on parts per call on Linux
 TLS_JOIN_BYTES = 64 << 10  # TLS: parts smaller than this are joined into one write
 
 
-def tune(sock: socket.socket) -> None:
-    """Low latency (no Nagle) and a dead peer noticed within about a minute: by keepalive while the link is
-    quiet, by TCP_USER_TIMEOUT while sent bytes go unacknowledged (keepalive sends no probe then)."""
+DEAD_AFTER_S = 60.0   # a peer that stops answering is given up on after about this long
+
+
+def tune(sock: socket.socket, dead_after_s: float = DEAD_AFTER_S) -> None:
+    """Low latency (no Nagle) and a dead peer noticed within about ``dead_after_s``: by keepalive while the link
+    is quiet (probes from half of it, three of them), by TCP_USER_TIMEOUT while sent bytes go unacknowledged
+    (keepalive sends no probe then; a write blocked on a peer that stopped reading fails then, too)."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for opt, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3), ("TCP_USER_TIMEOUT", 60_000)):
+    idle = max(1, int(dead_after_s / 2))
+    for opt, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", max(1, idle // 3)), ("TCP_KEEPCNT", 3),
+                       ("TCP_USER_TIMEOUT", max(1000, int(dead_after_s * 1000)))):
         if hasattr(socket, opt):
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
 
