@@ -81,6 +81,8 @@ def test_a_storage_of_no_bytes_is_kept_nowhere(make):
     (desc(1, stride=[-1], offset=3), RuntimeError, "Negative strides"),
     (desc(1, offset=-1), RuntimeError, "invalid storage offset -1"),
     ([1, 16, 99, [4], [1], 0, 0], ValueError, "unknown dtype code 99"),
+    ([1, 16, 14, [4], [1], 0, 0], ValueError, "dtype code 14 is not a dtype rgpu's tensors can have"),   # qint32
+    ([1, 16, 12, [4], [1], 0, 0], ValueError, r"dtype code 12 is not a dtype .* \(quantized"),            # qint8
     ([1, 16, F32, [4], [1], 0], ValueError, "expected 7"),
     (desc(5, dev=3), IndexError, r"rgpu:3 does not exist \(the server has 2 devices\)"),
 ])

@@ -235,6 +235,8 @@ def _op(m: Mirror, index: int, args: list, outs=None):
 @pytest.mark.parametrize("bad, message", [
     ([90, 16, 99, [4], [1], 0, 0], "unknown dtype code 99"),
     ([90, 16, -1, [4], [1], 0, 0], "unknown dtype code -1"),
+    ([90, 16, 14, [4], [1], 0, 0], "dtype code 14 is not a dtype"),   # qint32: a view of raw bytes crashed torch
+    ([90, 16, 13, [4], [1], 0, 0], "dtype code 13 is not a dtype"),   # quint8
     ([90, 1 << 62, 6, [4], [1], 0, 0], None),                     # an allocation no device has
     ([90, 16, 6, [1 << 40], [1], 0, 0], "out of bounds"),         # never allocated: the storage is 16 bytes
     ([90, 16, 6, [2], [1 << 40], 0, 0], "out of bounds"),

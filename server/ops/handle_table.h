@@ -149,6 +149,9 @@ class HandleTable {
   }
   at::ScalarType dtype_of(int64_t code) const {
     auto d = dtype(code);
+    if (!d && code >= 0 && code < static_cast<int64_t>(dtypes_.size()))   // the quantized are left out (handles.py)
+      fail(PyExc_ValueError, "dtype code " + std::to_string(code) +
+                                 " is not a dtype rgpu's tensors can have (quantized, or unknown to this torch)");
     if (!d) fail(PyExc_ValueError, "unknown dtype code " + std::to_string(code));
     return *d;
   }

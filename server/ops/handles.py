@@ -29,6 +29,10 @@ from rgpu.protocol.ops import DTYPES, EVENT_FIELDS, Event
 from .. import quotas
 
 DTYPE_BY_CODE = tuple(getattr(torch, name, None) for name in DTYPES)
+# The dtypes a table's tensor may have: all of those but the quantized, which need a quantizer the wire does
+# not carry (torch crashed the worker copying a qint32 view the table had made: the live fuzz found it)
+QUANTIZED = frozenset(name for name in DTYPES if name.startswith(("qint", "quint")))
+TENSOR_DTYPE_BY_CODE = tuple(None if name in QUANTIZED else d for name, d in zip(DTYPES, DTYPE_BY_CODE))
 MAX_VIEWS = 16  # cached views per storage; past it the storage's cache starts again (x[i] for every i)
 _FREE, _COPY = int(Event.FREE), int(Event.COPY)
 
@@ -54,9 +58,13 @@ def _check_id(sid) -> None:
 
 
 def dtype_of(code) -> torch.dtype:
-    """The torch dtype of a descriptor's dtype code; a clear error for a code this torch lacks."""
-    dtype = DTYPE_BY_CODE[code] if type(code) is int and 0 <= code < len(DTYPE_BY_CODE) else None
-    if dtype is None:
+    """The torch dtype of a descriptor's dtype code; a clear error for a code this torch lacks or a quantized one."""
+    known = type(code) is int and 0 <= code < len(DTYPE_BY_CODE)
+    dtype = TENSOR_DTYPE_BY_CODE[code] if known else None
+    if dtype is None:   # (the C++ table's words, too)
+        if known:
+            raise ValueError(f"dtype code {code} is not a dtype rgpu's tensors can have "
+                             "(quantized, or unknown to this torch)")
         raise ValueError(f"unknown dtype code {code!r}")
     return dtype
 
@@ -290,4 +298,4 @@ def table(devices: list[torch.device], max_bytes: int | None, native=None):
     module's. A session with a quota keeps this one: its counts raise past the quota (quotas.Allocated)."""
     if native is None or max_bytes is not None:
         return HandleTable(devices, max_bytes)
-    return native.HandleTable(devices, DTYPE_BY_CODE, MAX_VIEWS)
+    return native.HandleTable(devices, TENSOR_DTYPE_BY_CODE, MAX_VIEWS)
