@@ -270,3 +270,17 @@ def test_a_session_on_four_streams_whose_main_connection_is_cut_mid_frame_resume
         conn.close()
     finally:
         proxy.close()
+
+
+def test_every_stream_of_a_resumable_session_gives_a_silent_link_up_within_half_its_grace(start_server):
+    # a stripe blocked on a dead link must fail as soon as the main socket's write does, not the kernel's minute
+    server = start_server(env={"RGPU_TCP_STREAMS": "4", "RGPU_SESSION_GRACE": "16"})
+    conn = server.connect("echo", tcp_streams=4)
+    try:
+        striped = conn.transport._inner
+        assert _streams_of(conn) == 4
+        for s in [striped.sock, *striped.streams]:
+            assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 8000
+        _echo_both_ways(conn)
+    finally:
+        conn.close()

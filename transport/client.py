@@ -72,7 +72,7 @@ def connect(route: str, *, settings=None, server: str | None = None, token: str 
         offer = welcome.get("resume")
         if isinstance(offer, dict):   # the server keeps the session through a drop (its grace)
             dead_s = resume.dead_after(resume.grace_of(offer, s))
-            tcp.tune(sock, dead_s)
+            transport.give_up_after(dead_s)
             transport = ResumingTransport(transport, offer,
                                           _dialer(host, port, secret, hello, limits, s, use_tls, dead_s), s, where)
     if s.sim_rtt_ms > 0:  # RGPU_SIM_RTT_MS: a delay line for tests and benchmarks, after the handshake
@@ -91,7 +91,7 @@ def _dialer(host: str, port: int, secret: bytes, hello: handshake.Hello, limits:
 
     def dial(options: dict, timeout: float):
         sock = tcp.connect(host, port, timeout)
-        tcp.tune(sock, dead_s)
+        tcp.tune(sock, dead_s)   # (a resumed session is one stream)
         if use_tls:
             sock = tls.client_resume(sock, options["resume"], s, host, port)
         t = TcpTransport(sock)

@@ -73,6 +73,10 @@ class TcpTransport(Transport):
     def tls(self) -> bool:
         return self._tls
 
+    def give_up_after(self, seconds: float) -> None:
+        """A silent peer is given up on after about ``seconds`` (``tune``), on each of this connection's sockets."""
+        tune(self.sock, seconds)
+
     def send(self, parts: Sequence[memoryview]) -> None:
         try:
             if self._tls:

@@ -28,7 +28,7 @@ from rgpu.errors import ConnectionLost, ProtocolError, RgpuError, translate_os_e
 
 from .base import StreamReader
 from .buffers import BufferPool
-from .tcp import IOV_MAX, TcpTransport
+from .tcp import IOV_MAX, TcpTransport, tune
 from .wire import HEADER, MAGIC, Frame
 
 STRIPE = struct.Struct("<4sIQQ")   # magic, count (of striped frames before it, mod 2**32), offset, length
@@ -281,6 +281,10 @@ class StripedTcp(TcpTransport):
         for lane in self._out + self._in:
             lane.stop()
         super().close()
+
+    def give_up_after(self, seconds: float) -> None:
+        for s in [self.sock, *self.streams]:   # a stripe blocked on a dead link must fail as soon as the main one
+            tune(s, seconds)
 
     def _shut(self) -> None:
         """Every socket shut both ways: whoever is blocked on one wakes to an error, and so does the peer."""
