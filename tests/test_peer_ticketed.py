@@ -19,9 +19,10 @@ from rgpu.transport.tcp_streams import StripedTcp
 from rgpu.transport.wire import MsgKind
 
 
-def _push(dst: Peers, ticket: bytes, src: torch.Tensor, fingerprint=None):
-    """``src`` sent to ``dst``'s port from another Peers, in a thread; (thread, errors)."""
-    source, errors = Peers("127.0.0.1", 5.0), []
+def _push(dst: Peers, ticket: bytes, src: torch.Tensor, fingerprint=None, source_cert=None):
+    """``src`` sent to ``dst``'s port from another Peers (a TLS one with ``source_cert``), in a thread;
+    (thread, errors)."""
+    source, errors = Peers("127.0.0.1", 5.0, source_cert), []
 
     def send():
         try:

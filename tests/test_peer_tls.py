@@ -7,11 +7,11 @@ import json
 import os
 import subprocess
 import sys
-import threading
 
 import pytest
 import torch
 from conftest import TOKEN, RunningServer, clean_env
+from test_peer_ticketed import _push
 
 from rgpu.server.ops.peer import PeerError, Peers
 from rgpu.transport import tls
@@ -28,21 +28,6 @@ def _pair(folder) -> dict:
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory):
     return [_pair(tmp_path_factory.mktemp(f"cert{i}")) for i in range(2)]
-
-
-def _push(dst: Peers, ticket: bytes, src: torch.Tensor, fingerprint, source_cert=None):
-    source, errors = Peers("127.0.0.1", 5.0, source_cert), []
-
-    def send():
-        try:
-            source.send(ticket, "127.0.0.1", dst.port, src, fingerprint)
-        except Exception as exc:  # seen by the test
-            errors.append(exc)
-        finally:
-            source.close()
-    t = threading.Thread(target=send)
-    t.start()
-    return t, errors
 
 
 # ---- in process: one TLS peer port, sources pinned right, wrong, or plain --------------------------------

@@ -57,6 +57,16 @@ def pin(ptr: int, nbytes: int) -> int:
     return rc
 
 
+def _pinned(owner, host: torch.Tensor, nbytes: int, what: str, instead: str) -> bool:
+    """``host`` registered by ``owner.pin``; a failure is said once and sets ``owner.failed`` (it is not tried
+    again: ``instead`` says what is done then)."""
+    rc = owner.pin(host.data_ptr(), nbytes)
+    if rc != 0:
+        log.warning("cudaHostRegister of %s failed (%d); %s", what, rc, instead)
+        owner.failed = True
+    return rc == 0
+
+
 def unpin(ptr: int) -> None:
     """``cudaHostUnregister`` of what ``pin`` registered at ``ptr`` (its error code is not a session's concern:
     the memory is being let go)."""
@@ -157,10 +167,7 @@ class ReceivePool(BufferPool):
             return self.free.popleft()
         if len(self.blocks) < RECEIVE_BLOCKS:
             host = torch.empty(RECEIVE_BYTES, dtype=torch.uint8)
-            rc = self.pin(host.data_ptr(), RECEIVE_BYTES)
-            if rc != 0:
-                log.warning("cudaHostRegister of a receive block failed (%d); pieces staged instead", rc)
-                self.failed = True
+            if not _pinned(self, host, RECEIVE_BYTES, "a receive block", "pieces staged instead"):
                 return None
             self.blocks[host.data_ptr()] = (host, host.numpy())
             return host.data_ptr()
@@ -226,10 +233,7 @@ class Readback:
             size = min(1 << (nbytes - 1).bit_length(), READBACK_MAX_BYTES)
             mapping = mmap.mmap(-1, size)    # page-aligned: its registration shares no page with another
             host = torch.frombuffer(mapping, dtype=torch.uint8)
-            rc = self.pin(host.data_ptr(), size)
-            if rc != 0:
-                log.warning("cudaHostRegister of the download buffer failed (%d); downloads copied plainly", rc)
-                self.failed = True
+            if not _pinned(self, host, size, "the download buffer", "downloads copied plainly"):
                 return None
             self.host, self.mapping = host, mapping
         return self.host[:nbytes]
