@@ -90,12 +90,14 @@ def _tick() -> None:
         _bar[-1].update(1)
 
 
-def compare(measure: Callable[[], float], baseline: Callable[[], float], repeats: int = 5, slices: int = 1) -> dict:
+def compare(measure: Callable[[], float], baseline: Callable[[], float], repeats: int = 5, slices: int = 1,
+            abba: bool = False) -> dict:
     """Interleave ``measure`` and ``baseline`` ``repeats`` times each; medians, per-pair ratio, spreads.
 
     With ``slices`` > 1 a run is that many alternating calls of each (measure, baseline,
     measure, ...) and its figure their median: load that comes and goes within a run
-    then lands on both sides of the pair.
+    then lands on both sides of the pair. ``abba``: every other pair runs the baseline first (two processes
+    taking turns, where whoever goes second finds the machine as the first left it).
     """
     values, bases, ratios = [], [], []
     gc_was = gc.isenabled()
@@ -104,8 +106,12 @@ def compare(measure: Callable[[], float], baseline: Callable[[], float], repeats
         for _ in range(repeats):
             vs, bs = [], []
             for _ in range(slices):
-                vs.append(measure())
-                bs.append(baseline())
+                if abba and len(values) % 2:
+                    bs.append(baseline())
+                    vs.append(measure())
+                else:
+                    vs.append(measure())
+                    bs.append(baseline())
                 _tick()
             v, b = statistics.median(vs), statistics.median(bs)
             values.append(v)

@@ -1,4 +1,5 @@
-"""The native side of ``rgpu bench train`` and of the GPU check's correctness step: a process that never imports rgpu.
+"""The native side of ``rgpu bench train`` and of the GPU check's correctness step: a process that never imports rgpu
+(unless told to run the step on ``device="rgpu"``: a session of its own, for benches that compare two sessions).
 
 Why a process of its own: once a PrivateUse1 backend is registered (``import
 rgpu`` does it), ``at::getAccelerator()`` answers PrivateUse1, and CUDA
@@ -57,6 +58,8 @@ def _serve() -> int:
         if "setup" in req:
             s = req["setup"]
             p, dev = s["preset"], s["device"]
+            if dev == "rgpu":   # a session of its own (RGPU_SERVER and the rest from this process's environment)
+                import rgpu  # noqa: F401
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = bool(s.get("tf32"))
             torch.manual_seed(0)
             cfg = GPTConfig(vocab_size=s["vocab"], block_size=p["block_size"], n_layer=p["n_layer"],
@@ -69,6 +72,10 @@ def _serve() -> int:
             state.update(device=dev, model=model, opt=opt,
                          batches=make_batches(torch, s["vocab"], p["batch"], p["block_size"], s.get("batches", 4)))
             reply = {"device": dev, "torch": torch.__version__, "rgpu_imported": "rgpu" in sys.modules}
+            if dev == "rgpu":   # what carries the session (a resumable one is ResumingTransport)
+                from rgpu.device_backend import session
+
+                reply["transport"] = type(session.current().conn.transport).__name__
         elif "warm" in req:
             reply = {"losses": [step(*b) for b in state["batches"][:req["warm"]]]}
         elif "block" in req:
@@ -108,13 +115,13 @@ class Native:
     """The parent's handle on a ``native_step`` process."""
 
     def __init__(self, device: str, preset: dict, vocab: int, tf32: bool = False, batches: int = 4,
-                 compile: bool | str = False):
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONSTARTUP"}
+                 compile: bool | str = False, env: dict | None = None):
+        env = {k: v for k, v in (os.environ if env is None else env).items() if k != "PYTHONSTARTUP"}
         self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve())], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=env)
         self.info = self._ask(setup=dict(preset=preset, vocab=vocab, device=device, tf32=tf32, batches=batches,
                                          compile=compile))
-        if self.info.get("rgpu_imported"):
+        if self.info.get("rgpu_imported") and device != "rgpu":
             raise RuntimeError("the native reference process imported rgpu; its CUDA autograd would fail")
 
     def _ask(self, **req) -> dict:

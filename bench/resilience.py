@@ -1,7 +1,7 @@
 """``rgpu bench resilience``: an authenticated handshake while strangers flood the server's port; a session
 resumed after a dropped connection.
 
-    rgpu bench resilience --json [--repeats 7] [--flood 256] [--tls] [--resume-only]
+    rgpu bench resilience --json [--repeats 7] [--flood 256] [--tls] [--resume-only] [--step small|bench]
     python -m rgpu.bench.resilience --json --flood 256 [--tls]
 
 The flood is another process (``python -m rgpu.bench.resilience --flood-at HOST:PORT``) holding
@@ -18,6 +18,11 @@ connection was cut (the drop noticed, a new connection, the handshake, the resum
 baseline, the plain reconnect: a new session's connect and the same call. And the cost of keeping
 frames for replay: 256 posts of 4 KiB and a call, and a 1,000-op stream (small posts, one wait: an eager
 step's shape), on a resumable session against a plain one (a server without a grace).
+
+``--step PRESET``: the acknowledgements' cost on the eager nanoGPT-class training step (``rgpu bench train``'s
+model; ``bench`` on a GPU host, ``small`` on a laptop's CPU): the step over tcp in a session that resumes beside
+one that cannot (``RGPU_SESSION_GRACE=0``), each in a process of its own, blocks of steps alternated, their
+losses checked equal. Target <= 1.01.
 """
 from __future__ import annotations
 
@@ -233,9 +238,49 @@ def _resuming(repeats: int) -> list[dict]:
                         None, ops, "the same on a session that cannot resume", unit="ms")]
 
 
+STEP_BLOCK = 4   # steps a block, the two sessions' blocks alternated
+
+
+def _training_step(preset: str, repeats: int) -> dict:
+    """The eager training step over tcp, a resumable session beside one that cannot resume (see the module)."""
+    from rgpu.bench.native_step import Native
+    from rgpu.bench.train import PRESETS
+    from rgpu.local_server import LocalServer
+
+    token, vocab = secrets.token_urlsafe(32), 97
+    with tempfile.TemporaryDirectory() as folder:
+        servers = [LocalServer(token, ["--spare-workers", "1"],
+                               env={**_clean_env(), "RGPU_TOKEN_FILE": str(Path(folder) / f"token{grace}"),
+                                    "RGPU_SESSION_GRACE": grace}) for grace in ("30", "0")]
+        steps = []
+        try:
+            for srv in servers:
+                steps.append(Native("rgpu", PRESETS[preset], vocab, env={
+                    **_clean_env(), "RGPU_SERVER": srv.address, "RGPU_TOKEN": token, "RGPU_TRANSPORT": "tcp"}))
+            carriers = [s.info.get("transport") for s in steps]
+            if carriers[0] != "ResumingTransport" or carriers[1] == "ResumingTransport":
+                raise RuntimeError(f"expected a resumable session and a plain one, got {carriers}")
+            losses = [s.warm(2) for s in steps]
+            if losses[0] != losses[1]:
+                raise RuntimeError(f"the two sessions' losses differ: {losses}")
+            result = harness.compare(lambda: steps[0].block(STEP_BLOCK), lambda: steps[1].block(STEP_BLOCK),
+                                     repeats, abba=True)
+        finally:
+            for s in steps:
+                s.close()
+            for srv in servers:
+                srv.stop()
+    return harness.row("resilience", "tcp", f"eager training step ({preset} preset), frames kept for replay and "
+                       "acknowledged", None, result, "the same on a session that cannot resume (RGPU_SESSION_GRACE=0)",
+                       unit="ms", losses=losses[0], target="<= 1.01")
+
+
 def rows(args=None) -> list[dict]:
     repeats = 3 if getattr(args, "quick", False) else harness.repeats_of(args, 5)
     count = int(getattr(args, "flood", None) or DEFAULT_FLOOD)
+    step = getattr(args, "step", None)
+    if step and getattr(args, "step_only", False):
+        return [_training_step(step, max(repeats, 7))]
     if getattr(args, "resume_only", False):
         return _resuming(max(repeats, 7))
     out = [_one(count, repeats),
@@ -243,7 +288,8 @@ def rows(args=None) -> list[dict]:
                 what=" (bounds above it: every one held)")]
     if getattr(args, "tls", False):
         out.append(_one(count, repeats, tls=True))
-    return out + _resuming(max(repeats, 7))
+    out += _resuming(max(repeats, 7))
+    return out + ([_training_step(step, max(repeats, 7))] if step else [])
 
 
 def _clean_env() -> dict:
@@ -264,7 +310,11 @@ def main(argv=None) -> int:
     return harness.main(rows, rest + ["--flood", str(known.flood)], __doc__, repeats=5,
                         flags={"--flood": {"type": int, "default": DEFAULT_FLOOD, "help": "connections in the flood"},
                                "--tls": {"action": "store_true", "help": "also against a TLS server"},
-                               "--resume-only": {"action": "store_true", "help": "only the resume rows"}})
+                               "--resume-only": {"action": "store_true", "help": "only the resume rows"},
+                               "--step": {"choices": ["small", "bench"], "default": None,
+                                          "help": "also the acknowledgements' cost on the eager training step of "
+                                                  "this preset (bench: a GPU host's)"},
+                               "--step-only": {"action": "store_true", "help": "with --step: only that row"}})
 
 
 if __name__ == "__main__":

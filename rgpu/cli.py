@@ -112,6 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="transport: add TLS rows beside plain tcp (what TLS costs); resilience: a TLS server's row too")
     p.add_argument("--tokens", type=int, default=None, help="generate: new tokens per sequence (128; --quick: 16)")
     p.add_argument("--flood", type=int, default=None, help="resilience: connections in the strangers' flood (256)")
+    p.add_argument("--step", choices=["small", "bench"], default=None,
+                   help="resilience: also the acknowledgements' cost on the eager training step of this preset")
     p.add_argument("--netns", action="store_true",
                    help="transport: across two network namespaces joined by a veth pair (root), beside a raw socket")
     p.add_argument("--rate", default=None, help="with --netns: tbf rate limit on the veth pair, e.g. 10gbit")

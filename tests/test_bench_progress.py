@@ -25,3 +25,10 @@ def test_a_suite_counts_its_runs_on_stderr_and_leaves_stdout_to_the_json(monkeyp
     assert ticks == [4]                              # one tick per pair of runs
     assert "rgpu bench fake: " in out.err and "run" in out.err
     assert not harness._bar                          # the line is gone with the suite
+
+
+def test_abba_runs_the_baseline_first_in_every_other_pair_and_pairs_them_as_before():
+    order = []
+    result = harness.compare(lambda: order.append("m") or 2.0, lambda: order.append("b") or 4.0, repeats=4, abba=True)
+    assert order == ["m", "b", "b", "m", "m", "b", "b", "m"]
+    assert result["ratio"] == 0.5 and result["runs"] == 4

@@ -171,3 +171,12 @@ def test_a_tls_stranger_that_stalls_after_its_client_hello_is_dropped_within_the
     sock.close()
     settings = server.settings(tls_fingerprint=fingerprint_printed(server))
     assert handshake_ms(settings) < 10_000
+
+
+def test_the_eager_step_bench_compares_a_resumable_session_with_a_plain_one_of_equal_losses():
+    # the acknowledgements' cost row (issue 25's <= 1%): each session in a process of its own, the carriers checked
+    from rgpu.bench.resilience import _training_step
+
+    row = _training_step("small", 1)
+    assert row["unit"] == "ms" and row["value"] > 0 and row["baseline"] > 0 and row["runs"] == 1
+    assert len(row["losses"]) == 2 and all(loss == loss for loss in row["losses"])   # warm steps, equal in both
