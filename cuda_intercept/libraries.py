@@ -5,7 +5,8 @@
 The folder holds ``libcuda.so.1`` (cffi, ``build.py``), ``libcudart.so.13`` (``cudart_build.py``), the
 stand-ins ``libcublas.so.13``, ``libcublasLt.so.13``, ``libcudnn.so.9`` (``stubs.py``) and the redirector
 ``librgpu_redirect.so`` (``redirect.c``), an ``LD_AUDIT`` module that answers every look-up of those five
-with the file here, by name, by absolute path or through ``DT_RPATH``, so the stock copies never load.
+with the file here, by name, by absolute path or through ``DT_RPATH``, so the stock copies never load; a
+copy a wheel vendored under a hashed name (torchvision's ``libcudart.<hash>.so.13``) is one of them.
 It refuses NVML (``libnvidia-ml.so.1``): NVML describes this machine's GPUs, and torch's
 ``device_count()`` asks it before the runtime; refused, torch counts rgpu's devices.
 

@@ -38,16 +38,31 @@ enum { CUDNN = 4 };
 
 static int debug;
 
+/* What follows ".so" in a library's name: nothing (the linker's name), or "." + the major (any major where
+ * `major` is empty) + nothing or ".<minor>..." */
+static int tail_matches(const char *rest, const char *major) {
+    if (!*rest) return 1;
+    if (*rest != '.') return 0;
+    rest++;
+    if (!*major) return 1;
+    size_t n = strlen(major);
+    return strncmp(rest, major, n) == 0 && (rest[n] == 0 || rest[n] == '.');
+}
+
 static int matches(const char *base, const char *stem, const char *major) {
     size_t n = strlen(stem);
-    if (strncmp(base, stem, n) != 0) return 0;
-    base += n;
-    if (!*base) return 1;                               /* libcublas.so: the linker's name */
-    if (*base != '.') return 0;
-    base++;
-    if (!*major) return 1;
-    n = strlen(major);
-    return strncmp(base, major, n) == 0 && (base[n] == 0 || base[n] == '.');
+    return strncmp(base, stem, n) == 0 && tail_matches(base + n, major);
+}
+
+/* A copy vendored by a wheel under a hashed name (auditwheel: torchvision.libs/libcudart.faf08d9a.so.13, or
+ * libcudart-faf08d9a.so.13): the stem without ".so", '.' or '-', the hash, ".so." and the major. Its importers
+ * still ask for the stock version node (libcudart.so.13), which rgpu's library defines. */
+static int vendored(const char *base, const char *stem, const char *major) {
+    size_t n = strlen(stem) - 3;                        /* "libcudart" of "libcudart.so" */
+    if (strncmp(base, stem, n) != 0 || (base[n] != '.' && base[n] != '-')) return 0;
+    const char *hash = base + n + 1, *end = hash;
+    while ((*end >= '0' && *end <= '9') || (*end >= 'a' && *end <= 'z') || (*end >= 'A' && *end <= 'Z')) end++;
+    return end - hash >= 4 && strncmp(end, ".so.", 4) == 0 && tail_matches(end + 3, major);
 }
 
 /* cuDNN's sub-libraries (libcudnn_graph.so.9.19.0, the engines, libcudnn_ops.so.9) are loaded by the
@@ -92,7 +107,9 @@ char *la_objsearch(const char *name, uintptr_t *cookie, unsigned int flag) {
         return NULL;                                    /* the look-up fails: "cannot open shared object file" */
     }
     for (size_t i = 0; i < sizeof table / sizeof *table; i++) {
-        if (!matches(base, table[i].stem, table[i].major) && !(i == CUDNN && cudnn_part(base))) continue;
+        if (!matches(base, table[i].stem, table[i].major) && !vendored(base, table[i].stem, table[i].major) &&
+            !(i == CUDNN && cudnn_part(base)))
+            continue;
         if (!table[i].path[0] || strcmp(name, table[i].path) == 0) return (char *)name;
         if (!table[i].present) {
             if (!table[i].warned++)

@@ -71,6 +71,9 @@ PROBE_C = textwrap.dedent("""
 """)
 
 
+VENDORED = "libcublas.faf08d9a.so.13"   # auditwheel's name for a bundled copy (the hash of its contents)
+
+
 def cc(*args: str) -> None:
     done = subprocess.run(["cc", *args], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
@@ -101,6 +104,13 @@ def decoys(tmp_path_factory):
         (out / f"{soname}.map").write_text(f"{node} {{ global: *; }};\n")
         script = [] if "-" in node else [f"-Wl,--version-script={out / f'{soname}.map'}"]   # NVML has no node
         cc("-shared", "-fPIC", "-o", str(lib / soname), str(out / "decoy.c"), f"-Wl,-soname,{soname}", *script)
+    # a copy vendored by a wheel (torchvision.libs/libcudart.faf08d9a.so.13): a hashed name, the stock node
+    vendored = lib / VENDORED
+    (out / "vendored.map").write_text("libcublas.so.13 { global: *; };\n")
+    cc("-shared", "-fPIC", "-o", str(vendored), str(out / "decoy.c"), f"-Wl,-soname,{VENDORED}",
+       f"-Wl,--version-script={out / 'vendored.map'}")
+    cc("-DLINKED", "-o", str(out / "vendored_probe"), str(out / "probe.c"), f"-L{lib}", f"-l:{VENDORED}",
+       f"-Wl,-rpath,{lib}", "-Wl,--disable-new-dtags", "-ldl")
     cc("-o", str(out / "dlopen_probe"), str(out / "probe.c"), "-ldl")
     # DT_RPATH (not RUNPATH), as libtorch_cuda.so has: searched before LD_LIBRARY_PATH
     cc("-DLINKED", "-o", str(out / "linked_probe"), str(out / "probe.c"), f"-L{lib}", "-l:libcublas.so.13",
@@ -145,6 +155,20 @@ def test_cudnn_sub_libraries_never_load_they_get_rgpus_libcudnn(rgpu_dir, decoys
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count(f"-> {rgpu_dir / 'libcudnn.so.9'} version 91900") == 2, done.stdout
     assert "decoy mapped: 0" in done.stdout
+
+
+def test_a_copy_a_wheel_vendored_under_a_hashed_name_loads_rgpus_file(rgpu_dir, decoys):
+    """torchvision bundles libcudart.<hash>.so.13 and links it: the stock runtime loaded beside rgpu's (run20)."""
+    assert "version 424242" in run([decoys / "vendored_probe", decoys / "nvidia"], clean_env()).stdout   # control
+    done = run([decoys / "vendored_probe", decoys / "nvidia"], redirected(rgpu_dir))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"linked: {rgpu_dir / 'libcublas.so.13'} version 13000" in done.stdout, done.stdout + done.stderr
+    assert "decoy mapped: 0" in done.stdout
+    for name in (decoys / "nvidia" / "lib" / VENDORED, "libcublas-0a1b2c3d.so.13"):   # by path; auditwheel's '-' form
+        done = run([decoys / "dlopen_probe", decoys / "nvidia", name], redirected(rgpu_dir))
+        assert f"-> {rgpu_dir / 'libcublas.so.13'} version 13000" in done.stdout, done.stdout + done.stderr
+    other = run([decoys / "dlopen_probe", decoys / "nvidia", "libcublas.faf08d9a.so.12"], redirected(rgpu_dir))
+    assert "-> " not in other.stdout    # another major, vendored or not, is left alone (here: not found at all)
 
 
 def test_another_major_version_is_left_alone(rgpu_dir, decoys):
