@@ -54,7 +54,7 @@ def main() -> int:
     ap.add_argument("--preset", default="bench")
     ap.add_argument("--batch", type=int)
     args = ap.parse_args()
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "nanogpt"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "nanogpt"))
     import torch
     from model import GPT, GPTConfig
 
@@ -121,7 +121,8 @@ def main() -> int:
     out["threads_cpu_ms_per_step"] = {n: round((threads1.get(n, 0) - threads0.get(n, 0)) * 1e3 / args.steps, 3)
                                       for n in threads1 if threads1.get(n, 0) - threads0.get(n, 0) > 0}
     if fast:
-        out["fast_path_per_step"] = {k: v / args.steps for k, v in fast(True).items()}
+        out["fast_path_per_step"] = {k: [x / args.steps for x in v] if isinstance(v, list) else v / args.steps
+                                     for k, v in fast(True).items()}   # (posts: one count per server)
         out["messages_per_step"] = rgpu.stats()["messages"] / args.steps
     if args.profile:
         prof = cProfile.Profile()

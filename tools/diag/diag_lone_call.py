@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))   # tools/diag/ -> the repository's tests/
 import numpy as np  # noqa: E402
 
 from rgpu import config  # noqa: E402
