@@ -137,6 +137,24 @@ def _stock_path(name: str) -> str | None:
     return None
 
 
+def _vendored_copies() -> list[tuple[str, str]]:
+    """Copies of the replaced libraries that wheels vendor under a hashed name (auditwheel's ``<package>.libs/``:
+    torchvision's ``libcudart.<hash>.so.13``), with the replaced library each stands for; the redirector
+    answers each with rgpu's file (redirect.c's ``vendored``)."""
+    import glob
+    import re
+    import site
+    found: dict[str, str] = {}
+    for ours in REPLACED:
+        stem, major = ours.split(".so.")
+        pattern = re.compile(re.escape(stem) + r"[.-][0-9A-Za-z]{4,}\.so\." + re.escape(major) + r"(\..*)?$")
+        for d in [*site.getsitepackages(), site.getusersitepackages(), *sys.path]:
+            for path in glob.glob(os.path.join(d, "*.libs", stem + "*")):
+                if pattern.match(os.path.basename(path)):
+                    found.setdefault(os.path.realpath(path), ours)
+    return sorted(found.items())
+
+
 def report(folder: str | os.PathLike | None = None) -> dict:
     """What a run through ``rgpu intercept run`` would load, and from where (for ``rgpu doctor``)."""
     try:
@@ -145,6 +163,9 @@ def report(folder: str | os.PathLike | None = None) -> dict:
         return {"folder": None, "why": f"{type(exc).__name__}: {exc}", "libraries": []}
     rows = [{"name": n, "from": "rgpu", "path": str(folder / n), "built": (folder / n).exists()} for n in REPLACED]
     rows += [{"name": n, "from": "stock", "what": what, "path": _stock_path(n)} for n, what in STOCK.items()]
+    rows += [{"name": os.path.basename(path), "from": "vendored", "path": path, "ours": ours,
+              "what": f"a copy {Path(path).parent.name} vendors: rgpu's {ours} loads instead"}
+             for path, ours in _vendored_copies()]
     rows.append({"name": NVML, "from": "refused", "what": "NVML would describe this machine's GPUs; torch counts rgpu's",
                  "path": None})
     return {"folder": str(folder), "built": (folder / REDIRECTOR).exists(), "how": "LD_AUDIT" if audit_available() else "LD_PRELOAD",
@@ -161,6 +182,8 @@ def describe(rep: dict) -> list[str]:
             lines.append(f"  {r['name']:20} rgpu   {r['path']}{'' if r['built'] else '  (not built)'}")
         elif r["from"] == "refused":
             lines.append(f"  {r['name']:20} none   (not loaded: {r['what']})")
+        elif r["from"] == "vendored":
+            lines.append(f"  {r['name']:20} rgpu   ({r['what']}: {r['path']})")
         else:
             lines.append(f"  {r['name']:20} stock  {r['path'] or '(not found here)'}  ({r['what']})")
     return lines

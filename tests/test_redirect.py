@@ -265,7 +265,7 @@ def test_the_report_names_rgpus_file_for_the_five_and_the_stock_path_for_the_res
     """What ``rgpu doctor`` prints under "CUDA route"."""
     from rgpu.cuda_intercept import libraries
     rep = libraries.report(rgpu_dir)
-    rows = {r["name"]: r for r in rep["libraries"]}
+    rows = {r["name"]: r for r in rep["libraries"] if r["from"] != "vendored"}   # (a wheel's copies: below)
     assert set(libraries.REPLACED) | set(libraries.STOCK) | {libraries.NVML} == set(rows)
     assert rows[libraries.NVML]["from"] == "refused"
     assert rows["libcublas.so.13"] == {"name": "libcublas.so.13", "from": "rgpu",
@@ -274,6 +274,23 @@ def test_the_report_names_rgpus_file_for_the_five_and_the_stock_path_for_the_res
     assert all(rows[n]["from"] == "stock" for n in libraries.STOCK)
     text = "\n".join(libraries.describe(rep))
     assert "libcuda.so.1" in text and "(not built)" in text and "cuFFT" in text
+
+
+def test_the_report_names_the_copies_wheels_vendor_and_what_loads_instead(rgpu_dir, tmp_path, monkeypatch):
+    import site
+
+    from rgpu.cuda_intercept import libraries
+    libs = tmp_path / "torchvision.libs"
+    libs.mkdir()
+    for name in ("libcudart.faf08d9a.so.13", "libnvjpeg.e0a1b2c3.so.13", "libcudart.12ab34cd.so.12"):
+        (libs / name).write_bytes(b"")
+    monkeypatch.setattr(site, "getsitepackages", lambda: [str(tmp_path)])
+    monkeypatch.setattr(site, "getusersitepackages", lambda: str(tmp_path / "none"))
+    monkeypatch.setattr(libraries.sys, "path", [])
+    vendored = [r for r in libraries.report(rgpu_dir)["libraries"] if r["from"] == "vendored"]
+    assert [(r["name"], r["ours"]) for r in vendored] == [("libcudart.faf08d9a.so.13", "libcudart.so.13")]
+    text = "\n".join(libraries.describe(libraries.report(rgpu_dir)))
+    assert "libcudart.faf08d9a.so.13" in text and "torchvision.libs vendors: rgpu's libcudart.so.13 loads" in text
 
 
 def test_while_the_client_connects_the_environment_holds_none_of_rgpus_loading(monkeypatch, tmp_path):
