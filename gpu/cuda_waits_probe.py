@@ -2,13 +2,18 @@
 
 Run through ``rgpu intercept run -- python3 gpu/cuda_waits_probe.py`` (gpu/check_cuda_waits.sh does); prints one
 JSON line: the waits (answered calls) of setup, the first step and each later step, each by call name, the losses,
-and torch.compile(mode="reduce-overhead")'s outputs beside eager's (or its error and traceback).
+40 more steady steps' times (wall and this process's CPU; natively too: run it without rgpu), and
+torch.compile(mode="reduce-overhead")'s outputs beside eager's (or its error and traceback).
 """
 from __future__ import annotations
 
 import json
+import statistics
 import sys
+import time
 import traceback
+
+STEADY = 40
 
 
 def waits() -> dict:
@@ -37,6 +42,16 @@ def main() -> None:
             step = delta(before, waits())
             out["steps"].append({"total": sum(step.values()), "by_name": step})
         out["losses"] = losses
+        # steady steps timed (each ends in loss.item(), a wait): beside the server's report of its batches'
+        # time (RGPU_CUDA_WAIT_REPORT on the server), whether the server or the client sets the step's pace
+        wall, cpu = [], []
+        for i in range(STEADY):
+            t, c = time.perf_counter(), time.process_time()
+            rungs.train_step(model, opt, *batches[i % len(batches)], dev)
+            wall.append((time.perf_counter() - t) * 1e3)
+            cpu.append((time.process_time() - c) * 1e3)
+        out["steady_ms"] = {"steps": STEADY, "median": statistics.median(wall), "min": min(wall), "max": max(wall),
+                            "client_cpu_median": statistics.median(cpu)}
     except Exception as exc:                   # the compile case still runs
         out["gpt_error"] = f"{type(exc).__name__}: {exc}"[:2000]
     try:

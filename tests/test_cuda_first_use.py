@@ -193,3 +193,24 @@ def test_a_static_runtime_program_of_four_images_loads_one_when_lazy(lazy, count
     # loaded before the runtime has a context (eager), the launched kernel's layout is read in it: one trip
     assert waits.get("library_get_kernel_layout", 0) == (0 if lazy == "1" else 1), waits
     assert not {"kernel_get_attribute", "func_get_attribute"} & set(waits), waits
+
+
+def test_the_servers_report_names_the_records_it_ran_in_python(counting_server, four_images):
+    """RGPU_CUDA_WAIT_REPORT on the server also says the time its batches of queued records took and which
+    records ran in Python (the fake driver has no C walker: the program's launch is among them)."""
+    from test_cuda_programs import run
+    seen = counting_server.stderr.count("batches of queued records")
+    done = run([four_images], counting_server, env={"RGPU_CUDA_LAZY_LIBRARIES": "1"})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr
+    import time
+    deadline = time.monotonic() + 10
+    while counting_server.stderr.count("batches of queued records") == seen and time.monotonic() < deadline:
+        time.sleep(0.05)
+    line = [x for x in counting_server.stderr.splitlines() if "batches of queued records" in x][-1]
+    found = re.search(r"(\d+) batches of queued records took ([\d.]+) ms on the server; (\d+) records ran in "
+                      r"Python, the most: (.*)", line)
+    assert found, line
+    batches, seconds, slow = int(found[1]), float(found[2]), int(found[3])
+    by_name = {name: int(n) for name, n in re.findall(r"(\w+) (\d+)", found[4])}
+    assert batches >= 1 and seconds > 0 and by_name.get("cuLaunchKernel", 0) >= 1, line
+    assert slow == sum(by_name.values()), line

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from collections import Counter
 
 import numpy as np
@@ -92,6 +93,10 @@ class Executor(BaseExecutor):
         # RGPU_CUDA_WAIT_REPORT on the server: the session's answered calls by op, said when it ends (a C
         # program's client never finalizes its Python, so its own report at exit cannot be relied on)
         self.answered = Counter() if getattr(settings, "cuda_wait_report", False) else None
+        # with the same report: the queued records this session ran in Python (by call, the walker's rest) and
+        # the seconds spent on batches of records, which say whether the server sets a step's pace
+        self.slow = Counter() if self.answered is not None else None
+        self.batch_s = 0.0
 
     def welcome(self) -> dict:
         """``{"route": "cuda", "driver": "real" | "fake"}`` for the client's WELCOME."""
@@ -136,7 +141,10 @@ class Executor(BaseExecutor):
         if not reply:
             try:
                 if op == "launches":
-                    self._launches(buffers[0])
+                    if self.slow is None:
+                        self._launches(buffers[0])
+                    else:
+                        self._timed_launches(buffers[0])
                 else:
                     self._run(op, ctx, args, buffers)
             except Exception as exc:       # remembered, reported at the next reply
@@ -226,6 +234,8 @@ class Executor(BaseExecutor):
             size, kind, func, ctx, stream, gx, gy, gz, bx, by, bz, shared, nargs = LAUNCH.unpack_from(records, pos)
             if size < LAUNCH.size + nargs or pos + size > end or kind not in (LAUNCH_KIND, LAUNCH_EX_KIND):
                 raise OpFailed("launches", f"malformed launch record at byte {pos}")
+            if self.slow is not None:
+                self.slow["cuLaunchKernelEx" if kind == LAUNCH_EX_KIND else "cuLaunchKernel"] += 1
             try:
                 if ctx != self.current:
                     self._enter(ctx)
@@ -240,6 +250,14 @@ class Executor(BaseExecutor):
             except Exception as exc:
                 self._defer("cuLaunchKernel", exc)
             pos += size
+
+    def _timed_launches(self, records: memoryview) -> None:
+        start = time.perf_counter()
+        try:
+            self._launches(records)
+        finally:
+            self.batch_s += time.perf_counter() - start
+            self.slow["batches"] += 1
 
     @staticmethod
     def _ex_parts(records: memoryview, pos: int, size: int, nargs: int):
@@ -262,6 +280,8 @@ class Executor(BaseExecutor):
             raise OpFailed("launches", f"malformed queued record (kind {RECORD_HEAD.unpack_from(records, pos)[1]}) "
                                        f"at byte {pos}")
         size, ctx, op, args, buffers = got
+        if self.slow is not None:
+            self.slow[self.libs.call_name(args[0]) if op == "lib_record" else op] += 1
         try:
             self._run(op, ctx, args, buffers)
         except Exception as exc:
@@ -279,10 +299,14 @@ class Executor(BaseExecutor):
     def close(self) -> None:
         """Release the math libraries' handles, then every context and allocation the driver made (failures
         logged: the worker exits next); with ``RGPU_CUDA_WAIT_REPORT`` say the answered calls on stderr."""
-        if self.answered:
+        if self.answered is not None:
             top = ", ".join(f"{op} {n}" for op, n in self.answered.most_common(12))
             print(f"rgpu worker: a cuda session answered {sum(self.answered.values())} calls (round trips); the "
                   f"most: {top}", file=sys.stderr, flush=True)
+            batches = self.slow.pop("batches", 0)
+            slow = ", ".join(f"{op} {n}" for op, n in self.slow.most_common(12)) or "none"
+            print(f"rgpu worker: {batches} batches of queued records took {self.batch_s * 1e3:.3f} ms on the server; "
+                  f"{sum(self.slow.values())} records ran in Python, the most: {slow}", file=sys.stderr, flush=True)
         try:
             self.libs.close()                # every handle and descriptor, before the contexts go
         except Exception:

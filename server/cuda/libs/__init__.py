@@ -88,6 +88,12 @@ class Libraries:
         entry = self._specs[call] = (spec, spec.format, tuple(name for name, _ in spec.fields), prefix)
         return entry
 
+    @staticmethod
+    def call_name(call: int) -> str:
+        """The library function a call id names (``call <id>`` for an unknown one)."""
+        spec = CALLS.get(call)
+        return spec.name if spec else f"call {call}"
+
     def run(self, call: int, handle: int, stream: int, payload=None, *, answered: bool):
         """Run one forwarded call: ``[status, message]`` (or ``[output, status, message]``) when answered;
         a queued call that fails raises, so the executor defers its error to the next synchronisation."""
