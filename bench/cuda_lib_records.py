@@ -152,6 +152,7 @@ class Session:
         self.executor = Executor.__new__(Executor)      # no session: only the records' door is used
         self.executor.driver = _NoDriver(folder)
         self.executor.current, self.executor.deferred = 0, []
+        self.executor.slow = None                       # no wait report: records are not counted
         from rgpu.server.cuda.libs import Libraries
         self.executor.libs = self.libs = Libraries(self.executor.driver)
         self.executor.driver.lib.standin_reset()        # this session's objects at the same addresses as the last's

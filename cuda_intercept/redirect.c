@@ -111,6 +111,13 @@ char *la_objsearch(const char *name, uintptr_t *cookie, unsigned int flag) {
             !(i == CUDNN && cudnn_part(base)))
             continue;
         if (!table[i].path[0] || strcmp(name, table[i].path) == 0) return (char *)name;
+        /* A vendored copy asked for by name is redirected at its search's first candidate, not here: the
+         * loader then keeps the name asked for on the object it finds (rgpu's, often loaded already), and
+         * an importer's version need on that file name (torchvision's _C.so on libcudart.<hash>.so.13)
+         * finds it.  Replaced here, the name is lost and ld.so asserts in _dl_check_map_versions. */
+        if (flag == LA_SER_ORIG && !slash && !matches(base, table[i].stem, table[i].major) &&
+            vendored(base, table[i].stem, table[i].major))
+            return (char *)name;
         if (!table[i].present) {
             if (!table[i].warned++)
                 fprintf(stderr, "rgpu: %s is not built in rgpu's library folder (%s); the stock %s loads\n",

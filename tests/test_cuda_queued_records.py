@@ -224,6 +224,60 @@ def test_the_c_walker_launches_plain_records_and_hands_every_other_kind_back():
     assert (rc, pos.value, launched) == (-2, LAUNCH.size, [0x100])   # the memset is the executor's, never skipped
 
 
+def test_the_c_walker_runs_event_records_waits_graph_launches_and_copies_in_order_and_stops_at_a_failure():
+    """The queued ops the walk has entry points for run in C, in the queue's order, each with the driver call
+    records.py would have made; a memset or a free (its quota is the executor's) and a failing call stop the
+    walk at that record, which the executor then runs (and explains)."""
+    from rgpu.protocol.cuda import (EVENT_RECORD_KIND, GRAPH_LAUNCH_KIND, LAUNCH, LAUNCH_KIND, MEM_FREE_KIND,
+                                    MEMCPY_HTOD_KIND, NO_STREAM, STREAM_WAIT_KIND)
+    from rgpu.server.cuda import real_batch
+    lib = real_batch.library()
+    if lib is None:
+        pytest.skip("no C compiler for the server's record walker here")
+    calls, fail = [], {"on": None}
+
+    def on(name):
+        def call(*args):
+            values = [a if isinstance(a, int) else (a or 0) for a in args]
+            calls.append((name, *values))
+            return 700 if name == fail["on"] else 0
+        return call
+    p, u = c_void_p, c_uint
+    types = {"launch": [p] + [u] * 7 + [p] * 3, "set_ctx": [p], "event_record": [p, p],
+             "event_record_with_flags": [p, p, u], "stream_wait_event": [p, p, u], "graph_launch": [p, p],
+             "memcpy_htod": [ctypes.c_uint64, p, c_size_t], "memcpy_htod_async": [ctypes.c_uint64, p, c_size_t, p]}
+    keep = {name: ctypes.CFUNCTYPE(c_int, *args)(on(name)) for name, args in types.items()}
+    ops = real_batch.DriverOps(**{name: ctypes.cast(fn, c_void_p).value for name, fn in keep.items()})
+    data = bytes(range(16))
+    rec = (OP.pack(OP.size, EVENT_RECORD_KIND, 7, 5, 0xE1, 0, 0)
+           + OP.pack(OP.size, EVENT_RECORD_KIND, 8, 5, 0xE2, 1, 0)              # with flags, another context
+           + OP.pack(OP.size, STREAM_WAIT_KIND, 8, 6, 0xE2, 0, 0)
+           + OP.pack(OP.size, GRAPH_LAUNCH_KIND, 8, 6, 0x6E, 0, 0)
+           + OP.pack(OP.size + 16, MEMCPY_HTOD_KIND, 8, 6, 0xD0, 16, 0) + data
+           + OP.pack(OP.size + 16, MEMCPY_HTOD_KIND, 8, NO_STREAM, 0xD1, 16, 0) + data
+           + LAUNCH.pack(LAUNCH.size, LAUNCH_KIND, 0x100, 8, 6, 1, 1, 1, 32, 1, 1, 0, 0)
+           + OP.pack(OP.size, MEM_FREE_KIND, 8, NO_STREAM, 0xD0, 0, 0))
+    buf = ctypes.create_string_buffer(rec, len(rec))
+    base = ctypes.addressof(buf)
+
+    def walk(start=0):
+        pos, ctx = c_size_t(start), ctypes.c_uint64(7)
+        return lib.rgpu_walk_all(byref(ops), base, len(rec), byref(pos), byref(ctx), None), pos.value
+    rc, pos = walk()
+    copies = [c for c in calls if c[0].startswith("memcpy")]
+    assert [c[0] for c in calls] == ["event_record", "set_ctx", "event_record_with_flags", "stream_wait_event",
+                                     "graph_launch", "memcpy_htod_async", "memcpy_htod", "launch"]
+    assert calls[:5] == [("event_record", 0xE1, 5), ("set_ctx", 8), ("event_record_with_flags", 0xE2, 5, 1),
+                         ("stream_wait_event", 6, 0xE2, 0), ("graph_launch", 0x6E, 6)]
+    assert [(c[1], c[3]) for c in copies] == [(0xD0, 16), (0xD1, 16)]
+    assert ctypes.string_at(copies[0][2], 16) == data         # the bytes where the record holds them
+    assert (rc, pos) == (-2, len(rec) - OP.size)              # the free is the executor's
+    calls.clear()
+    fail["on"] = "stream_wait_event"
+    assert walk() == (700, 2 * OP.size)                        # stopped at the failing wait, left for the executor
+    assert [c[0] for c in calls][-1] == "stream_wait_event"
+
+
 @pytest.mark.gpu
 def test_on_a_gpu_the_queued_kinds_run_in_order_on_the_real_driver():
     from rgpu.protocol.cuda import EVENT_RECORD_KIND, MEM_FREE_KIND, MEMCPY_HTOD_KIND, MEMSET_KIND, NO_STREAM

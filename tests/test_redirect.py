@@ -111,6 +111,11 @@ def decoys(tmp_path_factory):
        f"-Wl,--version-script={out / 'vendored.map'}")
     cc("-DLINKED", "-o", str(out / "vendored_probe"), str(out / "probe.c"), f"-L{lib}", f"-l:{VENDORED}",
        f"-Wl,-rpath,{lib}", "-Wl,--disable-new-dtags", "-ldl")
+    # torchvision's _C.so: a library linked to the vendored copy, its symbols bound to the stock node
+    (out / "user.c").write_text("#include <stddef.h>\nsize_t cublasGetCudartVersion(void);\n"
+                                "size_t user_version(void) { return cublasGetCudartVersion(); }\n")
+    cc("-shared", "-fPIC", "-o", str(out / "libvendored_user.so"), str(out / "user.c"), f"-L{lib}", f"-l:{VENDORED}",
+       f"-Wl,-rpath,{lib}", "-Wl,--disable-new-dtags")
     cc("-o", str(out / "dlopen_probe"), str(out / "probe.c"), "-ldl")
     # DT_RPATH (not RUNPATH), as libtorch_cuda.so has: searched before LD_LIBRARY_PATH
     cc("-DLINKED", "-o", str(out / "linked_probe"), str(out / "probe.c"), f"-L{lib}", "-l:libcublas.so.13",
@@ -162,13 +167,27 @@ def test_a_copy_a_wheel_vendored_under_a_hashed_name_loads_rgpus_file(rgpu_dir, 
     assert "version 424242" in run([decoys / "vendored_probe", decoys / "nvidia"], clean_env()).stdout   # control
     done = run([decoys / "vendored_probe", decoys / "nvidia"], redirected(rgpu_dir))
     assert done.returncode == 0, done.stdout + done.stderr
-    assert f"linked: {rgpu_dir / 'libcublas.so.13'} version 13000" in done.stdout, done.stdout + done.stderr
+    # rgpu's file, mapped under the name its search was offered (the loader names the object so; its
+    # contents and mapping are rgpu's): the importer's version need on that name is met
+    assert f"linked: {decoys / 'nvidia' / 'lib' / VENDORED} version 13000" in done.stdout, done.stdout + done.stderr
     assert "decoy mapped: 0" in done.stdout
-    for name in (decoys / "nvidia" / "lib" / VENDORED, "libcublas-0a1b2c3d.so.13"):   # by path; auditwheel's '-' form
-        done = run([decoys / "dlopen_probe", decoys / "nvidia", name], redirected(rgpu_dir))
-        assert f"-> {rgpu_dir / 'libcublas.so.13'} version 13000" in done.stdout, done.stdout + done.stderr
+    done = run([decoys / "dlopen_probe", decoys / "nvidia", decoys / "nvidia" / "lib" / VENDORED], redirected(rgpu_dir))
+    assert f"-> {rgpu_dir / 'libcublas.so.13'} version 13000" in done.stdout, done.stdout + done.stderr   # by path
+    done = run([decoys / "dlopen_probe", decoys / "nvidia", "libcublas-0a1b2c3d.so.13"], redirected(rgpu_dir))
+    assert "version 13000" in done.stdout, done.stdout + done.stderr     # by name, auditwheel's '-' form
     other = run([decoys / "dlopen_probe", decoys / "nvidia", "libcublas.faf08d9a.so.12"], redirected(rgpu_dir))
     assert "-> " not in other.stdout    # another major, vendored or not, is left alone (here: not found at all)
+
+
+def test_a_library_linked_to_a_vendored_copy_loads_after_rgpus_file_is_loaded(rgpu_dir, decoys):
+    """torch loads libcublas.so.13 (rgpu's) before torchvision's _C.so asks for libcublas.<hash>.so.13 with a
+    version need on that file name: the loader must find a loaded object by that name (run21: ld.so's
+    `_dl_check_map_versions: Assertion needed != NULL` killed the ResNet rung)."""
+    done = run([decoys / "dlopen_probe", decoys / "nvidia", "libcublas.so.13", decoys / "libvendored_user.so"],
+               redirected(rgpu_dir))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"libvendored_user.so -> {rgpu_dir / 'libcublas.so.13'} version 13000" in done.stdout, done.stdout
+    assert "decoy mapped: 0" in done.stdout
 
 
 def test_another_major_version_is_left_alone(rgpu_dir, decoys):

@@ -1,4 +1,4 @@
-"""The real driver's batch launcher: ``launch_records.c`` walks the interceptor's launch records and launches each.
+"""The real driver's batch launcher: ``launch_records.c`` walks the interceptor's queued records and runs each.
 
 A ctypes call costs about as much as the launch itself (docs/perf/cuda_route-history.md),
 so a batch of records goes to C in one call. cuBLAS's GEMM records in the same queue run there too, through
@@ -20,7 +20,34 @@ NAME = "launch_records"
 HERE = Path(__file__).resolve().parent
 SOURCES = [HERE / "launch_records.c", *(HERE / "libs" / f"{lib}_records.c" for lib in ("cublas", "cublaslt", "cudnn"))]
 _WALK = [c_void_p, c_void_p, c_void_p, c_size_t, POINTER(c_size_t), POINTER(c_uint64)]
+
+
+class DriverOps(ctypes.Structure):
+    """``struct rgpu_driver_ops``: the driver entry points a walk calls (NULL: that op's records are the
+    executor's). Filled by ``driver_ops``."""
+    _fields_ = [(name, c_void_p) for name in ("launch", "set_ctx", "event_record", "event_record_with_flags",
+                                              "stream_wait_event", "graph_launch", "memcpy_htod", "memcpy_htod_async")]
+
+
+# the field -> the driver's symbol: the same ones real.py calls for these ops through Python
+DRIVER_SYMBOLS = {"launch": "cuLaunchKernel", "set_ctx": "cuCtxSetCurrent", "event_record": "cuEventRecord",
+                  "event_record_with_flags": "cuEventRecordWithFlags", "stream_wait_event": "cuStreamWaitEvent",
+                  "graph_launch": "cuGraphLaunch", "memcpy_htod": "cuMemcpyHtoD_v2",
+                  "memcpy_htod_async": "cuMemcpyHtoDAsync_v2"}
+
+
+def driver_ops(driver: ctypes.CDLL) -> DriverOps:
+    """The entry points ``driver`` (the loaded libcuda) has; one it lacks stays NULL."""
+    ops = DriverOps()
+    for field, symbol in DRIVER_SYMBOLS.items():
+        fn = getattr(driver, symbol, None)
+        setattr(ops, field, ctypes.cast(fn, c_void_p).value if fn is not None else None)
+    return ops
+
+
 SIGNATURES = {   # name -> (argument types, result type)
+    "rgpu_walk_all": ([POINTER(DriverOps), c_void_p, c_size_t, POINTER(c_size_t), POINTER(c_uint64), c_void_p],
+                      c_int),
     "rgpu_launch_records": (_WALK, c_int),
     "rgpu_walk_records": ([*_WALK, c_void_p], c_int),
     "rgpu_cublas_new": ([], c_void_p),

@@ -47,11 +47,11 @@ class RealCode(Code):
                                      ctypes.addressof(self._size), CU_LAUNCH_PARAM_END)
         self._launch = self.api.lib.cuLaunchKernel
         self.layouts: dict[int, list] = {}          # function -> [[offset, size], ...] as the client was told
-        from .real_batch import library
+        from .real_batch import driver_ops, library
         self._batch = library()                     # None without a C compiler: the executor walks records itself
-        self._walk = self._batch.rgpu_walk_records if self._batch else None
-        self._batch_fns = (ctypes.cast(self._launch, c_void_p).value,
-                           ctypes.cast(self.api.lib.cuCtxSetCurrent, c_void_p).value)
+        self._walk = self._batch.rgpu_walk_all if self._batch else None
+        self._ops = driver_ops(self.api.lib) if self._batch else None    # the walk's entry points, held here
+        self._ops_ref = byref(self._ops) if self._batch else None
         self.by_params: set[int] = set()            # functions whose launches need kernelParams, not extra
 
     def _function(self, handle: int) -> int:
@@ -208,13 +208,14 @@ class RealCode(Code):
                                    f"arguments, layout {self.layouts.get(func, 'not read here')})")
 
     def launch_records(self, base: int, length: int, pos: int, ctx: int | None, cublas: int | None = None):
-        """Launch the records at address ``base`` (``length`` bytes) from ``pos`` in C until the end or the
-        first failure: (pos, current ctx, CUresult). ``cublas``: the session's cuBLAS table
-        (``libs/cublas_records.c``), whose GEMM records run there too."""
+        """Run the records at address ``base`` (``length`` bytes) from ``pos`` in C (launches, event records,
+        stream waits, graph launches, small copies) until the end, the first record C leaves or the first
+        failure: (pos, current ctx, CUresult). ``cublas``: the session's cuBLAS table
+        (``libs/cublas_records.c``), whose math-library records run there too."""
         if self._batch is None:
             return None
         p, c = c_size_t(pos), c_ulonglong((1 << 64) - 1 if ctx is None else ctx)
-        rc = self._walk(*self._batch_fns, base, length, byref(p), byref(c), cublas)
+        rc = self._walk(self._ops_ref, base, length, byref(p), byref(c), cublas)
         return p.value, c.value, rc
 
     def _launch_params(self, func, gx, gy, gz, bx, by, bz, shared, stream, args_addr: int) -> None:
