@@ -29,6 +29,7 @@ C_ANSWERED = frozenset({
     "cuEventRecord", "cuEventRecord_ptsz", "cuEventRecordWithFlags", "cuEventRecordWithFlags_ptsz",
     "cuStreamWaitEvent", "cuStreamWaitEvent_ptsz", "cuMemFree_v2", "cuMemFreeAsync", "cuMemFreeAsync_ptsz",
     "cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync_v2_ptsz",                # up to 64 KiB (QUEUED_COPY_BYTES)
+    "cuMemcpyDtoD_v2", "cuMemcpyDtoD_v2_ptds", "cuMemcpyDtoDAsync_v2", "cuMemcpyDtoDAsync_v2_ptsz",
     "cuGraphLaunch", "cuGraphLaunch_ptsz",
     # answered in C when the server has just shown the stream (context) idle and nothing was sent since
     "cuStreamSynchronize", "cuStreamSynchronize_ptsz", "cuStreamQuery", "cuStreamQuery_ptsz", "cuCtxSynchronize",

@@ -1,5 +1,5 @@
 /* Stream-ordered calls queued in C beside the launches: memsets, event records, stream waits, frees, small
- * host-to-device copies and graph launches, never waited for and never entering Python.
+ * host-to-device copies, device-to-device copies and graph launches, never waited for and never entering Python.
  *
  * Each becomes one record in shim_launch.c's queue, so its order with the launches around it is the order
  * the program made the calls in (layout: rgpu.protocol.cuda.OP):
@@ -101,6 +101,18 @@ static CUresult rgpu_htod_async(CUdeviceptr dst, const void *src, size_t n, uint
 
 static CUresult rgpu_fast_cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *src, size_t n, CUstream s) { return rgpu_htod_async(d, src, n, RGPU_S(s)); }
 static CUresult rgpu_fast_cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr d, const void *src, size_t n, CUstream s) { return rgpu_htod_async(d, src, n, RGPU_PT(s)); }
+
+/* ---- device-to-device copies: nothing on the host to keep, so any size --------------------------------- */
+static CUresult rgpu_dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, uint64_t stream) {
+    if (!rgpu_queueing()) return RGPU_PY;
+    if (!n) return CUDA_SUCCESS;                       /* Python posts nothing for an empty copy either */
+    return rgpu_queue_op(RGPU_CUDA_REC_MEMCPY_DTOD, stream, dst, src, n, NULL, 0);
+}
+
+static CUresult rgpu_fast_cuMemcpyDtoD_v2(CUdeviceptr d, CUdeviceptr s, size_t n) { return rgpu_dtod(d, s, n, RGPU_NO_STREAM); }
+static CUresult rgpu_fast_cuMemcpyDtoD_v2_ptds(CUdeviceptr d, CUdeviceptr s, size_t n) { return rgpu_dtod(d, s, n, RGPU_NO_STREAM); }
+static CUresult rgpu_fast_cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) { return rgpu_dtod(d, s, n, RGPU_S(st)); }
+static CUresult rgpu_fast_cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) { return rgpu_dtod(d, s, n, RGPU_PT(st)); }
 
 /* ---- graph launches -------------------------------------------------------------------------------- */
 static CUresult rgpu_graph_launch(CUgraphExec g, uint64_t stream) {

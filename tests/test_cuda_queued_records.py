@@ -56,8 +56,10 @@ def messages() -> int:
 
 
 def sequence(cu, n=256):
-    """memset, H2D copy, event record, stream wait, launch, free: what crossed, and y = 2 * 1 + y0."""
+    """memset, H2D copy, event record, stream wait, launch, D2D copies, free: what crossed, and y = 2 * 1 + y0
+    (read from its second device-to-device copy)."""
     dx, dy, dtmp = alloc(cu, 4 * n), alloc(cu, 4 * n), alloc(cu, 64)
+    dz, dw = alloc(cu, 4 * n), alloc(cu, 4 * n)
     s1, s2, ev = c_void_p(), c_void_p(), c_void_p()
     assert cu.cuStreamCreate(byref(s1), 1) == 0 and cu.cuStreamCreate(byref(s2), 1) == 0
     assert cu.cuEventCreate(byref(ev), 0) == 0
@@ -71,11 +73,15 @@ def sequence(cu, n=256):
     assert cu.cuEventRecord(ev, s1) == 0
     assert cu.cuStreamWaitEvent(s2, ev, 0) == 0
     assert launch(cu, cu.saxpy, n, c_float(2), u64(dx), u64(dy), c_int(n), stream=s2) == 0
+    assert cu.cuMemcpyDtoDAsync_v2(u64(dz), u64(dy), c_size_t(4 * n), s2) == 0
     assert cu.cuMemFree_v2(u64(dtmp)) == 0
     crossed = messages() - before
     assert cu.cuStreamSynchronize(s2) == 0
-    y = download(cu, dy, np.zeros(n, np.float32))
-    for d in (dx, dy):
+    before = messages()
+    assert cu.cuMemcpyDtoD_v2(u64(dw), u64(dz), c_size_t(4 * n)) == 0     # the legacy stream's form
+    crossed += messages() - before
+    y = download(cu, dw, np.zeros(n, np.float32))
+    for d in (dx, dy, dz, dw):
         assert cu.cuMemFree_v2(u64(d)) == 0
     assert cu.cuCtxSynchronize() == 0
     return crossed, y
@@ -229,7 +235,7 @@ def test_the_c_walker_runs_event_records_waits_graph_launches_and_copies_in_orde
     records.py would have made; a memset or a free (its quota is the executor's) and a failing call stop the
     walk at that record, which the executor then runs (and explains)."""
     from rgpu.protocol.cuda import (EVENT_RECORD_KIND, GRAPH_LAUNCH_KIND, LAUNCH, LAUNCH_KIND, MEM_FREE_KIND,
-                                    MEMCPY_HTOD_KIND, NO_STREAM, STREAM_WAIT_KIND)
+                                    MEMCPY_DTOD_KIND, MEMCPY_HTOD_KIND, NO_STREAM, STREAM_WAIT_KIND)
     from rgpu.server.cuda import real_batch
     lib = real_batch.library()
     if lib is None:
@@ -245,7 +251,9 @@ def test_the_c_walker_runs_event_records_waits_graph_launches_and_copies_in_orde
     p, u = c_void_p, c_uint
     types = {"launch": [p] + [u] * 7 + [p] * 3, "set_ctx": [p], "event_record": [p, p],
              "event_record_with_flags": [p, p, u], "stream_wait_event": [p, p, u], "graph_launch": [p, p],
-             "memcpy_htod": [ctypes.c_uint64, p, c_size_t], "memcpy_htod_async": [ctypes.c_uint64, p, c_size_t, p]}
+             "memcpy_htod": [ctypes.c_uint64, p, c_size_t], "memcpy_htod_async": [ctypes.c_uint64, p, c_size_t, p],
+             "memcpy_dtod": [ctypes.c_uint64, ctypes.c_uint64, c_size_t],
+             "memcpy_dtod_async": [ctypes.c_uint64, ctypes.c_uint64, c_size_t, p]}
     keep = {name: ctypes.CFUNCTYPE(c_int, *args)(on(name)) for name, args in types.items()}
     ops = real_batch.DriverOps(**{name: ctypes.cast(fn, c_void_p).value for name, fn in keep.items()})
     data = bytes(range(16))
@@ -255,6 +263,8 @@ def test_the_c_walker_runs_event_records_waits_graph_launches_and_copies_in_orde
            + OP.pack(OP.size, GRAPH_LAUNCH_KIND, 8, 6, 0x6E, 0, 0)
            + OP.pack(OP.size + 16, MEMCPY_HTOD_KIND, 8, 6, 0xD0, 16, 0) + data
            + OP.pack(OP.size + 16, MEMCPY_HTOD_KIND, 8, NO_STREAM, 0xD1, 16, 0) + data
+           + OP.pack(OP.size, MEMCPY_DTOD_KIND, 8, 6, 0xD2, 0xD0, 1 << 20)
+           + OP.pack(OP.size, MEMCPY_DTOD_KIND, 8, NO_STREAM, 0xD3, 0xD2, 1 << 20)
            + LAUNCH.pack(LAUNCH.size, LAUNCH_KIND, 0x100, 8, 6, 1, 1, 1, 32, 1, 1, 0, 0)
            + OP.pack(OP.size, MEM_FREE_KIND, 8, NO_STREAM, 0xD0, 0, 0))
     buf = ctypes.create_string_buffer(rec, len(rec))
@@ -264,9 +274,11 @@ def test_the_c_walker_runs_event_records_waits_graph_launches_and_copies_in_orde
         pos, ctx = c_size_t(start), ctypes.c_uint64(7)
         return lib.rgpu_walk_all(byref(ops), base, len(rec), byref(pos), byref(ctx), None), pos.value
     rc, pos = walk()
-    copies = [c for c in calls if c[0].startswith("memcpy")]
+    copies = [c for c in calls if c[0].startswith("memcpy_htod")]
     assert [c[0] for c in calls] == ["event_record", "set_ctx", "event_record_with_flags", "stream_wait_event",
-                                     "graph_launch", "memcpy_htod_async", "memcpy_htod", "launch"]
+                                     "graph_launch", "memcpy_htod_async", "memcpy_htod", "memcpy_dtod_async",
+                                     "memcpy_dtod", "launch"]
+    assert calls[7:9] == [("memcpy_dtod_async", 0xD2, 0xD0, 1 << 20, 6), ("memcpy_dtod", 0xD3, 0xD2, 1 << 20)]
     assert calls[:5] == [("event_record", 0xE1, 5), ("set_ctx", 8), ("event_record_with_flags", 0xE2, 5, 1),
                          ("stream_wait_event", 6, 0xE2, 0), ("graph_launch", 0x6E, 6)]
     assert [(c[1], c[3]) for c in copies] == [(0xD0, 16), (0xD1, 16)]

@@ -60,5 +60,6 @@ MEM_FREE_KIND = 6       # a: dptr (NO_STREAM: cuMemFree_v2, else cuMemFreeAsync)
 MEMCPY_HTOD_KIND = 7    # a: dst, b: nbytes, then the bytes (at most QUEUED_COPY_BYTES)    -> memcpy_htod
 GRAPH_LAUNCH_KIND = 8   # a: exec                                                          -> graph_launch
 LIB_KIND = 9            # a: call id, b: handle, c: payload bytes, then the payload (cuda_libs) -> lib_call
+MEMCPY_DTOD_KIND = 10   # a: dst, b: src, c: nbytes (NO_STREAM: cuMemcpyDtoD_v2)           -> memcpy_dtod
 NO_STREAM = (1 << 64) - 1
 QUEUED_COPY_BYTES = 64 << 10   # a bigger host-to-device copy keeps its own message (pieces, no copy into the queue)

@@ -62,7 +62,7 @@ def render() -> str:
         _define("RGPU_CUDA_REC_LAUNCH", cuda.LAUNCH_KIND),
         _define("RGPU_CUDA_REC_LAUNCH_EX", cuda.LAUNCH_EX_KIND),
         _define("RGPU_CUDA_LAUNCH_HEADER_BYTES", cuda.LAUNCH.size),
-        "/* cuda.py: the queue's other records (memsets, events, waits, frees, small copies, graph launches) */",
+        "/* cuda.py: the queue's other records (memsets, events, waits, frees, copies, graph launches) */",
         _define("RGPU_CUDA_RECORD_HEAD_BYTES", cuda.RECORD_HEAD.size),
         _define("RGPU_CUDA_OP_HEADER_BYTES", cuda.OP.size),
         _define("RGPU_CUDA_REC_MEMSET", cuda.MEMSET_KIND),
@@ -74,6 +74,7 @@ def render() -> str:
         f"#define RGPU_CUDA_NO_STREAM {cuda.NO_STREAM:#X}ull".replace("0X", "0x"),   # 64 bits: ull
         _define("RGPU_CUDA_QUEUED_COPY_BYTES", cuda.QUEUED_COPY_BYTES),
         _define("RGPU_CUDA_REC_LIB", cuda.LIB_KIND),
+        _define("RGPU_CUDA_REC_MEMCPY_DTOD", cuda.MEMCPY_DTOD_KIND),
         "",
         "#endif /* RGPU_PROTOCOL_H */",
         "",

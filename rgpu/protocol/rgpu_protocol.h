@@ -71,7 +71,7 @@
 #define RGPU_CUDA_REC_LAUNCH 1
 #define RGPU_CUDA_REC_LAUNCH_EX 2
 #define RGPU_CUDA_LAUNCH_HEADER_BYTES 64
-/* cuda.py: the queue's other records (memsets, events, waits, frees, small copies, graph launches) */
+/* cuda.py: the queue's other records (memsets, events, waits, frees, copies, graph launches) */
 #define RGPU_CUDA_RECORD_HEAD_BYTES 8
 #define RGPU_CUDA_OP_HEADER_BYTES 48
 #define RGPU_CUDA_REC_MEMSET 3
@@ -83,5 +83,6 @@
 #define RGPU_CUDA_NO_STREAM 0xFFFFFFFFFFFFFFFFull
 #define RGPU_CUDA_QUEUED_COPY_BYTES 65536
 #define RGPU_CUDA_REC_LIB 9
+#define RGPU_CUDA_REC_MEMCPY_DTOD 10
 
 #endif /* RGPU_PROTOCOL_H */

@@ -1,5 +1,5 @@
 /* The real driver's batch launcher: walks the interceptor's queued records and runs each (a ctypes call
- * costs more than the launch itself): launches, event records, stream waits, graph launches, small copies,
+ * costs more than the launch itself): launches, event records, stream waits, graph launches, copies,
  * and the math libraries' records in the same queue (libs/cublas_records.c and its siblings, built into the same library);
  * loaded by real_batch.py. */
 #include <stdint.h>
@@ -24,11 +24,13 @@ struct rgpu_driver_ops {
     int (*graph_launch)(void *exec, void *stream);
     int (*memcpy_htod)(uint64_t dst, const void *src, size_t n);
     int (*memcpy_htod_async)(uint64_t dst, const void *src, size_t n, void *stream);
+    int (*memcpy_dtod)(uint64_t dst, uint64_t src, size_t n);
+    int (*memcpy_dtod_async)(uint64_t dst, uint64_t src, size_t n, void *stream);
 };
 
 #define PTR(v) ((void *)(uintptr_t)(v))
 
-/* Whether this walk runs an event record, stream wait, graph launch or small host-to-device copy (OP header:
+/* Whether this walk runs an event record, stream wait, graph launch or copy (OP header:
  * ctx, stream, a, b, c; decoded as records.py does): it has the entry point and the record is well formed.
  * Memsets and frees (their quota is the executor's) are left, and so is anything malformed. */
 static int runs_here(const struct rgpu_driver_ops *ops, uint32_t kind, uint32_t size, const uint64_t h[5]) {
@@ -40,19 +42,23 @@ static int runs_here(const struct rgpu_driver_ops *ops, uint32_t kind, uint32_t 
     case RGPU_CUDA_REC_MEMCPY_HTOD:
         if (b > RGPU_CUDA_QUEUED_COPY_BYTES || RGPU_CUDA_OP_HEADER_BYTES + b > size) return 0;
         return stream == RGPU_CUDA_NO_STREAM ? ops->memcpy_htod != 0 : ops->memcpy_htod_async != 0;
+    case RGPU_CUDA_REC_MEMCPY_DTOD:
+        return stream == RGPU_CUDA_NO_STREAM ? ops->memcpy_dtod != 0 : ops->memcpy_dtod_async != 0;
     default: return 0;
     }
 }
 
 /* Run one that runs_here accepted: its CUresult. */
 static int queued_op(const struct rgpu_driver_ops *ops, uint32_t kind, const char *r, const uint64_t h[5]) {
-    uint64_t stream = h[1], a = h[2], b = h[3];
+    uint64_t stream = h[1], a = h[2], b = h[3], c = h[4];
     const char *bytes = r + RGPU_CUDA_OP_HEADER_BYTES;
     switch (kind) {
     case RGPU_CUDA_REC_EVENT_RECORD:
         return b ? ops->event_record_with_flags(PTR(a), PTR(stream), (unsigned)b) : ops->event_record(PTR(a), PTR(stream));
     case RGPU_CUDA_REC_STREAM_WAIT: return ops->stream_wait_event(PTR(stream), PTR(a), (unsigned)b);
     case RGPU_CUDA_REC_GRAPH_LAUNCH: return ops->graph_launch(PTR(a), PTR(stream));
+    case RGPU_CUDA_REC_MEMCPY_DTOD:
+        return stream == RGPU_CUDA_NO_STREAM ? ops->memcpy_dtod(a, b, c) : ops->memcpy_dtod_async(a, b, c, PTR(stream));
     default:                                /* RGPU_CUDA_REC_MEMCPY_HTOD */
         return stream == RGPU_CUDA_NO_STREAM ? ops->memcpy_htod(a, bytes, b)
                                              : ops->memcpy_htod_async(a, bytes, b, PTR(stream));

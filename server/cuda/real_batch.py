@@ -26,14 +26,16 @@ class DriverOps(ctypes.Structure):
     """``struct rgpu_driver_ops``: the driver entry points a walk calls (NULL: that op's records are the
     executor's). Filled by ``driver_ops``."""
     _fields_ = [(name, c_void_p) for name in ("launch", "set_ctx", "event_record", "event_record_with_flags",
-                                              "stream_wait_event", "graph_launch", "memcpy_htod", "memcpy_htod_async")]
+                                              "stream_wait_event", "graph_launch", "memcpy_htod", "memcpy_htod_async",
+                                              "memcpy_dtod", "memcpy_dtod_async")]
 
 
 # the field -> the driver's symbol: the same ones real.py calls for these ops through Python
 DRIVER_SYMBOLS = {"launch": "cuLaunchKernel", "set_ctx": "cuCtxSetCurrent", "event_record": "cuEventRecord",
                   "event_record_with_flags": "cuEventRecordWithFlags", "stream_wait_event": "cuStreamWaitEvent",
                   "graph_launch": "cuGraphLaunch", "memcpy_htod": "cuMemcpyHtoD_v2",
-                  "memcpy_htod_async": "cuMemcpyHtoDAsync_v2"}
+                  "memcpy_htod_async": "cuMemcpyHtoDAsync_v2", "memcpy_dtod": "cuMemcpyDtoD_v2",
+                  "memcpy_dtod_async": "cuMemcpyDtoDAsync_v2"}
 
 
 def driver_ops(driver: ctypes.CDLL) -> DriverOps:

@@ -1,8 +1,8 @@
 """The C queue's records other than launches, as the driver ops the Python path would have posted.
 
 The interceptor queues memsets, event records, stream waits, frees, small
-host-to-device copies, graph launches and the math libraries' calls in the same buffer as its launches
-(``cuda_intercept/shim_queue.c``; the layout is ``rgpu.protocol.cuda.OP``), so
+host-to-device copies, device-to-device copies, graph launches and the math libraries' calls in the
+same buffer as its launches (``cuda_intercept/shim_queue.c``; the layout is ``rgpu.protocol.cuda.OP``), so
 the server runs them in the order the program made them.  ``decode`` turns one
 into ``(op, args, buffers)`` exactly as ``calls_memory.py``/``calls_order.py``
 send it, so the route runs it through the same door as a posted call (its
@@ -11,12 +11,12 @@ quotas, its deferred error named by the op) on the real driver or the fake.
 from __future__ import annotations
 
 from rgpu.protocol.cuda import (
-    EVENT_RECORD_KIND, GRAPH_LAUNCH_KIND, LIB_KIND, MEM_FREE_KIND, MEMCPY_HTOD_KIND, MEMSET_KIND, NO_STREAM, OP,
-    QUEUED_COPY_BYTES, STREAM_WAIT_KIND,
+    EVENT_RECORD_KIND, GRAPH_LAUNCH_KIND, LIB_KIND, MEM_FREE_KIND, MEMCPY_DTOD_KIND, MEMCPY_HTOD_KIND, MEMSET_KIND,
+    NO_STREAM, OP, QUEUED_COPY_BYTES, STREAM_WAIT_KIND,
 )
 
 KINDS = frozenset({MEMSET_KIND, EVENT_RECORD_KIND, STREAM_WAIT_KIND, MEM_FREE_KIND, MEMCPY_HTOD_KIND,
-                   GRAPH_LAUNCH_KIND, LIB_KIND})
+                   GRAPH_LAUNCH_KIND, LIB_KIND, MEMCPY_DTOD_KIND})
 
 
 def decode(records: memoryview, pos: int, end: int):
@@ -43,6 +43,8 @@ def decode(records: memoryview, pos: int, end: int):
         if b > QUEUED_COPY_BYTES or OP.size + b > size:
             return None
         return size, ctx, "memcpy_htod", [a, s], [records[pos + OP.size:pos + OP.size + b]]
+    if kind == MEMCPY_DTOD_KIND:
+        return size, ctx, "memcpy_dtod", [a, b, c, s], []
     if kind == GRAPH_LAUNCH_KIND:
         return size, ctx, "graph_launch", [a, stream], []
     if kind == LIB_KIND:                               # a math library's call (server/cuda/libs)
