@@ -20,40 +20,44 @@ GPU = ROOT / "docs" / "perf" / "gpu"
 H200 = "one NVIDIA H200, 16 cores, torch 2.11.0+cu130, Python 3.12"
 
 # the runs the tables read: folder -> (date, machine)
-RUNS = {"run20": ("2026-12-02", H200), "run19": ("2026-12-02", H200), "run14": ("2026-12-01", H200), "run12": ("2026-11-30", H200), "run3": ("2026-11-30", H200)}
+RUNS = {"run21": ("2026-12-03", H200), "run20": ("2026-12-02", H200), "run19": ("2026-12-02", H200), "run14": ("2026-12-01", H200), "run12": ("2026-11-30", H200), "run3": ("2026-11-30", H200)}
 
 T20 = "run20/call4-transports.tar.gz:transports/"
 FP20 = "run20/call2-fast_path.tar.gz:fast_path/"
+R21 = "run21/call3-regress.tar.gz:"
+L21 = "run21/call4-cuda_libs.tar.gz:cuda_libs/cuda_libs.tar.gz:torch_bench.json"   # rgpu bench cuda --torch   # gpu/check_regress.sh: the figures a change must not move
 MiB = 1 << 20
 B19 = "run19/callA-baseline.tar.gz:a/bench_cuda.json"
 
 # page -> (the command that measured it, [(label, source, transport, metric, size, direction, target)])
 PAGES: dict[str, tuple[str, list[tuple]]] = {
-    "transport": ("`bash gpu/run_all.sh transports rtt` (`gpu/check_transports.sh`: `rgpu bench transport --json`)", [
-        ("tcp round trip, 64 B", T20 + "transport_tcp.json", "tcp", "rtt", 64, "", "<= 1.5"),
+    "transport": ("run20: `bash gpu/run_all.sh transports rtt` (`gpu/check_transports.sh`: `rgpu bench transport "
+                  "--json`); run21: the round trips of `bash gpu/run_all.sh regress`", [
+        ("tcp round trip, 64 B", R21 + "rtt.json", "tcp", "rtt", 64, "", "<= 1.5"),
         ("tcp upload, 64 MiB", T20 + "transport_tcp.json", "tcp", "bandwidth", 64 * MiB, "", ">= 0.90"),
         ("tcp download, 64 MiB", T20 + "transport_tcp.json", "tcp", "bandwidth", 64 * MiB, "download", ""),
-        ("shm round trip (the lone call), 64 B", T20 + "transport_shm.json", "shm", "rtt", 64, "", "<= 0.20"),
+        ("shm round trip (the lone call), 64 B", R21 + "rtt.json", "shm", "rtt", 64, "", "<= 0.20"),
         ("shm upload, 64 MiB", T20 + "transport_shm.json", "shm", "bandwidth", 64 * MiB, "", ">= 0.80"),
         ("shm upload, 256 MiB", T20 + "transport_shm.json", "shm", "bandwidth", 256 * MiB, "", ""),
         ("shm download, 64 MiB", T20 + "transport_shm.json", "shm", "bandwidth", 64 * MiB, "download", ""),
     ]),
-    "fast_path": ("run20: `bash gpu/run_all.sh fast_path` (`gpu/check_fast_path.sh`: `rgpu bench train`, `ops`, "
+    "fast_path": ("run21: `bash gpu/run_all.sh regress` (`gpu/check_regress.sh`, the short form); "
+                  "run20: `bash gpu/run_all.sh fast_path` (`gpu/check_fast_path.sh`: `rgpu bench train`, `ops`, "
                   "`upload`, `train --compile` over tcp, `train --sim-rtt 1,10,30`); run12: the compiled step in "
                   "reduce-overhead mode (`gpu/check_compiled.sh`)", [
-        ("eager step / native eager, shm", FP20 + "train.json", "shm", "training step", None, "", "<= 1.05"),
-        ("eager step / native eager, tcp", FP20 + "train_compiled.json", "tcp", "training step", None, "", "<= 1.05"),
+        ("eager step / native eager, shm", R21 + "train.json", "shm", "training step", None, "", "<= 1.05"),
+        ("eager step / native eager, tcp", R21 + "train_tcp.json", "tcp", "training step", None, "", "<= 1.05"),
         ("compiled step / native eager, tcp", FP20 + "train_compiled.json", "tcp",
          "training step, torch.compile(backend='rgpu')", None, "", ""),
         ("compiled step (reduce-overhead) / native eager, shm", "run12/call5_shm.json", "shm",
          "training step, torch.compile(backend='rgpu')", None, "", "<= 0.90"),
         ("compiled step (reduce-overhead) / native eager, tcp", "run12/call5_tcp.json", "tcp",
          "training step, torch.compile(backend='rgpu')", None, "", "<= 0.90"),
-        ("client cost per streamed op / native enqueue, shm", FP20 + "ops.json", "shm",
+        ("client cost per streamed op / native enqueue, shm", R21 + "ops.json", "shm",
          "client cost per streamed op (add, 4 elements)", None, "", "<= 1.0"),
-        ("chain of 1000 adds ending in .cpu() / native", FP20 + "ops.json", "shm",
+        ("chain of 1000 adds ending in .cpu() / native", R21 + "ops.json", "shm",
          "chain of 1000 adds ending in .cpu() (server: cuda)", None, "", "<= 1.5"),
-        ("1 GiB upload from pinned memory / pinned copy, shm", FP20 + "upload.json", "shm",
+        ("1 GiB upload from pinned memory / pinned copy, shm", R21 + "upload.json", "shm",
          "upload from pinned memory", None, "", ">= 0.85"),
         ("step at a simulated 30 ms round trip / (0 ms + 1 RTT)", FP20 + "train_rtt.json", "shm",
          "training step at a simulated 30 ms round trip", None, "", "<= 1.10"),
@@ -65,8 +69,18 @@ PAGES: dict[str, tuple[str, list[tuple]]] = {
         ("max |loss - native loss|, 3 warm-up steps, shm", FP20 + "train.json", "shm",
          "max |loss - native loss| over 3 warm-up steps", None, "", ""),
     ]),
-    "cuda_route": ("`rgpu bench cuda --json --repeats 3` (run19: `docs/perf/gpu/run19/README.md`; "
-                   "`gpu/check_cuda_route.sh` runs the same)", [
+    "cuda_route": ("run19: `rgpu bench cuda --json --repeats 3` (`docs/perf/gpu/run19/README.md`; "
+                   "`gpu/check_cuda_route.sh` runs the same); run21: `rgpu bench cuda --torch --repeats 2` "
+                   "(`RUNGS=R4,R7,R9,R12 bash gpu/run_all.sh cuda_libs`)", [
+        ("stock torch: GPT 4x128 eager step", L21, "auto", "GPT 4 layers/128 wide eager step", None, "", "<= 1.10"),
+        ("stock torch: GPT 6x384 eager step", L21, "auto", "GPT 6 layers/384 wide eager step", None, "", "<= 1.05"),
+        ("stock torch: CNN SGD step", L21, "auto", "CNN SGD step", None, "", "<= 1.15"),
+        ("stock torch: GPT 4x128 step captured by torch.cuda.graph, replayed", L21, "auto",
+         "GPT 4x128 step captured by torch.cuda.graph, replayed", None, "", "<= 1.02"),
+        ("stock torch: waits per GPT 6x384 step", L21, "auto", "GPT 6 layers/384 wide eager step: waits per step",
+         None, "", "1"),
+        ("stock torch: the first step's synchronous calls", L21, "auto",
+         "GPT 4x128: the process's first step's synchronous calls", None, "", "<= 60"),
         ("round-trip call (cuMemGetInfo)", B19, "auto", "round-trip call (cuMemGetInfo)", None, "", ""),
         ("2000 launches + synchronise", B19, "auto", "2000 launches + synchronise", None, "", ""),
         ("64 MiB host-to-device copy (pageable)", B19, "auto", "64 MiB host-to-device copy (pageable)", None, "", ""),
