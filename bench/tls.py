@@ -34,7 +34,7 @@ class RgpuTls(suite.RgpuEcho):
         self.conn = connect("echo", settings=config.settings(environ={}, server=address, token=token,
                                                              transport="tcp", tls_fingerprint=fingerprint))
         assert self.conn.transport.tls
-        self._out = suite.np.arange(suite.PING_BYTES, dtype=suite.np.uint8)
+        self._out = [suite.np.arange(suite.PING_BYTES, dtype=suite.np.uint8)]   # one part, as RgpuEcho sends
         self._back = [memoryview(bytearray(suite.PING_BYTES))]
 
 
