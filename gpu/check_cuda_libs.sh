@@ -24,7 +24,7 @@
 # (tests/lib_traces/ takes the small ones) and their replay's report.
 # Results: $OUT/summary.txt, $OUT/cuda_libs.json, $OUT/cuda_libs.tar.gz (both ladders' and the bench's JSON, every
 # step's stderr, the server log, lib_traces/). Needs the ignored .whl/ folder carried with the tree.
-BUDGET=465
+BUDGET=${BUDGET:-465}
 cd "$(dirname "$0")/.."
 . gpu/steps.sh
 RUNGS=${RUNGS:-R4,R5,R6,R7,R8,R9,R12,R10,R11}   # the compile rungs last: where time runs short, only they go

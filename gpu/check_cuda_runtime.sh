@@ -12,7 +12,7 @@
 # natively and through rgpu, compared bitwise, with the CUDA libraries each run mapped.
 # Results: $OUT/summary.txt and $OUT/cuda_runtime.tar.gz (cuda_runtime.json inside, one log per step).
 # Needs nvcc on the host (the programs are built there) and the ignored .whl/ folder carried with the tree.
-BUDGET=450
+BUDGET=${BUDGET:-450}
 cd "$(dirname "$0")/.."
 . gpu/steps.sh
 

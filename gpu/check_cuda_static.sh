@@ -12,7 +12,7 @@
 # CuPy's NVRTC compiles on the client (its maps show libnvrtc), the kernels run on the server's GPU.
 # Results: $OUT/summary.txt and $OUT/cuda_static.tar.gz (cuda_static.json inside, one log per step, and
 # saxpy-static.trace: saxpy's run through rgpu with the driver-call trace of gpu/cuda_call_trace).
-BUDGET=280
+BUDGET=${BUDGET:-280}
 cd "$(dirname "$0")/.."
 . gpu/steps.sh
 

@@ -10,7 +10,7 @@
 # The server reports each session's answered calls, its batches' time and the records it ran in Python; the probe
 # runs natively too, for the steady step's baseline.
 # Results: $OUT/summary.txt, $OUT/cuda_waits.tar.gz (the probe's JSON, its stderr with the wait report, the server log).
-BUDGET=400
+BUDGET=${BUDGET:-400}
 cd "$(dirname "$0")/.."
 . gpu/steps.sh
 if [ "${CHECK_INSTALL:-1}" = 1 ]; then

@@ -18,6 +18,8 @@ REPO=$PWD
 export PYTHONPATH=$REPO/examples/nanogpt   # the benches' model (examples/ is not installed)
 
 stamp() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a "$OUT/log.txt"; }
+# stopped from outside (run_all.sh's timeout): what the steps wrote comes back as $FINAL/partial.tar.gz
+trap 'stamp "stopped from outside: packing what there is as partial.tar.gz"; tar czf "$FINAL/partial.tar.gz" -C "$OUT" .; exit 124' TERM
 
 step() {  # step NAME LIMIT_S COMMAND...: stdout to $OUT/NAME.json, stderr to $OUT/NAME.err, exit status to NAME.rc
   local name=$1 limit=$2; shift 2
