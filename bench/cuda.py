@@ -2,6 +2,7 @@
 
     rgpu bench cuda [--json] [--repeats N] [--server HOST:PORT]      python -m rgpu.bench.cuda --json
     rgpu bench cuda --torch [--quick]        stock CUDA PyTorch's training steps instead (cuda_torch.py)
+    rgpu bench cuda --torch --queue-bytes 256K,64K,16K   the eager steps at each client queue size, beside native
 
 Rows (foundation schema): a round-trip driver call (cuMemGetInfo), 2000
 kernel launches plus the final cuCtxSynchronize, a 64 MiB cuMemcpyHtoD from
@@ -70,6 +71,8 @@ def _torch_rows(args) -> list[dict]:
     try:
         env = {"RGPU_SERVER": getattr(args, "server", None) or server.address,
                **({"RGPU_TOKEN": server.token} if server else {})}
+        if getattr(args, "queue_bytes", None):
+            return cuda_torch.queue_rows(args, env)
         return cuda_torch.rows(args, env)
     finally:
         if server:
@@ -120,7 +123,9 @@ def main(argv=None) -> int:
     from rgpu.bench import harness
 
     return harness.main(rows, argv, __doc__, flags={"--server": {"help": "host:port of a running server"},
-                       "--torch": {"action": "store_true", "help": "stock CUDA PyTorch's steps (cuda_torch.py)"}})
+                       "--torch": {"action": "store_true", "help": "stock CUDA PyTorch's steps (cuda_torch.py)"},
+                       "--queue-bytes": {"help": "with --torch: the eager steps at each RGPU_CUDA_QUEUE_BYTES of "
+                                                 "this comma list (e.g. 256K,64K,16K), each run beside native"}})
 
 
 if __name__ == "__main__":

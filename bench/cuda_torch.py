@@ -316,6 +316,39 @@ def rows(args, server_env: dict, native: bool | None = None) -> list[dict]:
     return make_rows(ours, natives, rtt, quick)
 
 
+def queue_rows(args, server_env: dict) -> list[dict]:
+    """``--queue-bytes 256K,64K,16K``: the eager steps through rgpu with ``RGPU_CUDA_QUEUE_BYTES`` at each
+    size, every run beside a native run (interleaved: native, then each size): how soon the client posts
+    a step's queued work decides how much of it the server runs beside the client rather than after it."""
+    from rgpu.config import _size
+    tpy = torch_python()
+    if tpy is None:
+        raise RuntimeError("no CUDA torch here (TORCH_PYTHON)")
+    sizes = [_size(t) for t in str(args.queue_bytes).split(",") if t]
+    cases = ["gpt_6x384", "gpt_4x128"]
+    script = [tpy, str(Path(__file__).resolve()), "--child", "--steps", str(getattr(args, "steps", None) or 20),
+              "--warmup", "3", "--cases", ",".join(cases)]
+    through = [sys.executable, "-m", "rgpu", "intercept", "run", "--"]
+    env = dict(os.environ, **server_env)
+    env.pop("RGPU_SIM_RTT_MS", None)
+    natives, ours = [], {q: [] for q in sizes}
+    for _ in range(max(1, getattr(args, "repeats", 3) or 3)):
+        natives.append(_run_child(script, native_env(), 600))
+        for q in sizes:
+            ours[q].append(_run_child(through + script, dict(env, RGPU_CUDA_QUEUE_BYTES=str(q)), 600))
+    out = []
+    for name in cases:
+        nm = [_median(o["cases"].get(name, {}).get("step_ms")) for o in natives]
+        for q in sizes:
+            rm = [_median(o["cases"].get(name, {}).get("step_ms")) for o in ours[q]]
+            errors = [o["cases"][name]["error"] for o in ours[q] if "error" in o["cases"].get(name, {})]
+            out.append(_row(f"{LABELS[name]}, RGPU_CUDA_QUEUE_BYTES={q}", "ms", rm, nm,
+                            "stock CUDA PyTorch natively, same script, same host", size=q,
+                            ratios=[a / b for a, b in zip(rm, nm) if a and b], target_ratio=TARGETS[name],
+                            **({"errors": errors[:3]} if errors else {})))
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--child", action="store_true", help="run the steps here and print one JSON line")

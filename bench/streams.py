@@ -8,7 +8,8 @@ received into a preallocated buffer; ``rgpu.bench.transport``), interleaved with
 
 - ``tcp x1``: one stream, beside the raw socket (a Python socket pair in two processes);
 - ``tcp xN``: N streams (``--streams``, default 4), beside the same raw socket;
-- with ``--tls``: ``tcp+tls xN``, TLS on each of the N streams, beside plain ``tcp xN``;
+- with ``--tls``: ``tcp+tls xN``, TLS on each of the N streams, beside plain ``tcp xN``; and the same TLS
+  session beside one whose ends read records in Python (``RGPU_SHM_C=0``: ``tls_fast.py``'s C reads off);
 - ``rtt``: the 64 B round trip on N streams beside one (what striping costs a call that is not striped).
 
 Each rgpu row has its own local ``rgpu serve`` started with ``RGPU_TCP_STREAMS`` set to its count, its
@@ -29,12 +30,14 @@ QUICK_SIZES = (4 << 20, 64 << 20)
 class RgpuStreams(suite.RgpuEcho):
     """The echo route over tcp on ``streams`` streams (and TLS, the certificate pinned, with ``fingerprint``)."""
 
-    def __init__(self, address: str, token: str, streams: int, fingerprint: str | None = None):
+    def __init__(self, address: str, token: str, streams: int, fingerprint: str | None = None, use_c: bool = True):
         from rgpu import config
         from rgpu.transport.client import connect
 
-        self.name = f"rgpu tcp{'+tls' if fingerprint else ''} x{streams}"
+        self.name = f"rgpu tcp{'+tls' if fingerprint else ''} x{streams}{'' if use_c else ' (Python reads)'}"
         extra = {"tls_fingerprint": fingerprint} if fingerprint else {}
+        if not use_c:
+            extra["shm_c"] = False
         self.conn = connect("echo", settings=config.settings(environ={}, server=address, token=token, transport="tcp",
                                                              tcp_streams=streams, **extra))
         got = getattr(self.conn.transport, "_inner", self.conn.transport)
@@ -45,13 +48,14 @@ class RgpuStreams(suite.RgpuEcho):
         self._back = [memoryview(bytearray(suite.PING_BYTES))]
 
 
-def _backend(ctx: suite.Context, streams: int, tls: bool = False) -> RgpuStreams:
+def _backend(ctx: suite.Context, streams: int, tls: bool = False, use_c: bool = True) -> RgpuStreams:
     from rgpu.transport.tls import CERT_NAME, file_fingerprint
 
-    server = harness.LocalServer(["--tls"] if tls else [], cpus=ctx.server_cpus, env={"RGPU_TCP_STREAMS": str(streams)})
+    env = {"RGPU_TCP_STREAMS": str(streams), **({} if use_c else {"RGPU_SHM_C": "0"})}
+    server = harness.LocalServer(["--tls"] if tls else [], cpus=ctx.server_cpus, env=env)
     ctx._closers.append(server.stop)
     pin = file_fingerprint(Path(server.folder) / CERT_NAME) if tls else None
-    return ctx.own(RgpuStreams(server.address, server.token, streams, pin))
+    return ctx.own(RgpuStreams(server.address, server.token, streams, pin, use_c))
 
 
 def rows(args=None) -> list[dict]:
@@ -67,7 +71,9 @@ def rows(args=None) -> list[dict]:
         one, many = _backend(ctx, 1), _backend(ctx, n)
         pairs = [("tcp x1", one, raw), (f"tcp x{n}", many, raw)]
         if getattr(args, "tls", False):
-            pairs.append((f"tcp+tls x{n}", _backend(ctx, n, tls=True), many))
+            tls = _backend(ctx, n, tls=True)
+            pairs += [(f"tcp+tls x{n}", tls, many),
+                      (f"tcp+tls x{n} C reads", tls, _backend(ctx, n, tls=True, use_c=False))]
         # what the streams cost a small call (every send looks at its size): the 64 B round trip, N beside 1
         out += suite.transport_rows(f"tcp x{n}", {"rtt": (many, one)}, [], repeats, budget)
         for name, rgpu, base in pairs:

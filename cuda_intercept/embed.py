@@ -34,6 +34,7 @@ def attach(ffi, lib, names) -> None:
     from rgpu import config
     # RGPU_NATIVE=off: memsets, events, waits, frees, small copies and graph launches posted by Python (the reference)
     lib.rgpu_records_native(int(config.settings().native != "off"))
+    lib.rgpu_queue_limit(max(1, config.settings().cuda_queue_bytes))   # RGPU_CUDA_QUEUE_BYTES
     lib.rgpu_set_ready()
 
 

@@ -59,7 +59,7 @@ step transport_shm 60 bash -c "'$PY' -m rgpu bench transport --transport shm --s
   --plot '$OUT/transport_shm.png' >'$OUT/transport_shm.json'"
 # big transfers on several tcp streams: 1 vs 4 (STREAMS=8: 8) beside one raw socket; TLS over them vs plain
 STREAM_SIZES=${STREAM_SIZES:-256M,1G}
-step streams 150 bash -c "'$PY' -m rgpu.bench.streams --streams ${STREAMS:-4} --tls --sizes $STREAM_SIZES --repeats 3 \
+step streams 220 bash -c "'$PY' -m rgpu.bench.streams --streams ${STREAMS:-4} --tls --sizes $STREAM_SIZES --repeats 3 \
   --json >'$OUT/streams.json'"
 step copy 25 bash -c "'$PY' -m rgpu.bench.transport_fast --copy --repeats 5 --json >'$OUT/copy.json'"
 

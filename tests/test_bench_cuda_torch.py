@@ -48,6 +48,25 @@ def test_rows_pair_each_run_with_its_native_neighbour_and_count_waits():
                 "spread"} <= set(r)
 
 
+def test_queue_rows_run_each_size_beside_a_native_run_and_pass_the_size_to_the_rgpu_side(monkeypatch):
+    from rgpu.bench import cuda_torch
+    calls = []
+
+    def child(cmd, env, timeout):
+        q = env.get("RGPU_CUDA_QUEUE_BYTES") if "intercept" in cmd else None
+        calls.append(q)
+        return _side({None: [10.0] * 3, "262144": [12.0] * 3, "16384": [11.0] * 3}[q])
+    monkeypatch.setattr(cuda_torch, "torch_python", lambda: sys.executable)
+    monkeypatch.setattr(cuda_torch, "_run_child", child)
+    args = type("Args", (), {"queue_bytes": "256K,16K", "repeats": 2, "steps": 5})()
+    rows = {r["metric"]: r for r in cuda_torch.queue_rows(args, {"RGPU_SERVER": "x:1"})}
+    assert calls == [None, "262144", "16384"] * 2                 # interleaved: native, then each size
+    big = rows["GPT 6 layers/384 wide eager step, RGPU_CUDA_QUEUE_BYTES=262144"]
+    small = rows["GPT 6 layers/384 wide eager step, RGPU_CUDA_QUEUE_BYTES=16384"]
+    assert big["ratio"] == pytest.approx(1.2) and small["ratio"] == pytest.approx(1.1) and small["size"] == 16384
+    assert "GPT 4 layers/128 wide eager step, RGPU_CUDA_QUEUE_BYTES=16384" in rows
+
+
 def test_without_a_cuda_torch_it_says_so(monkeypatch):
     from rgpu.bench import cuda_torch
     from rgpu.errors import ConfigError

@@ -344,3 +344,42 @@ def test_a_copy_bigger_than_one_piece_travels_in_several_and_arrives_whole(cu, m
     d = upload(cu, a)
     assert np.array_equal(download(cu, d, a), a)
     assert cu.cuMemFree_v2(u64(d)) == 0
+
+
+QUEUE_PROBE = """
+import ctypes, sys
+from ctypes import byref, c_void_p
+sys.path.insert(0, {tests!r})
+import test_cuda_shim as t
+from test_cuda_support import shim_in_process
+from rgpu.cuda_intercept import client
+cu = shim_in_process()
+ctx = c_void_p()
+assert cu.cuDevicePrimaryCtxRetain(byref(ctx), 0) == 0 and cu.cuCtxSetCurrent(ctx) == 0
+mod, f = c_void_p(), c_void_p()
+assert cu.cuModuleLoadData(byref(mod), ctypes.c_char_p(t.ptx())) == 0
+assert cu.cuModuleGetFunction(byref(f), mod, b"noop") == 0
+conn = client.get().conn
+posts = conn.stats["posts"]
+for _ in range(500):                            # 64-byte records: 32 KiB in all
+    assert cu.cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, None, None, None) == 0
+assert cu.cuCtxSynchronize() == 0
+print("posts", conn.stats["posts"] - posts)
+"""
+
+
+@pytest.mark.parametrize("limit,fewest,most", [(None, 1, 1), ("4K", 7, 9)])
+def test_rgpu_cuda_queue_bytes_sets_how_much_is_queued_before_a_post(cu, limit, fewest, most):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    env = {k: v for k, v in os.environ.items() if k != "RGPU_CUDA_QUEUE_BYTES"}
+    if limit:
+        env["RGPU_CUDA_QUEUE_BYTES"] = limit
+    tests = str(Path(__file__).resolve().parent)
+    done = subprocess.run([sys.executable, "-c", QUEUE_PROBE.format(tests=tests)], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    posts = int(done.stdout.split("posts")[-1])
+    assert fewest <= posts <= most, done.stdout

@@ -11,7 +11,7 @@ import pytest
 from conftest import wait_until
 from rgpu import config
 from rgpu.errors import AuthenticationError, ConnectionLost, ProtocolError, RgpuError
-from rgpu.transport import handshake, tcp, tcp_streams_setup
+from rgpu.transport import handshake, shm_fast, tcp, tcp_streams_setup
 from rgpu.transport.buffers import BufferPool
 from rgpu.transport.tcp import TcpTransport
 from rgpu.transport.tcp_streams import STRIPE, STRIPE_MAGIC, StripedTcp, ranges
@@ -71,6 +71,8 @@ def test_over_tls_each_stream_is_its_own_tls_socket_and_the_bytes_arrive_the_sam
     conn = server.connect("echo", tcp_streams=4, tls_fingerprint=pin)
     inner = getattr(conn.transport, "_inner", conn.transport)
     assert isinstance(inner, StripedTcp) and inner.tls and all(s.version() for s in inner.streams)
+    if shm_fast.load() is not None:       # the big reads go in C (tls_fast.py), on every stream
+        assert inner._reader.read_exactly is not None and all(r is not None for r in inner._exact)
     _echo_both_ways(conn)
     conn.close()
 

@@ -225,6 +225,8 @@ class StreamReader:
 
     def __init__(self, recv_into):
         self.recv_into = recv_into           # fills up to len(view) bytes, returns count (0 = EOF); replaceable
+        # fills all of a view, returns count (fewer: EOF), for reads of known length (TLS: tls_fast.py); or None
+        self.read_exactly = None
         # (bytes, read): a frame whose buffers hold that many bytes or more is read by read(kind, seq, ack,
         # meta, lengths, targets, pool) once its metadata is in (tcp_streams.py: striped over several sockets)
         self.big = None
@@ -271,6 +273,8 @@ class StreamReader:
             dest[:staged] = self._view[self._start:self._start + staged]
             self._start += staged
         pos = staged
+        if pos < n and self.read_exactly is not None:
+            pos += self.read_exactly(dest[pos:])
         while pos < n:
             got = self.recv_into(dest[pos:])
             if got == 0:

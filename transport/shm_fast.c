@@ -222,3 +222,22 @@ int rgpu_fd_spin(int fd, double spin_s) {
         _mm_pause();
     }
 }
+
+/* TLS: ``n`` bytes read through an OpenSSL ``SSL`` object, record after record, without the GIL.
+ * Python's SSLSocket.recv_into returns one record (16 KiB at most) a call and takes the GIL again for
+ * each, so a big frame read over TLS was 65,536 calls a GiB and several streams queued on the GIL
+ * (tls_fast.py). ``read_ex`` is SSL_read_ex of the libssl Python's _ssl uses. Returns the bytes read:
+ * fewer than n when SSL_read_ex would block or failed (the caller's recv_into then waits or raises). */
+typedef int (*rgpu_ssl_read_ex)(void *ssl, void *buf, size_t num, size_t *readbytes);
+
+uint64_t rgpu_tls_read(uintptr_t read_ex, uintptr_t ssl, char *buf, uint64_t n) {
+    rgpu_ssl_read_ex read = (rgpu_ssl_read_ex)read_ex;
+    uint64_t pos = 0;
+    while (pos < n) {
+        size_t got = 0;
+        if (read((void *)ssl, buf + pos, (size_t)(n - pos), &got) != 1)
+            break;
+        pos += got;
+    }
+    return pos;
+}

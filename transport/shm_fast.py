@@ -56,6 +56,7 @@ int rgpu_shm_take(const rgpu_ring *r, uint64_t head, uint32_t max_meta, uint32_t
                   rgpu_frame *f);
 void rgpu_shm_consume(const rgpu_ring *r, uint64_t head);
 int rgpu_fd_spin(int fd, double spin_s);
+uint64_t rgpu_tls_read(uintptr_t read_ex, uintptr_t ssl, char *buf, uint64_t n);
 """
 FAST_BUFS = 8
 # rgpu_frame as Python reads it: head, next, seq, ack, kind, meta length, buffers, meta offset; then

@@ -50,9 +50,15 @@ class TcpTransport(Transport):
         """Before a read sleeps, poll the socket for ``spin_us`` (RGPU_TCP_SPIN_US; unset: 20 ms on a machine
         of 8 cores or more, else not at all), in C without the GIL (shm's C module): a reader asleep costs
         every write to it a wake-up of its thread, and a session's server waits for the next op again and
-        again. Called once the handshake is over. Not with TLS (its records are read through the SSL object)."""
+        again. Called once the handshake is over. Not with TLS (its records are read through the SSL object):
+        there a frame's big buffers are read in C instead (``tls_fast.py``), where it builds and ``use_c``."""
         from . import shm_fast
 
+        if self._tls:
+            from . import tls_fast
+
+            self._reader.read_exactly = tls_fast.exact_reader(self.sock, use_c)
+            return
         spin_s = spin_seconds(spin_us, 0.0)
         module = shm_fast.load(use_c) if spin_s > 0 and not self._tls else None
         if module is None:

@@ -112,8 +112,10 @@ def _send_all(sock, views: list, tls: bool) -> None:
                 views[0], sent = views[0][sent:], 0
 
 
-def _recv_exactly(sock, view: memoryview, what: str) -> None:
+def _recv_exactly(sock, view: memoryview, what: str, read_exactly=None) -> None:
     pos, n = 0, view.nbytes
+    if read_exactly is not None:          # TLS: the whole view in one C call (tls_fast.py)
+        pos = read_exactly(view)
     while pos < n:
         got = sock.recv_into(view[pos:])
         if not got:
@@ -133,7 +135,15 @@ class StripedTcp(TcpTransport):
         self._out = [_Lane(f"rgpu-tcp-stream{i}-out") for i in range(1, n)]
         self._in = [_Lane(f"rgpu-tcp-stream{i}-in") for i in range(1, n)]
         self._sent = self._received = 0     # striped frames each way so far (the stripes' count)
+        self._exact = [None] * len(self.streams)   # TLS: each stream's read of a whole view in C (spin_reads)
         self._reader.big = (self.stripe_bytes, self._read_striped)
+
+    def spin_reads(self, spin_us: float | None, use_c: bool = True) -> None:
+        super().spin_reads(spin_us, use_c)
+        if self._tls:
+            from . import tls_fast
+
+            self._exact = [tls_fast.exact_reader(s, use_c) for s in self.streams]
 
     @property
     def stream_count(self) -> int:
@@ -224,7 +234,7 @@ class StripedTcp(TcpTransport):
             raise ProtocolError(f"{what}: the stripe holds bytes {offset}+{length} of its frame; this end expected "
                                 f"{start}+{stop - start} (a short or misplaced stripe)")
         for d in dests:
-            _recv_exactly(sock, d, what)
+            _recv_exactly(sock, d, what, self._exact[k])
 
     # ---- waiting and failing ---------------------------------------------------------
 
