@@ -321,9 +321,11 @@ def queue_rows(args, server_env: dict) -> list[dict]:
     size, every run beside a native run (interleaved: native, then each size): how soon the client posts
     a step's queued work decides how much of it the server runs beside the client rather than after it."""
     from rgpu.config import _size
+    from rgpu.errors import ConfigError
     tpy = torch_python()
     if tpy is None:
-        raise RuntimeError("no CUDA torch here (TORCH_PYTHON)")
+        raise ConfigError("no CUDA torch here: --queue-bytes needs a Python whose torch is a CUDA build "
+                          "(set TORCH_PYTHON=/path/to/python)")
     sizes = [_size(t) for t in str(args.queue_bytes).split(",") if t]
     cases = ["gpt_6x384", "gpt_4x128"]
     script = [tpy, str(Path(__file__).resolve()), "--child", "--steps", str(getattr(args, "steps", None) or 20),

@@ -108,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="train: also the step under torch.compile(backend='rgpu') [mode, e.g. reduce-overhead]")
     p.add_argument("--sim-rtt", default=None, help="train: comma list of simulated round trips in ms, e.g. 1,10,30")
     p.add_argument("--torch", action="store_true", help="cuda: stock CUDA PyTorch's training steps beside native")
+    p.add_argument("--queue-bytes", default=None,
+                   help="cuda --torch: the eager steps at each RGPU_CUDA_QUEUE_BYTES of this comma list, e.g. 256K,16K")
     p.add_argument("--tls", action="store_true",
                    help="transport: add TLS rows beside plain tcp (what TLS costs); resilience: a TLS server's row too")
     p.add_argument("--tokens", type=int, default=None, help="generate: new tokens per sequence (128; --quick: 16)")
