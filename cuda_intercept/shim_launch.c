@@ -16,7 +16,7 @@ struct rgpu_layout { uint64_t func; uint32_t nparams, argbytes; uint32_t *offset
 static struct rgpu_layout *rgpu_funcs;  /* open addressing, key 0 = empty */
 static size_t rgpu_funcs_cap, rgpu_funcs_len;
 static char *rgpu_q;
-static size_t rgpu_q_len, rgpu_q_cap, rgpu_q_count, rgpu_q_limit = 256 << 10;
+static size_t rgpu_q_len, rgpu_q_cap, rgpu_q_count, rgpu_q_limit = 64 << 10;   /* RGPU_CUDA_QUEUE_BYTES (embed.py sets it) */
 static uint64_t rgpu_work_gen;     /* moved on by every record and every message sent (rgpu_lock): shim_queue.c */
 
 static struct rgpu_layout *rgpu_find(uint64_t func) {

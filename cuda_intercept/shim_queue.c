@@ -35,7 +35,7 @@ static CUresult rgpu_queue_op(uint32_t kind, uint64_t stream, uint64_t a, uint64
     memset(r + RGPU_OP_HEADER + n, 0, size - RGPU_OP_HEADER - n);
     int flush = rgpu_q_commit(size);
     pthread_mutex_unlock(&rgpu_lock);
-    return flush ? _py_rgpu_flush() : CUDA_SUCCESS;   /* a full queue is posted (Python, once per 256 KiB) */
+    return flush ? _py_rgpu_flush() : CUDA_SUCCESS;   /* a full queue is posted (Python, once per RGPU_CUDA_QUEUE_BYTES) */
 }
 
 #define RGPU_S(s) ((uint64_t)(uintptr_t)(s))

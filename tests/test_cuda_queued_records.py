@@ -214,8 +214,8 @@ def test_a_pools_access_is_its_owners_and_a_peer_is_refused(cu):
 def test_the_c_walker_launches_plain_records_and_hands_every_other_kind_back():
     from rgpu.protocol.cuda import LAUNCH, LAUNCH_KIND, MEMSET_KIND, NO_STREAM, OP
     from rgpu.server.cuda import real_batch
-    walk = real_batch.load()
-    if walk is None:
+    lib = real_batch.library()
+    if lib is None:
         pytest.skip("no C compiler for the server's record walker here")
     launched = []
     launch_t = ctypes.CFUNCTYPE(c_int, *([c_void_p] + [c_uint] * 7 + [c_void_p] * 3))
@@ -226,7 +226,8 @@ def test_the_c_walker_launches_plain_records_and_hands_every_other_kind_back():
            + OP.pack(OP.size, MEMSET_KIND, 7, NO_STREAM, 0x1000, 1 << 32, 4))     # 48 bytes: shorter than a launch
     buf = ctypes.create_string_buffer(rec, len(rec))
     pos, ctx = c_size_t(0), ctypes.c_uint64(7)
-    rc = walk(ctypes.cast(on_launch, c_void_p), ctypes.cast(on_ctx, c_void_p), buf, len(rec), byref(pos), byref(ctx))
+    rc = lib.rgpu_walk_records(ctypes.cast(on_launch, c_void_p), ctypes.cast(on_ctx, c_void_p), buf, len(rec),
+                               byref(pos), byref(ctx), None)
     assert (rc, pos.value, launched) == (-2, LAUNCH.size, [0x100])   # the memset is the executor's, never skipped
 
 

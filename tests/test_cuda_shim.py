@@ -265,7 +265,7 @@ def test_launches_beyond_the_c_queue_limit_are_posted_in_several_batches(cu, ker
     from rgpu.cuda_intercept import client
     conn = client.get().conn
     posts, trips = conn.stats["posts"], conn.stats["round_trips"]
-    for _ in range(5000):                       # 64-byte records: 256 KiB fills at 4096
+    for _ in range(5000):                       # 64-byte records: the default 64 KiB fills at 1024
         assert cu.cuLaunchKernel(kernels["noop"], 1, 1, 1, 32, 1, 1, 0, None, None, None) == 0
     assert cu.cuCtxSynchronize() == 0
     assert conn.stats["posts"] - posts >= 2 and conn.stats["round_trips"] == trips + 1

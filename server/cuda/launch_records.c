@@ -65,6 +65,14 @@ static int queued_op(const struct rgpu_driver_ops *ops, uint32_t kind, const cha
     }
 }
 
+/* The record's context made current when it is not already (*ctx): its CUresult. */
+static int switch_to(const struct rgpu_driver_ops *ops, uint64_t want, uint64_t *ctx) {
+    if (want == *ctx) return 0;
+    int rc = ops->set_ctx(PTR(want));
+    if (!rc) *ctx = want;
+    return rc;
+}
+
 /* Walk records [pos, len) (layouts in rgpu/protocol/cuda.py: LAUNCH, OP) in order: launches with their
  * packed arguments passed through `extra`, the queued ops `ops` has entry points for, and the math
  * libraries' records through `cublas` (the session's table, or NULL).  Stops at the first record it leaves
@@ -86,11 +94,8 @@ int rgpu_walk_all(const struct rgpu_driver_ops *ops, const char *rec, size_t len
             if (*pos + RGPU_CUDA_OP_HEADER_BYTES > len) return -1;
             memcpy(h, r + 8, 40);
             if (size < RGPU_CUDA_OP_HEADER_BYTES + h[4] || *pos + size > len) return -1;
-            if (h[0] != *ctx) {
-                int rc = ops->set_ctx(PTR(h[0]));
-                if (rc) return rc;
-                *ctx = h[0];
-            }
+            int rc = switch_to(ops, h[0], ctx);
+            if (rc) return rc;
             if (rgpu_cublas_record(cublas, (uint32_t)h[2], h[3], h[1], r + RGPU_CUDA_OP_HEADER_BYTES, h[4]))
                 return -2;                 /* not one it runs, or it failed: the executor runs it and explains */
             *pos += size;
@@ -104,12 +109,9 @@ int rgpu_walk_all(const struct rgpu_driver_ops *ops, const char *rec, size_t len
                 return -2;
             memcpy(h, r + 8, 40);
             if (!runs_here(ops, kind, size, h)) return -2;
-            if (h[0] != *ctx) {
-                int rc = ops->set_ctx(PTR(h[0]));
-                if (rc) return rc;
-                *ctx = h[0];
-            }
-            int rc = queued_op(ops, kind, r, h);
+            int rc = switch_to(ops, h[0], ctx);
+            if (rc) return rc;
+            rc = queued_op(ops, kind, r, h);
             if (rc) return rc;              /* the executor runs it again and names the failure */
             *pos += size;
             continue;
@@ -122,14 +124,11 @@ int rgpu_walk_all(const struct rgpu_driver_ops *ops, const char *rec, size_t len
         memcpy(&stream, r + 24, 8);
         memcpy(dims, r + 32, 32);
         if (size < HEAD + dims[7] || *pos + size > len) return -1;
-        if (c != *ctx) {
-            int rc = ops->set_ctx(PTR(c));
-            if (rc) return rc;
-            *ctx = c;
-        }
+        int rc = switch_to(ops, c, ctx);
+        if (rc) return rc;
         extra[1] = (void *)(r + HEAD);
         size_arg = dims[7];
-        int rc = ops->launch(PTR(func), dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], PTR(stream),
+        rc = ops->launch(PTR(func), dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], PTR(stream),
                              0, dims[7] ? extra : 0);
         if (rc) return rc;
         *pos += size;
@@ -143,10 +142,4 @@ int rgpu_walk_records(launch_fn launch, set_ctx_fn set_ctx, const char *rec, siz
                       uint64_t *ctx, struct rgpu_cublas *cublas) {
     struct rgpu_driver_ops ops = {.launch = launch, .set_ctx = set_ctx};
     return rgpu_walk_all(&ops, rec, len, pos, ctx, cublas);
-}
-
-/* The same walk with no math-library table: every math-library record goes to the executor. */
-int rgpu_launch_records(launch_fn launch, set_ctx_fn set_ctx, const char *rec, size_t len, size_t *pos,
-                        uint64_t *ctx) {
-    return rgpu_walk_records(launch, set_ctx, rec, len, pos, ctx, 0);
 }

@@ -50,7 +50,6 @@ def driver_ops(driver: ctypes.CDLL) -> DriverOps:
 SIGNATURES = {   # name -> (argument types, result type)
     "rgpu_walk_all": ([POINTER(DriverOps), c_void_p, c_size_t, POINTER(c_size_t), POINTER(c_uint64), c_void_p],
                       c_int),
-    "rgpu_launch_records": (_WALK, c_int),
     "rgpu_walk_records": ([*_WALK, c_void_p], c_int),
     "rgpu_cublas_new": ([], c_void_p),
     "rgpu_cublas_free": ([c_void_p], None),
@@ -109,8 +108,3 @@ def library() -> ctypes.CDLL | None:
     path = native.attempt(NAME, build)
     return None if path is None else _library(str(path))
 
-
-def load():
-    """The compiled ``rgpu_launch_records`` (typed), or None when it cannot be built here."""
-    lib = library()
-    return None if lib is None else lib.rgpu_launch_records

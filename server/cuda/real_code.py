@@ -50,8 +50,8 @@ class RealCode(Code):
         from .real_batch import driver_ops, library
         self._batch = library()                     # None without a C compiler: the executor walks records itself
         self._walk = self._batch.rgpu_walk_all if self._batch else None
-        self._ops = driver_ops(self.api.lib) if self._batch else None    # the walk's entry points, held here
-        self._ops_ref = byref(self._ops) if self._batch else None
+        # the walk's entry points, by reference once (the reference keeps the structure alive)
+        self._ops = byref(driver_ops(self.api.lib)) if self._batch else None
         self.by_params: set[int] = set()            # functions whose launches need kernelParams, not extra
 
     def _function(self, handle: int) -> int:
@@ -209,13 +209,14 @@ class RealCode(Code):
 
     def launch_records(self, base: int, length: int, pos: int, ctx: int | None, cublas: int | None = None):
         """Run the records at address ``base`` (``length`` bytes) from ``pos`` in C (launches, event records,
-        stream waits, graph launches, small copies) until the end, the first record C leaves or the first
+        stream waits, graph launches, host-to-device copies of up to QUEUED_COPY_BYTES, device-to-device copies)
+        until the end, the first record C leaves or the first
         failure: (pos, current ctx, CUresult). ``cublas``: the session's cuBLAS table
         (``libs/cublas_records.c``), whose math-library records run there too."""
         if self._batch is None:
             return None
         p, c = c_size_t(pos), c_ulonglong((1 << 64) - 1 if ctx is None else ctx)
-        rc = self._walk(self._ops_ref, base, length, byref(p), byref(c), cublas)
+        rc = self._walk(self._ops, base, length, byref(p), byref(c), cublas)
         return p.value, c.value, rc
 
     def _launch_params(self, func, gx, gy, gz, bx, by, bz, shared, stream, args_addr: int) -> None:
