@@ -20,19 +20,25 @@ GPU = ROOT / "docs" / "perf" / "gpu"
 H200 = "one NVIDIA H200, 16 cores, torch 2.11.0+cu130, Python 3.12"
 
 # the runs the tables read: folder -> (date, machine)
-RUNS = {"run21": ("2026-12-03", H200), "run20": ("2026-12-02", H200), "run19": ("2026-12-02", H200), "run14": ("2026-12-01", H200), "run12": ("2026-11-30", H200), "run3": ("2026-11-30", H200)}
+RUNS = {"run22": ("2026-12-03", H200), "run21": ("2026-12-03", H200), "run20": ("2026-12-02", H200), "run19": ("2026-12-02", H200), "run14": ("2026-12-01", H200), "run12": ("2026-11-30", H200), "run3": ("2026-11-30", H200)}
 
 T20 = "run20/call4-transports.tar.gz:transports/"
 FP20 = "run20/call2-fast_path.tar.gz:fast_path/"
 R21 = "run21/call3-regress.tar.gz:"
-L21 = "run21/call4-cuda_libs.tar.gz:cuda_libs/cuda_libs.tar.gz:torch_bench.json"   # rgpu bench cuda --torch   # gpu/check_regress.sh: the figures a change must not move
+L22 = "run22/call3-cuda_libs.tar.gz:cuda_libs/cuda_libs.tar.gz:torch_bench.json"   # rgpu bench cuda --torch
+S22 = "run22/call1-transports.tar.gz:transports/streams.json"                     # rgpu bench streams --tls   # gpu/check_regress.sh: the figures a change must not move
 MiB = 1 << 20
 B19 = "run19/callA-baseline.tar.gz:a/bench_cuda.json"
 
 # page -> (the command that measured it, [(label, source, transport, metric, size, direction, target)])
 PAGES: dict[str, tuple[str, list[tuple]]] = {
     "transport": ("run20: `bash gpu/run_all.sh transports rtt` (`gpu/check_transports.sh`: `rgpu bench transport "
-                  "--json`); run21: the round trips of `bash gpu/run_all.sh regress`", [
+                  "--json`); run21: the round trips of `bash gpu/run_all.sh regress`; run22: `rgpu bench streams "
+                  "--tls --sizes 256M,1G --repeats 3` (`bash gpu/run_all.sh transports`)", [
+        ("tcp on 4 streams, 1 GiB upload / one raw socket", S22, "tcp x4", "bandwidth", 1 << 30, "", ""),
+        ("TLS on 4 streams, 1 GiB upload / plain tcp on 4", S22, "tcp+tls x4", "bandwidth", 1 << 30, "", ">= 0.5"),
+        ("TLS on 4 streams, 1 GiB download / plain tcp on 4", S22, "tcp+tls x4", "bandwidth", 1 << 30, "download",
+         ">= 0.5"),
         ("tcp round trip, 64 B", R21 + "rtt.json", "tcp", "rtt", 64, "", "<= 1.5"),
         ("tcp upload, 64 MiB", T20 + "transport_tcp.json", "tcp", "bandwidth", 64 * MiB, "", ">= 0.90"),
         ("tcp download, 64 MiB", T20 + "transport_tcp.json", "tcp", "bandwidth", 64 * MiB, "download", ""),
@@ -70,16 +76,16 @@ PAGES: dict[str, tuple[str, list[tuple]]] = {
          "max |loss - native loss| over 3 warm-up steps", None, "", ""),
     ]),
     "cuda_route": ("run19: `rgpu bench cuda --json --repeats 3` (`docs/perf/gpu/run19/README.md`; "
-                   "`gpu/check_cuda_route.sh` runs the same); run21: `rgpu bench cuda --torch --repeats 2` "
+                   "`gpu/check_cuda_route.sh` runs the same); run22: `rgpu bench cuda --torch --repeats 2` "
                    "(`RUNGS=R4,R7,R9,R12 bash gpu/run_all.sh cuda_libs`)", [
-        ("stock torch: GPT 4x128 eager step", L21, "auto", "GPT 4 layers/128 wide eager step", None, "", "<= 1.10"),
-        ("stock torch: GPT 6x384 eager step", L21, "auto", "GPT 6 layers/384 wide eager step", None, "", "<= 1.05"),
-        ("stock torch: CNN SGD step", L21, "auto", "CNN SGD step", None, "", "<= 1.15"),
-        ("stock torch: GPT 4x128 step captured by torch.cuda.graph, replayed", L21, "auto",
+        ("stock torch: GPT 4x128 eager step", L22, "auto", "GPT 4 layers/128 wide eager step", None, "", "<= 1.10"),
+        ("stock torch: GPT 6x384 eager step", L22, "auto", "GPT 6 layers/384 wide eager step", None, "", "<= 1.05"),
+        ("stock torch: CNN SGD step", L22, "auto", "CNN SGD step", None, "", "<= 1.15"),
+        ("stock torch: GPT 4x128 step captured by torch.cuda.graph, replayed", L22, "auto",
          "GPT 4x128 step captured by torch.cuda.graph, replayed", None, "", "<= 1.02"),
-        ("stock torch: waits per GPT 6x384 step", L21, "auto", "GPT 6 layers/384 wide eager step: waits per step",
+        ("stock torch: waits per GPT 6x384 step", L22, "auto", "GPT 6 layers/384 wide eager step: waits per step",
          None, "", "1"),
-        ("stock torch: the first step's synchronous calls", L21, "auto",
+        ("stock torch: the first step's synchronous calls", L22, "auto",
          "GPT 4x128: the process's first step's synchronous calls", None, "", "<= 60"),
         ("round-trip call (cuMemGetInfo)", B19, "auto", "round-trip call (cuMemGetInfo)", None, "", ""),
         ("2000 launches + synchronise", B19, "auto", "2000 launches + synchronise", None, "", ""),
