@@ -27,6 +27,7 @@ losses checked equal. Target <= 1.01.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import secrets
 import select
@@ -261,7 +262,10 @@ def _training_step(preset: str, repeats: int) -> dict:
             if carriers[0] != "ResumingTransport" or carriers[1] == "ResumingTransport":
                 raise RuntimeError(f"expected a resumable session and a plain one, got {carriers}")
             losses = [s.warm(2) for s in steps]
-            if losses[0] != losses[1]:
+            # the same work in both: equal losses, to 1e-5 relative (on a GPU, the backward pass's atomic adds
+            # do not repeat bit for bit from one process to another; on the CPU they are equal)
+            if len(losses[0]) != len(losses[1]) or not all(math.isclose(a, b, rel_tol=1e-5)
+                                                           for a, b in zip(*losses)):
                 raise RuntimeError(f"the two sessions' losses differ: {losses}")
             result = harness.compare(lambda: steps[0].block(STEP_BLOCK), lambda: steps[1].block(STEP_BLOCK),
                                      repeats, abba=True)
@@ -272,7 +276,7 @@ def _training_step(preset: str, repeats: int) -> dict:
                 srv.stop()
     return harness.row("resilience", "tcp", f"eager training step ({preset} preset), frames kept for replay and "
                        "acknowledged", None, result, "the same on a session that cannot resume (RGPU_SESSION_GRACE=0)",
-                       unit="ms", losses=losses[0], target="<= 1.01")
+                       unit="ms", losses=losses, target="<= 1.01")
 
 
 def rows(args=None) -> list[dict]:
