@@ -4,6 +4,7 @@
 // operation the op stream does for every tensor argument; the rest mint ids,
 // drain allocator events and build tensors the fallback cannot build in Python.
 // The fast path's functions (fast_path.cpp) and shipped graphs' calls (graph_call.cpp) join the same module.
+#include "fast_path.h"
 #include "rgpu_device.h"
 
 #include <torch/extension.h>
@@ -17,14 +18,6 @@ py::tuple as_tuple(at::IntArrayRef values) {
   py::tuple out(values.size());
   for (size_t i = 0; i < values.size(); ++i) out[i] = py::int_(values[i]);
   return out;
-}
-
-// (storage id, storage nbytes, dtype code, sizes, strides, storage offset, device index):
-// tuples all the way down, so a descriptor is both the wire form and a cache key.
-py::tuple describe(const at::Tensor& t) {
-  const auto& storage = t.storage();
-  return py::make_tuple(id_of(storage.data()), storage.nbytes(), static_cast<int>(t.scalar_type()),
-                        as_tuple(t.sizes()), as_tuple(t.strides()), t.storage_offset(), t.device().index());
 }
 
 int dtype_code(const at::Tensor& t) { return static_cast<int>(t.scalar_type()); }
@@ -53,6 +46,14 @@ at::Tensor adopt(uint64_t id, size_t nbytes, int device, int dtype, std::vector<
 }
 
 }  // namespace
+
+// (storage id, storage nbytes, dtype code, sizes, strides, storage offset, device index):
+// tuples all the way down, so a descriptor is both the wire form and a cache key.
+py::tuple describe(const at::Tensor& t) {
+  const auto& storage = t.storage();
+  return py::make_tuple(id_of(storage.data()), storage.nbytes(), static_cast<int>(t.scalar_type()),
+                        as_tuple(t.sizes()), as_tuple(t.strides()), t.storage_offset(), t.device().index());
+}
 
 // A new tensor on src's storage: views whose kernels the fallback works out itself.
 at::Tensor alias_of(const at::Tensor& src, at::ScalarType dtype, at::IntArrayRef size, at::IntArrayRef stride,

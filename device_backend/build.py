@@ -14,7 +14,7 @@ from rgpu import protocol
 from rgpu.torch_ext import Extension
 
 SOURCES = ("allocator.cpp", "guard.cpp", "hooks.cpp", "pinned.cpp", "metadata_ops.cpp", "attention.cpp",
-           "autocast.cpp", "fast_encode.cpp", "fast_path.cpp", "graph_call.cpp", "bindings.cpp")
+           "autocast.cpp", "fast_encode.cpp", "fast_path.cpp", "fast_copies.cpp", "graph_call.cpp", "bindings.cpp")
 HEADERS = ("rgpu_device.h", "msgpack.h", "fast_path.h", str(protocol.HEADER))  # the last on the include path
 
 _EXTENSION = Extension("device_backend", Path(__file__).resolve().parent, SOURCES, HEADERS, "the device's C++ part")

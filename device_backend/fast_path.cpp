@@ -8,9 +8,8 @@
 // here, packs the op's message as encode.py would, and posts it through the
 // session (under its lock, with the allocator's events). Anything unusual
 // (CPU tensors, math bits, generators, devices, layouts) goes to Python.
-// A small upload (``x.to("rgpu")`` of a batch) is posted here too, as copies.upload
-// posts it, when there is nothing to convert: the step's first message, its
-// Python path the start's costliest piece when its caches are cold (docs/perf/fast_path-history.md, run11).
+// Small copies (an upload, a download, ``.item()``) are done here too when there is nothing to convert
+// (fast_copies.cpp).
 #include "fast_path.h"
 #include "rgpu_device.h"
 
@@ -27,7 +26,7 @@ namespace {
 
 constexpr c10::DispatchKeySet kKeys(c10::DispatchKey::PrivateUse1);
 constexpr int kMsgOp = RGPU_MSG_OP;
-constexpr int kMsgUpload = RGPU_MSG_UPLOAD;
+constexpr int kMsgDownload = RGPU_MSG_DOWNLOAD;
 constexpr size_t kMaxPlans = 50000;  // why a bound: scalar values are part of some signatures
 
 // kInt: an int the op returns (attention's max_q); kUndefined: a Tensor return it leaves undefined
@@ -52,7 +51,8 @@ struct Plan {
 struct OpRecord {
   Arguments args;
   bool never = false;  // the Python side said this op does not stream (call, local)
-  bool copy = false;   // aten::_copy_from: small uploads are posted here (upload())
+  bool copy = false;   // aten::_copy_from: small uploads and downloads are done here (fast_copies.cpp)
+  bool item = false;   // aten::_local_scalar_dense (.item()): read here (fast_copies.cpp)
   std::vector<int> index;  // each server's op index for it (sent with DEFINE by its first post there), 0: none yet
   std::unordered_map<std::string, Plan> plans;
 };
@@ -67,14 +67,14 @@ struct Target {               // one server of the session (servers.py's Server)
   int64_t first = 0;          // its first device: rgpu:first.. are its
   PyObject* send = nullptr;   // its connection's post_packed (several servers: a failure named, Servers.sender)
   PyObject* events = nullptr; // several servers: Servers.events_for(it), the events due there; one: null (all of them)
+  PyObject* request = nullptr; // one server: its connection's request (several: downloads stay Python's, which names a failure)
   uint64_t posts = 0;         // messages C++ posted to it (fast_path_stats)
 };
 std::vector<Target> g_targets;  // in device order; empty: no session streams
 bool g_enabled = false;
-size_t g_upload_max = 0;  // RGPU_POST_COPY_BYTES: an upload up to this size is one frame, its bytes copied at the post
 size_t g_plan_count = 0;
 std::unordered_map<const c10::FunctionSchema*, OpRecord> g_records;
-std::atomic<uint64_t> g_hits{0}, g_misses{0}, g_passes{0}, g_uploads{0};
+std::atomic<uint64_t> g_hits{0}, g_misses{0}, g_passes{0}, g_uploads{0}, g_downloads{0}, g_items{0};
 
 // The server holding rgpu:device (servers.Servers.of): the last whose first device is at most it.
 size_t target_of(int device) {
@@ -90,6 +90,7 @@ OpRecord& record_for(const c10::FunctionSchema& schema) {
   r.args = arguments_of(schema);
   r.index.assign(std::max<size_t>(g_targets.size(), 1), 0);
   r.copy = schema.name() == "aten::_copy_from" && schema.overload_name().empty();
+  r.item = schema.name() == "aten::_local_scalar_dense" && schema.overload_name().empty();
   return r;
 }
 
@@ -208,36 +209,24 @@ void post(int kind, size_t fields, const int64_t* key, const std::string& body, 
   else send(message);
 }
 
-// aten::_copy_from(src, dst, non_blocking) from a CPU tensor as copies.upload posts it: [Msg.UPLOAD,
-// events, dst] and src's bytes, one frame. Only when there is nothing to convert (dtype, shape, math
-// bits, layout) and the bytes are few enough that post_packed copies them (never pinned memory sent by
-// name, which waits for the server); false: nothing done, Python's turn.
-bool upload(torch::jit::Stack* stack) {
-  auto args = torch::jit::last(*stack, 3);
-  if (!args[0].isTensor() || !args[1].isTensor()) return false;
-  const at::Tensor& src = args[0].toTensor();
-  const at::Tensor& dst = args[1].toTensor();
-  if (src.device().type() != c10::DeviceType::CPU || dst.device().type() != c10::DeviceType::PrivateUse1 ||
-      src.layout() != at::kStrided || dst.layout() != at::kStrided || src.scalar_type() != dst.scalar_type() ||
-      at::isQIntType(src.scalar_type()) || src.sizes() != dst.sizes() || src.is_conj() || src.is_neg() ||
-      dst.is_conj() || dst.is_neg() || !src.is_contiguous() || dst.numel() == 0 || src.nbytes() > g_upload_max)
-    return false;
-  Packer p;
-  pack_descriptor(p, dst);
-  auto bytes = py::reinterpret_steal<py::object>(PyMemoryView_FromMemory(
-      static_cast<char*>(const_cast<void*>(src.const_data_ptr())), static_cast<Py_ssize_t>(src.nbytes()), PyBUF_READ));
-  if (!bytes) throw py::error_already_set();
-  post(kMsgUpload, 3, nullptr, p.out, target_of(dst.device().index()), bytes);
-  at::Tensor out = dst;
-  torch::jit::drop(*stack, 3);
-  stack->emplace_back(std::move(out));
-  return true;
-}
-
 }  // namespace
 
 void post_message(int kind, size_t fields, int64_t key, const std::string& body, size_t server) {
   post(kind, fields, &key, body, server);
+}
+
+void post_buffer(int kind, const std::string& body, int device, py::handle buffer) {
+  post(kind, 3, nullptr, body, target_of(device), buffer);
+}
+
+py::object request_download(const at::Tensor& t, py::handle into) {
+  if (g_targets.size() != 1 || g_targets[0].request == nullptr) return py::none();
+  auto request = py::reinterpret_borrow<py::object>(g_targets[0].request);  // the session's, as in post()
+  Held held;
+  auto events = drain_events();
+  py::list drained(events.size());
+  for (size_t i = 0; i < events.size(); ++i) drained[i] = py::int_(events[i]);
+  return request(py::make_tuple(kMsgDownload, drained, describe(t)), py::tuple(), py::make_tuple(into));
 }
 
 namespace {
@@ -311,8 +300,15 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::St
   py::gil_scoped_acquire gil;
   const auto& schema = op.schema();
   OpRecord& r = record_for(schema);
-  if (r.copy && streaming() && upload(stack)) {
-    ++g_uploads;
+  if (r.copy && streaming()) {
+    Copied done = copy_fast(stack);
+    if (done != Copied::kNo) {
+      ++(done == Copied::kUpload ? g_uploads : g_downloads);
+      return;
+    }
+  }
+  if (r.item && streaming() && item_fast(stack)) {
+    ++g_items;
     return;
   }
   if (!streaming() || r.never) {
@@ -358,11 +354,12 @@ void fast_claim(const std::vector<std::string>& names) {
 }
 
 // servers: (first device, post_packed, events or None) per server, in device order.
-void fast_session(py::object lock, const py::list& servers, bool enabled, size_t upload_max) {
+void fast_session(py::object lock, const py::list& servers, bool enabled, size_t copy_max) {
   for (PyObject** slot : {&g_acquire, &g_release}) Py_CLEAR(*slot);
   for (auto& t : g_targets) {
     Py_CLEAR(t.send);
     Py_CLEAR(t.events);
+    Py_CLEAR(t.request);
   }
   g_targets.clear();
   if (enabled) {
@@ -374,11 +371,12 @@ void fast_session(py::object lock, const py::list& servers, bool enabled, size_t
       target.first = t[0].cast<int64_t>();
       target.send = py::object(t[1]).release().ptr();
       if (!t[2].is_none()) target.events = py::object(t[2]).release().ptr();
+      if (!t[3].is_none()) target.request = py::object(t[3]).release().ptr();
       g_targets.push_back(target);
     }
   }
   g_enabled = enabled;
-  g_upload_max = upload_max;
+  set_copy_bytes(copy_max);
   g_records.clear();
   g_plan_count = 0;
 }
@@ -390,13 +388,15 @@ py::dict fast_stats(bool reset) {
   d["passes"] = g_passes.load();
   d["plans"] = g_plan_count;
   d["uploads"] = g_uploads.load();
+  d["downloads"] = g_downloads.load();
+  d["items"] = g_items.load();
   py::list posts;  // per server of the session, in device order
   for (auto& t : g_targets) {
     posts.append(t.posts);
     if (reset) t.posts = 0;
   }
   d["posts"] = posts;
-  if (reset) g_hits = g_misses = g_passes = g_uploads = 0;
+  if (reset) g_hits = g_misses = g_passes = g_uploads = g_downloads = g_items = 0;
   return d;
 }
 
@@ -406,8 +406,8 @@ void bind_fast_path(py::module_& m) {
   m.def("fast_install", &fast_install, "route PrivateUse1's fallback through the fast path (once)");
   m.def("fast_claim", &fast_claim, "make the fast path the PrivateUse1 kernel of these aten ops");
   m.def("fast_session", &fast_session, "a new session: its lock, its servers ((first device, post_packed, events or "
-        "None) each), whether C++ streams, the biggest upload C++ posts", py::arg("lock"), py::arg("servers"),
-        py::arg("enabled"), py::arg("upload_max") = 0);
+        "None, request or None) each), whether C++ streams, the biggest copy C++ does", py::arg("lock"),
+        py::arg("servers"), py::arg("enabled"), py::arg("copy_max") = 0);
   m.def("fast_path_stats", &fast_stats, py::arg("reset") = false);
 }
 

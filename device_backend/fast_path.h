@@ -1,9 +1,9 @@
-// fast_path.h: what the fast path's two files share: an op's argument facts, its signature and wire form.
+// fast_path.h: what the fast path's files share: an op's argument facts, its signature and wire form.
 //
 // fast_encode.cpp turns a boxed call into what encode.py would make of it (the
 // signature that keys a plan, the msgpack of args and kwargs, Python objects for
-// a miss); fast_path.cpp keeps the plans, replays them and posts; graph_call.cpp
-// posts a shipped graph's calls the same way.
+// a miss); fast_path.cpp keeps the plans, replays them and posts; fast_copies.cpp
+// does small copies and ``.item()``; graph_call.cpp posts a shipped graph's calls the same way.
 #pragma once
 
 #include "msgpack.h"
@@ -32,7 +32,9 @@ Arguments arguments_of(const c10::FunctionSchema& schema);
 // unusual argument). `device` ends as the first device tensor's index (or -1).
 bool signature(std::string& sig, const Arguments& a, c10::ArrayRef<c10::IValue> args, int& device);
 
-// bindings.cpp's describe(), packed.
+// bindings.cpp: a tensor's descriptor (storage id, nbytes, dtype, sizes, strides, offset, device), as Python
+// sees it; pack_descriptor (fast_encode.cpp): the same, packed.
+py::tuple describe(const at::Tensor& t);
 void pack_descriptor(Packer& p, const at::TensorBase& t);
 
 // The call's args (a list) and kwargs (a map), as the Python fallback would receive and encode them.
@@ -48,5 +50,17 @@ void push_result(const c10::FunctionSchema& schema, torch::jit::Stack* stack, py
 // session's `server`-th server (in device order).
 bool streaming();
 void post_message(int kind, size_t fields, int64_t key, const std::string& body, size_t server = 0);
+// `[kind, events, ...body]` (three fields) and `buffer` posted to the server of rgpu:device.
+void post_buffer(int kind, const std::string& body, int device, py::handle buffer);
+// `[Msg.DOWNLOAD, events, describe(t)]` requested under the session's lock, its reply to land in `into`
+// (writable memory): the connection's Future, or None where C++ does not request (several servers).
+py::object request_download(const at::Tensor& t, py::handle into);
+
+// fast_copies.cpp: aten::_copy_from and aten::_local_scalar_dense done here when nothing needs converting
+// (kNo / false: nothing done, Python's turn); the biggest copy it does (RGPU_POST_COPY_BYTES).
+enum class Copied { kNo, kUpload, kDownload };
+Copied copy_fast(torch::jit::Stack* stack);
+bool item_fast(torch::jit::Stack* stack);
+void set_copy_bytes(size_t nbytes);
 
 }  // namespace rgpu

@@ -354,6 +354,38 @@ def test_small_uploads_are_posted_from_cpp_and_the_rest_from_python(start):
     assert torch.equal(moved.cpu(), torch.arange(16384.0))
 
 
+DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int16,
+          torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128)
+
+
+def test_small_downloads_and_items_are_read_from_cpp_and_the_rest_from_python(start):
+    rec = start(True)
+    for dtype in DTYPES:
+        want = torch.tensor([True, False, True]) if dtype == torch.bool else (torch.arange(3) * 7 - 5).to(dtype)
+        on_device = want.to("rgpu")
+        before = _stats()
+        got = [on_device[i].item() for i in range(3)]
+        assert got == want.tolist() and [type(v) for v in got] == [type(v) for v in want.tolist()], dtype
+        assert torch.equal(on_device.cpu(), want), dtype
+        after = _stats()
+        assert (after["items"] - before["items"], after["downloads"] - before["downloads"]) == (3, 1), dtype
+    kind, events, desc = rec.seen[-1]    # the .cpu(): a download of the tensor as Python asks for it
+    assert kind == Msg.DOWNLOAD and isinstance(events, list) and desc[2:5] == [10, [3], [1]]
+    x = torch.randn(8, 4)
+    d = x.to("rgpu")
+    before = _stats()["downloads"]
+    into = torch.empty(4, 8)
+    into.t().copy_(d)                            # a strided destination: Python's
+    big = torch.randn(300 << 10 >> 2)            # past RGPU_POST_COPY_BYTES: Python's (shm may name pinned memory)
+    assert torch.equal(into.t(), x) and torch.equal(big.to("rgpu").cpu(), big)
+    assert torch.equal(d.to(torch.float64).cpu(), x.double())   # converted on the device, then read in C++
+    assert torch.equal(d.cpu().to(torch.float64), x.double())
+    assert torch.equal(torch.empty(0, device="rgpu").cpu(), torch.empty(0))
+    assert _stats()["downloads"] == before + 2, _stats()
+    z = torch.tensor([1 + 2j], device="rgpu").conj()
+    assert z.cpu().resolve_conj().item() == 1 - 2j     # a conjugate view: Python applies the bit
+
+
 def test_a_plan_in_cpp_terms_holds_int_and_undefined_results_but_not_a_none_in_a_list():
     from rgpu.device_backend import meta, optable
 
