@@ -31,7 +31,9 @@ step() {  # step NAME LIMIT_S COMMAND...: stdout to $OUT/NAME.json, stderr to $O
   echo $? >"$OUT/$name.rc"
 }
 
-install_rgpu() {  # rgpu from this tree, and every native part built against the host's torch (a step)
+install_rgpu() {  # rgpu from this tree, and every native part built against the host's torch (a step); the cffi
+  # wheels first where the call carried them (.whl/: the host has no cffi, and without it shm runs its Python path)
+  ls .whl/*.whl >/dev/null 2>&1 && { stamp wheels; python3 -m pip install --no-index --no-deps -q .whl/*.whl >"$OUT/wheels.log" 2>&1; }
   stamp install
   python3 -m pip install --no-deps --no-build-isolation -q "$REPO" >"$OUT/install.log" 2>&1
   step build 240 python3 -m rgpu build   # a line per part (built, cached, skipped: why); exit 1 when one fails
