@@ -6,6 +6,7 @@ or off (``RGPU_NATIVE=auto|off``), and leaves a fast-path session behind for the
 from __future__ import annotations
 
 import json
+import signal
 
 import msgpack
 import pytest
@@ -384,6 +385,23 @@ def test_small_downloads_and_items_are_read_from_cpp_and_the_rest_from_python(st
     assert _stats()["downloads"] == before + 2, _stats()
     z = torch.tensor([1 + 2j], device="rgpu").conj()
     assert z.cpu().resolve_conj().item() == 1 - 2j     # a conjugate view: Python applies the bit
+
+
+def test_a_server_gone_reaches_the_caller_of_cpps_item_and_cpu_by_name(start, start_server):
+    from rgpu.device_backend import startup
+    from rgpu.errors import SessionLost
+
+    start(True)   # (its teardown leaves a fast session on the shared test server again)
+    server = start_server()
+    startup.use(server.connect("ops"))
+    x = torch.arange(4.0).to("rgpu")
+    assert x[1].item() == 1.0 and torch.equal(x.cpu(), torch.arange(4.0)) and _stats()["items"] == 1
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(15) == 0
+    with pytest.raises(SessionLost, match="shutting down"):
+        x[2].item()
+    with pytest.raises(SessionLost):
+        x.cpu()
 
 
 def test_a_plan_in_cpp_terms_holds_int_and_undefined_results_but_not_a_none_in_a_list():
