@@ -350,3 +350,22 @@ def test_a_random_mix_of_views_writes_frees_and_growth_matches_the_cpu():
         if step % 50 == 49:
             m.check()
     m.check()
+
+
+def test_small_downloads_are_answered_in_cpp_and_the_unusual_ones_in_python_alike(op_path):
+    m = Mirror()
+    m.new(1, list(range(12)))
+    m.op(aten.mul.out, V(1, [12]), 3.0, out=V(2, [12]))
+    strided = V(2, [3, 2], [4, 2], 1)                      # a view with gaps: its bytes, in order
+    want = m.tensor(strided).contiguous().view(torch.uint8).numpy().tobytes()
+    _, bufs = m.ex.handle([Msg.DOWNLOAD, m._drain(), m.desc(strided)], [], True)
+    assert bytes(bufs[0]) == want
+    m.free(1)                                              # a free in the download's own message: applied first
+    m.check()
+    if op_path:
+        assert m.ex.fast.downloads >= 2
+    # what C++ declines, Python refuses by name (the poisoned: test_a_resized_out_tensor_fails_and_its_id_names...)
+    with pytest.raises(Exception, match="out of bounds"):
+        m.ex.handle([Msg.DOWNLOAD, [], [2, 48, 6, [16], [1], 0, 0]], [], True)   # past its storage
+    with pytest.raises(Exception, match="unknown dtype code 99"):
+        m.ex.handle([Msg.DOWNLOAD, [], [2, 48, 99, [4], [1], 0, 0]], [], True)

@@ -15,7 +15,7 @@ from rgpu.server.ops.collectives import Collectives
 from rgpu.server.ops.codec import CODE_BY_DTYPE, Decoder, GeneratorArg, descriptor, encode_result, flatten
 from rgpu.server.ops.graphs import Graphs
 from rgpu.server.ops.peer import Peers, PeerError
-from rgpu.server.ops.staging import RING_BYTES
+from rgpu.server.ops.staging import READBACK_MIN_BYTES, RING_BYTES
 from rgpu.server.ops.uploads import Uploads
 from rgpu.server.ops.handles import DTYPE_BY_CODE, Poisoned, dtype_of, table as handle_table
 from rgpu.protocol.ops import Msg
@@ -411,6 +411,10 @@ class Executor(BaseExecutor):
 
     def _download(self, meta, buffers):
         events, desc = meta[1], meta[2]
+        if self.fast is not None and not buffers:   # a small one whole in C++ (an .item(), a loss's .cpu())
+            data = self.fast.download(events, desc, READBACK_MIN_BYTES)
+            if data is not None:
+                return None, [data]
         self.table.apply_events(events)
         try:
             t = self.table.tensor(desc)
@@ -479,9 +483,7 @@ class Executor(BaseExecutor):
             self.profiler = Trace(self.handlers, self.kind == "cuda") if meta[2:3] == ["trace"] else Calls()
             return None
         profiler, self.profiler = self.profiler, None
-        if profiler is None:
-            return "", []
-        return profiler.stop(int(meta[2]) if len(meta) > 2 else 40)
+        return ("", []) if profiler is None else profiler.stop(int(meta[2]) if len(meta) > 2 else 40)
 
     def _stop_profiling(self) -> None:
         """A second start, or the session's end, ends a running one quietly (its results are dropped)."""

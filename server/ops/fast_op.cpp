@@ -26,7 +26,7 @@
 #include "fast_schema.h"
 #include "fast_substitutes.h"
 #include "handle_table.h"
-#include "fast_upload.h"
+#include "fast_copies.h"
 
 #include <chrono>
 #include <memory>
@@ -147,15 +147,22 @@ class FastOps {
     return true;
   }
 
-  // A whole upload (Msg.UPLOAD: a training step's batch), after its frees (fast_upload.h); false for Python.
+  // A whole upload (Msg.UPLOAD: a training step's batch), after its frees (fast_copies.h); false for Python.
   bool upload(py::handle events, py::handle desc, py::handle data) {
     if (!upload_whole(*table_, events, desc, data)) return false;
     ++uploads;
     return true;
   }
 
+  // A small download's bytes (Msg.DOWNLOAD), after its frees (fast_copies.h); None for Python.
+  py::object download(py::handle events, py::handle desc, size_t max_bytes) {
+    py::object got = download_small(*table_, events, desc, max_bytes);
+    if (!got.is_none()) ++downloads;
+    return got;
+  }
+
   int64_t ran = 0, declined = 0;  // ops run here (failed ones too); ops defined here but left to Python
-  int64_t uploads = 0;            // whole uploads done here
+  int64_t uploads = 0, downloads = 0;  // whole uploads, small downloads done here
   // where the time of the ops run here went (rgpu.bench.server_ops shows it): the wire's values to a
   // boxed stack (the handle table's views and fresh outputs included), the op itself (the dispatcher's
   // call and the kernel's launch), the written arguments' check and the outputs' binding
@@ -466,10 +473,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readonly("call_ns", &FastOps::call_ns)
       .def_readonly("bind_ns", &FastOps::bind_ns)
       .def_readonly("uploads", &FastOps::uploads)
+      .def_readonly("downloads", &FastOps::downloads)
       .def("upload", torch::wrap_pybind_function(
                          [](FastOps& self, py::handle events, py::handle desc, py::handle data) {
                            return self.upload(events, desc, data);
                          }))
+      .def("download", torch::wrap_pybind_function(
+                           [](FastOps& self, py::handle events, py::handle desc, size_t max_bytes) {
+                             return self.download(events, desc, max_bytes);
+                           }))
       .def("run", torch::wrap_pybind_function(
                       [](FastOps& self, int64_t index, py::handle args, py::handle kwargs, py::handle outs) {
                         return self.run(index, args, kwargs, outs);

@@ -27,7 +27,7 @@ from rgpu.torch_ext import Extension
 log = logging.getLogger("rgpu.server.fast_op")
 
 EXTENSION = Extension("server_ops", Path(__file__).resolve().parent, ("fast_op.cpp", "handle_table.cpp"),
-                      ("fast_schema.h", "handle_table.h", "fast_substitutes.h", "fast_upload.h", str(protocol.HEADER)),
+                      ("fast_schema.h", "handle_table.h", "fast_substitutes.h", "fast_copies.h", str(protocol.HEADER)),
                       "the server's op path")
 _failed: str | None = None
 _building = False
