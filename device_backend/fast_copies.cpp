@@ -40,17 +40,10 @@ bool read_into(const at::Tensor& src, void* into, size_t nbytes) {
   py::object fut = request_download(src, memory(into, nbytes, PyBUF_WRITE));
   if (fut.is_none()) return false;
   py::object reply = fut.attr("result")();   // RemoteError (a failed op named), SessionLost...: the caller's
-  struct Release {  // the reply's leased buffers go back however this ends; an error in flight survives
-    py::object reply;
-    ~Release() {
-      PyObject *type, *value, *trace;
-      PyErr_Fetch(&type, &value, &trace);
-      py::object release = py::reinterpret_steal<py::object>(PyObject_GetAttrString(reply.ptr(), "release"));
-      if (release) Py_XDECREF(PyObject_CallNoArgs(release.ptr()));
-      PyErr_Clear();
-      PyErr_Restore(type, value, trace);
-    }
-  } release{reply};
+  struct Release {  // the reply's leased buffers go back however this ends
+    py::object fn;
+    ~Release() { call_keeping_error(fn); }
+  } release{reply.attr("release")};
   py::object buffers = reply.attr("buffers");
   py::object first = buffers[py::int_(0)];
   py::buffer_info info = py::reinterpret_borrow<py::buffer>(first).request();

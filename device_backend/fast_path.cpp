@@ -168,15 +168,17 @@ void miss(const c10::OperatorHandle& op, torch::jit::Stack* stack, const OpRecor
 struct Held {
   py::object release = py::reinterpret_borrow<py::object>(g_release);
   Held() { py::reinterpret_borrow<py::object>(g_acquire)(); }
-  ~Held() {
-    PyObject *type, *value, *trace;  // a failed post's error survives the release
-    PyErr_Fetch(&type, &value, &trace);
-    Py_XDECREF(PyObject_CallNoArgs(release.ptr()));
-    PyErr_Restore(type, value, trace);
-  }
+  ~Held() { call_keeping_error(release); }  // a failed post's error survives the release
 };
 
 }  // namespace
+
+void call_keeping_error(py::handle fn) {
+  PyObject *type, *value, *trace;
+  PyErr_Fetch(&type, &value, &trace);
+  Py_XDECREF(PyObject_CallNoArgs(fn.ptr()));
+  PyErr_Restore(type, value, trace);
+}
 
 bool streaming() { return g_enabled && !g_targets.empty(); }
 

@@ -49,6 +49,8 @@ void push_result(const c10::FunctionSchema& schema, torch::jit::Stack* stack, py
 // an op: under the session's lock, `[kind, events, key, ...body]` (`fields` counts them all), to the
 // session's `server`-th server (in device order).
 bool streaming();
+// fn() from a destructor (a lock let go, a reply released): the error in flight, if any, survives it.
+void call_keeping_error(py::handle fn);
 void post_message(int kind, size_t fields, int64_t key, const std::string& body, size_t server = 0);
 // `[kind, events, ...body]` (three fields) and `buffer` posted to the server of rgpu:device.
 void post_buffer(int kind, const std::string& body, int device, py::handle buffer);

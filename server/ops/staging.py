@@ -223,10 +223,15 @@ class Readback:
         self.mapping: mmap.mmap | None = None
         self.failed = False
 
+    @staticmethod
+    def takes(nbytes: int) -> bool:
+        """Whether a download of ``nbytes`` is one the kept buffer answers (smaller ones are copied plainly)."""
+        return READBACK_MIN_BYTES <= nbytes <= READBACK_MAX_BYTES
+
     def view(self, nbytes: int) -> torch.Tensor | None:
         """``nbytes`` of the kept pinned memory (grown first where it is smaller); None where a download
         that size is not answered from it: outside the bounds, or a registration that failed (once)."""
-        if self.failed or not READBACK_MIN_BYTES <= nbytes <= READBACK_MAX_BYTES:
+        if self.failed or not self.takes(nbytes):
             return None
         if self.host is None or self.host.numel() < nbytes:
             self.close()

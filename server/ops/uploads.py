@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from .handles import HandleTable, Poisoned
-from .staging import READBACK_MAX_BYTES, READBACK_MIN_BYTES, SLOT_BYTES, Pinned, Readback, ReceivePool, Ring, Slot, pin, unpin
+from .staging import SLOT_BYTES, Pinned, Readback, ReceivePool, Ring, Slot, pin, unpin
 
 log = logging.getLogger("rgpu.server.uploads")
 
@@ -191,7 +191,7 @@ class Uploads:
         if not self.on_gpu or t.device.type != "cuda" or not t.is_contiguous():
             return None
         n = t.numel() * t.element_size()
-        if not READBACK_MIN_BYTES <= n <= READBACK_MAX_BYTES:
+        if not Readback.takes(n):
             return None   # before the device's context: a small read (.item(), .cpu() of a loss) pays no switch
         with torch.cuda.device(t.device):   # registered (once) in the context of the GPU that writes it
             host = self.readback.view(n)
