@@ -125,7 +125,8 @@ def main(argv=None) -> int:
     return harness.main(rows, argv, __doc__, flags={"--server": {"help": "host:port of a running server"},
                        "--torch": {"action": "store_true", "help": "stock CUDA PyTorch's steps (cuda_torch.py)"},
                        "--queue-bytes": {"help": "with --torch: the eager steps at each RGPU_CUDA_QUEUE_BYTES of "
-                                                 "this comma list (e.g. 256K,64K,16K), each run beside native"}})
+                                                 "this comma list (e.g. 256K,64K,16K; FIRST:LIMIT sets "
+                                                 "RGPU_CUDA_QUEUE_FIRST_BYTES too), each run beside native"}})
 
 
 if __name__ == "__main__":

@@ -319,14 +319,16 @@ def rows(args, server_env: dict, native: bool | None = None) -> list[dict]:
 def queue_rows(args, server_env: dict) -> list[dict]:
     """``--queue-bytes 256K,64K,16K``: the eager steps through rgpu with ``RGPU_CUDA_QUEUE_BYTES`` at each
     size, every run beside a native run (interleaved: native, then each size): how soon the client posts
-    a step's queued work decides how much of it the server runs beside the client rather than after it."""
+    a step's queued work decides how much of it the server runs beside the client rather than after it.
+    An entry ``FIRST:LIMIT`` sets ``RGPU_CUDA_QUEUE_FIRST_BYTES`` too (``64K:64K``: a fixed size, no ramp)."""
     from rgpu.config import _size
     from rgpu.errors import ConfigError
     tpy = torch_python()
     if tpy is None:
         raise ConfigError("no CUDA torch here: --queue-bytes needs a Python whose torch is a CUDA build "
                           "(set TORCH_PYTHON=/path/to/python)")
-    sizes = [_size(t) for t in str(args.queue_bytes).split(",") if t]
+    sizes = [t.strip() for t in str(args.queue_bytes).split(",") if t.strip()]
+    queue_env = {t: _queue_env(t, _size) for t in sizes}
     cases = ["gpt_6x384", "gpt_4x128"]
     script = [tpy, str(Path(__file__).resolve()), "--child", "--steps", str(getattr(args, "steps", None) or 20),
               "--warmup", "3", "--cases", ",".join(cases)]
@@ -337,18 +339,29 @@ def queue_rows(args, server_env: dict) -> list[dict]:
     for _ in range(max(1, getattr(args, "repeats", 3) or 3)):
         natives.append(_run_child(script, native_env(), 600))
         for q in sizes:
-            ours[q].append(_run_child(through + script, dict(env, RGPU_CUDA_QUEUE_BYTES=str(q)), 600))
+            ours[q].append(_run_child(through + script, dict(env, **queue_env[q]), 600))
     out = []
     for name in cases:
         nm = [_median(o["cases"].get(name, {}).get("step_ms")) for o in natives]
         for q in sizes:
             rm = [_median(o["cases"].get(name, {}).get("step_ms")) for o in ours[q]]
             errors = [o["cases"][name]["error"] for o in ours[q] if "error" in o["cases"].get(name, {})]
-            out.append(_row(f"{LABELS[name]}, RGPU_CUDA_QUEUE_BYTES={q}", "ms", rm, nm,
-                            "stock CUDA PyTorch natively, same script, same host", size=q,
+            label = ", ".join(f"{k}={v}" for k, v in sorted(queue_env[q].items()))
+            out.append(_row(f"{LABELS[name]}, {label}", "ms", rm, nm,
+                            "stock CUDA PyTorch natively, same script, same host",
+                            size=int(queue_env[q]["RGPU_CUDA_QUEUE_BYTES"]),
                             ratios=[a / b for a, b in zip(rm, nm) if a and b], target_ratio=TARGETS[name],
                             **({"errors": errors[:3]} if errors else {})))
     return out
+
+
+def _queue_env(entry: str, size) -> dict:
+    """``LIMIT`` or ``FIRST:LIMIT`` (sizes as the settings read them) -> the child's queue variables."""
+    first, _, limit = entry.rpartition(":")
+    env = {"RGPU_CUDA_QUEUE_BYTES": str(size(limit))}
+    if first:
+        env["RGPU_CUDA_QUEUE_FIRST_BYTES"] = str(size(first))
+    return env
 
 
 def main(argv=None) -> int:

@@ -48,7 +48,7 @@ uint64_t rgpu_capture_note(uint64_t stream, uint64_t graph);
 void rgpu_capture_forget(uint64_t stream);
 char *rgpu_queue_take(size_t *len, size_t *count);
 void rgpu_queue_free(char *q);
-void rgpu_queue_limit(size_t bytes);
+void rgpu_queue_limit(size_t bytes, size_t first);
 uint64_t rgpu_work_note(void);
 void rgpu_idle_note(uint64_t ctx, uint64_t stream, uint64_t gen);
 extern "Python" CUresult _py_rgpu_flush(void);

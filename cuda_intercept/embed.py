@@ -34,7 +34,9 @@ def attach(ffi, lib, names) -> None:
     from rgpu import config
     # RGPU_NATIVE=off: memsets, events, waits, frees, small copies and graph launches posted by Python (the reference)
     lib.rgpu_records_native(int(config.settings().native != "off"))
-    lib.rgpu_queue_limit(max(1, config.settings().cuda_queue_bytes))   # RGPU_CUDA_QUEUE_BYTES
+    settings = config.settings()    # RGPU_CUDA_QUEUE_BYTES, RGPU_CUDA_QUEUE_FIRST_BYTES: when the queue is posted
+    limit = max(1, settings.cuda_queue_bytes)
+    lib.rgpu_queue_limit(limit, max(1, settings.cuda_queue_first_bytes or limit))
     lib.rgpu_set_ready()
 
 

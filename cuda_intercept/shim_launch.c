@@ -16,7 +16,13 @@ struct rgpu_layout { uint64_t func; uint32_t nparams, argbytes; uint32_t *offset
 static struct rgpu_layout *rgpu_funcs;  /* open addressing, key 0 = empty */
 static size_t rgpu_funcs_cap, rgpu_funcs_len;
 static char *rgpu_q;
-static size_t rgpu_q_len, rgpu_q_cap, rgpu_q_count, rgpu_q_limit = 64 << 10;   /* RGPU_CUDA_QUEUE_BYTES (embed.py sets it) */
+static size_t rgpu_q_len, rgpu_q_cap, rgpu_q_count;
+/* When a full queue is posted: at rgpu_q_next bytes, which starts at rgpu_q_first once a message took the queue
+ * part-full (a wait, a call Python sends: the server may have run out of work meanwhile) and doubles at each
+ * post of a full queue, up to rgpu_q_limit. So the first records after a wait reach the server soon and the
+ * GPU starts while the client goes on queueing, and later posts, with the GPU busy, are few.
+ * RGPU_CUDA_QUEUE_FIRST_BYTES and RGPU_CUDA_QUEUE_BYTES (embed.py sets them). */
+static size_t rgpu_q_first = 64 << 10, rgpu_q_next = 64 << 10, rgpu_q_limit = 64 << 10;
 static uint64_t rgpu_work_gen;     /* moved on by every record and every message sent (rgpu_lock): shim_queue.c */
 
 static struct rgpu_layout *rgpu_find(uint64_t func) {
@@ -59,6 +65,8 @@ static char *rgpu_queue_take(size_t *len, size_t *count) {
     char *q = rgpu_q;
     *len = rgpu_q_len;
     *count = rgpu_q_count;
+    if (rgpu_q_len < rgpu_q_next) rgpu_q_next = rgpu_q_first;          /* taken part-full: start again */
+    else rgpu_q_next = 2 * rgpu_q_next < rgpu_q_limit ? 2 * rgpu_q_next : rgpu_q_limit;
     rgpu_q = NULL;
     rgpu_q_len = rgpu_q_cap = rgpu_q_count = 0;
     pthread_mutex_unlock(&rgpu_lock);
@@ -66,7 +74,12 @@ static char *rgpu_queue_take(size_t *len, size_t *count) {
 }
 
 static void rgpu_queue_free(char *q) { free(q); }
-static void rgpu_queue_limit(size_t bytes) { rgpu_q_limit = bytes; }
+static void rgpu_queue_limit(size_t bytes, size_t first) {
+    pthread_mutex_lock(&rgpu_lock);
+    rgpu_q_limit = bytes;
+    rgpu_q_first = rgpu_q_next = first < bytes ? first : bytes;
+    pthread_mutex_unlock(&rgpu_lock);
+}
 
 static CUresult _py_rgpu_flush(void);
 
@@ -88,7 +101,7 @@ static int rgpu_q_commit(size_t size) {
     rgpu_work_gen++;                 /* new work: no stream is known idle any more (shim_queue.c) */
     rgpu_q_len += size;
     rgpu_q_count++;
-    return rgpu_q_len >= rgpu_q_limit;
+    return rgpu_q_len >= rgpu_q_next;
 }
 
 static CUresult rgpu_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,

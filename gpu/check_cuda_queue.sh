@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # How soon the CUDA route's client posts its queued work, on a GPU host: stock PyTorch's GPT eager steps (6x384 and
-# 4x128) through rgpu with RGPU_CUDA_QUEUE_BYTES at each of QUEUE (default 256K,64K,16K), every run beside a native
+# 4x128) through rgpu with RGPU_CUDA_QUEUE_BYTES at each of QUEUE (default 256K,64K,16K; an entry FIRST:LIMIT sets
+# RGPU_CUDA_QUEUE_FIRST_BYTES too, 64K:64K a fixed size), every run beside a native
 # run, interleaved (`rgpu bench cuda --torch --queue-bytes`). A post hands the server what the client queued so far;
 # until then the server has nothing to run beside the client.
 #

@@ -109,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sim-rtt", default=None, help="train: comma list of simulated round trips in ms, e.g. 1,10,30")
     p.add_argument("--torch", action="store_true", help="cuda: stock CUDA PyTorch's training steps beside native")
     p.add_argument("--queue-bytes", default=None,
-                   help="cuda --torch: the eager steps at each RGPU_CUDA_QUEUE_BYTES of this comma list, e.g. 256K,16K")
+                   help="cuda --torch: the eager steps at each RGPU_CUDA_QUEUE_BYTES of this comma list, e.g. 256K,16K "
+                        "(FIRST:LIMIT sets RGPU_CUDA_QUEUE_FIRST_BYTES too, e.g. 64K:64K,8K:64K)")
     p.add_argument("--tls", action="store_true",
                    help="transport: add TLS rows beside plain tcp (what TLS costs); resilience: a TLS server's row too")
     p.add_argument("--tokens", type=int, default=None, help="generate: new tokens per sequence (128; --quick: 16)")

@@ -67,6 +67,26 @@ def test_queue_rows_run_each_size_beside_a_native_run_and_pass_the_size_to_the_r
     assert "GPT 4 layers/128 wide eager step, RGPU_CUDA_QUEUE_BYTES=16384" in rows
 
 
+def test_a_queue_entry_first_colon_limit_sets_the_first_posts_size_too(monkeypatch):
+    from rgpu.bench import cuda_torch
+    seen = []
+
+    def child(cmd, env, timeout):
+        if "intercept" in cmd:
+            seen.append((env.get("RGPU_CUDA_QUEUE_FIRST_BYTES"), env["RGPU_CUDA_QUEUE_BYTES"]))
+            return _side([9.0] * 3 if env.get("RGPU_CUDA_QUEUE_FIRST_BYTES") == "8192" else [12.0] * 3)
+        return _side([10.0] * 3)
+    monkeypatch.setattr(cuda_torch, "torch_python", lambda: sys.executable)
+    monkeypatch.setattr(cuda_torch, "_run_child", child)
+    monkeypatch.delenv("RGPU_CUDA_QUEUE_FIRST_BYTES", raising=False)
+    args = type("Args", (), {"queue_bytes": "64K:64K,8K:64K", "repeats": 1, "steps": 5})()
+    rows = {r["metric"]: r for r in cuda_torch.queue_rows(args, {"RGPU_SERVER": "x:1"})}
+    assert seen == [("65536", "65536"), ("8192", "65536")]
+    fixed = rows["GPT 6 layers/384 wide eager step, RGPU_CUDA_QUEUE_BYTES=65536, RGPU_CUDA_QUEUE_FIRST_BYTES=65536"]
+    ramp = rows["GPT 6 layers/384 wide eager step, RGPU_CUDA_QUEUE_BYTES=65536, RGPU_CUDA_QUEUE_FIRST_BYTES=8192"]
+    assert fixed["ratio"] == pytest.approx(1.2) and ramp["ratio"] == pytest.approx(0.9) and ramp["size"] == 65536
+
+
 def test_without_a_cuda_torch_it_says_so(monkeypatch):
     from rgpu.bench import cuda_torch
     from rgpu.errors import ConfigError

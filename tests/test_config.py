@@ -33,6 +33,7 @@ SAMPLES = {
     "RGPU_CUDA_DRIVER": ("fake", "fake"),
     "RGPU_CUDA_IMAGE_CACHE": ("1G", GiB),
     "RGPU_CUDA_QUEUE_BYTES": ("64K", 64 << 10),
+    "RGPU_CUDA_QUEUE_FIRST_BYTES": ("8K", 8 << 10),
     "RGPU_CUDA_LIB_DIR": ("/opt/nvidia/lib", "/opt/nvidia/lib"),
     "RGPU_TF32": ("1", True),
     "RGPU_NATIVE": ("off", "off"),

@@ -360,26 +360,36 @@ mod, f = c_void_p(), c_void_p()
 assert cu.cuModuleLoadData(byref(mod), ctypes.c_char_p(t.ptx())) == 0
 assert cu.cuModuleGetFunction(byref(f), mod, b"noop") == 0
 conn = client.get().conn
-posts = conn.stats["posts"]
-for _ in range(500):                            # 64-byte records: 32 KiB in all
-    assert cu.cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, None, None, None) == 0
-assert cu.cuCtxSynchronize() == 0
-print("posts", conn.stats["posts"] - posts)
+for step in range(2):                           # the wait between the two restarts the first post's size
+    posts = conn.stats["posts"]
+    for _ in range(500):                        # 64-byte records: 32,000 bytes in all
+        assert cu.cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, None, None, None) == 0
+    assert cu.cuCtxSynchronize() == 0
+    print("posts", conn.stats["posts"] - posts)
 """
 
 
-@pytest.mark.parametrize("limit,fewest,most", [(None, 1, 1), ("4K", 7, 9)])
-def test_rgpu_cuda_queue_bytes_sets_how_much_is_queued_before_a_post(cu, limit, fewest, most):
+# (RGPU_CUDA_QUEUE_FIRST_BYTES, RGPU_CUDA_QUEUE_BYTES): the posts of a step of 32,000 bytes, its wait's included
+@pytest.mark.parametrize("first,limit,posts", [
+    (None, None, 1),        # the default: a fixed 64 KiB, past the step's, so only the wait's post
+    ("16K", None, 2),       # 16 KiB, then the rest at the wait (the next post would have been at 32 KiB)
+    ("4K", None, 4),        # at 4 KiB, 8 KiB more and 16 KiB more, then the rest at the wait
+    ("16K", "4K", 8),       # the first size is at most the limit: every 4 KiB, then the rest
+    (None, "4K", 8),        # unset: the limit's
+])
+def test_the_queue_is_posted_first_small_then_at_twice_the_size_up_to_rgpu_cuda_queue_bytes(cu, first, limit, posts):
     import os
     import subprocess
     import sys
     from pathlib import Path
-    env = {k: v for k, v in os.environ.items() if k != "RGPU_CUDA_QUEUE_BYTES"}
+    env = {k: v for k, v in os.environ.items() if k not in ("RGPU_CUDA_QUEUE_BYTES", "RGPU_CUDA_QUEUE_FIRST_BYTES")}
     if limit:
         env["RGPU_CUDA_QUEUE_BYTES"] = limit
+    if first:
+        env["RGPU_CUDA_QUEUE_FIRST_BYTES"] = first
     tests = str(Path(__file__).resolve().parent)
     done = subprocess.run([sys.executable, "-c", QUEUE_PROBE.format(tests=tests)], env=env, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    posts = int(done.stdout.split("posts")[-1])
-    assert fewest <= posts <= most, done.stdout
+    per_step = [int(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("posts")]
+    assert per_step == [posts, posts], done.stdout

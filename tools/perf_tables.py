@@ -20,11 +20,12 @@ GPU = ROOT / "docs" / "perf" / "gpu"
 H200 = "one NVIDIA H200, 16 cores, torch 2.11.0+cu130, Python 3.12"
 
 # the runs the tables read: folder -> (date, machine)
-RUNS = {"run23": ("2026-12-03", H200), "run22": ("2026-12-03", H200), "run21": ("2026-12-03", H200), "run20": ("2026-12-02", H200), "run19": ("2026-12-02", H200), "run14": ("2026-12-01", H200), "run12": ("2026-11-30", H200), "run3": ("2026-11-30", H200)}
+RUNS = {"run24": ("2026-12-03", H200), "run23": ("2026-12-03", H200), "run22": ("2026-12-03", H200), "run21": ("2026-12-03", H200), "run20": ("2026-12-02", H200), "run19": ("2026-12-02", H200), "run14": ("2026-12-01", H200), "run12": ("2026-11-30", H200), "run3": ("2026-11-30", H200)}
 
 T20 = "run20/call4-transports.tar.gz:transports/"
 FP20 = "run20/call2-fast_path.tar.gz:fast_path/"
-R23 = "run23/call2-regress.tar.gz:regress/regress.tar.gz:"   # gpu/check_regress.sh, after the C++ .cpu()/.item()
+R24 = "run24/call1-regress.tar.gz:regress/regress.tar.gz:"   # gpu/check_regress.sh, the C++ small downloads on both ends
+U24 = "run24/call3-upload.tar.gz:upload/upload.tar.gz:"   # gpu/check_upload.sh: 7 runs, where regress gives 3
 L22 = "run22/call3-cuda_libs.tar.gz:cuda_libs/cuda_libs.tar.gz:torch_bench.json"   # rgpu bench cuda --torch
 S22 = "run22/call1-transports.tar.gz:transports/streams.json"                     # rgpu bench streams --tls   # gpu/check_regress.sh: the figures a change must not move
 MiB = 1 << 20
@@ -33,51 +34,52 @@ B19 = "run19/callA-baseline.tar.gz:a/bench_cuda.json"
 # page -> (the command that measured it, [(label, source, transport, metric, size, direction, target)])
 PAGES: dict[str, tuple[str, list[tuple]]] = {
     "transport": ("run20: `bash gpu/run_all.sh transports rtt` (`gpu/check_transports.sh`: `rgpu bench transport "
-                  "--json`); run23: the round trips of `bash gpu/run_all.sh regress`; run22: `rgpu bench streams "
+                  "--json`); run24: the round trips of `bash gpu/run_all.sh regress`; run22: `rgpu bench streams "
                   "--tls --sizes 256M,1G --repeats 3` (`bash gpu/run_all.sh transports`)", [
         ("tcp on 4 streams, 1 GiB upload / one raw socket", S22, "tcp x4", "bandwidth", 1 << 30, "", ""),
         ("TLS on 4 streams, 1 GiB upload / plain tcp on 4", S22, "tcp+tls x4", "bandwidth", 1 << 30, "", ">= 0.5"),
         ("TLS on 4 streams, 1 GiB download / plain tcp on 4", S22, "tcp+tls x4", "bandwidth", 1 << 30, "download",
          ">= 0.5"),
-        ("tcp round trip, 64 B", R23 + "rtt.json", "tcp", "rtt", 64, "", "<= 1.5"),
+        ("tcp round trip, 64 B", R24 + "rtt.json", "tcp", "rtt", 64, "", "<= 1.5"),
         ("tcp upload, 64 MiB", T20 + "transport_tcp.json", "tcp", "bandwidth", 64 * MiB, "", ">= 0.90"),
         ("tcp download, 64 MiB", T20 + "transport_tcp.json", "tcp", "bandwidth", 64 * MiB, "download", ""),
-        ("shm round trip (the lone call), 64 B", R23 + "rtt.json", "shm", "rtt", 64, "", "<= 0.20"),
+        ("shm round trip (the lone call), 64 B", R24 + "rtt.json", "shm", "rtt", 64, "", "<= 0.20"),
         ("shm upload, 64 MiB", T20 + "transport_shm.json", "shm", "bandwidth", 64 * MiB, "", ">= 0.80"),
         ("shm upload, 256 MiB", T20 + "transport_shm.json", "shm", "bandwidth", 256 * MiB, "", ""),
         ("shm download, 64 MiB", T20 + "transport_shm.json", "shm", "bandwidth", 64 * MiB, "download", ""),
     ]),
-    "fast_path": ("run23: `bash gpu/run_all.sh regress` (`gpu/check_regress.sh`, the short form; call 2); "
+    "fast_path": ("run24: `bash gpu/run_all.sh regress` (`gpu/check_regress.sh`, the short form; call 1), the "
+                  "pinned upload from `bash gpu/run_all.sh upload` (`gpu/check_upload.sh`, 7 runs; call 3); "
                   "run20: `bash gpu/run_all.sh fast_path` (`gpu/check_fast_path.sh`: `rgpu bench train`, `ops`, "
                   "`upload`, `train --compile` over tcp, `train --sim-rtt 1,10,30`); run12: the compiled step in "
                   "reduce-overhead mode (`gpu/check_compiled.sh`)", [
-        ("eager step / native eager, shm", R23 + "train.json", "shm", "training step", None, "", "<= 1.05"),
-        ("eager step / native eager, tcp", R23 + "train_tcp.json", "tcp", "training step", None, "", "<= 1.05"),
+        ("eager step / native eager, shm", R24 + "train.json", "shm", "training step", None, "", "<= 1.05"),
+        ("eager step / native eager, tcp", R24 + "train_tcp.json", "tcp", "training step", None, "", "<= 1.05"),
         ("compiled step / native eager, tcp", FP20 + "train_compiled.json", "tcp",
          "training step, torch.compile(backend='rgpu')", None, "", ""),
         ("compiled step (reduce-overhead) / native eager, shm", "run12/call5_shm.json", "shm",
          "training step, torch.compile(backend='rgpu')", None, "", "<= 0.90"),
         ("compiled step (reduce-overhead) / native eager, tcp", "run12/call5_tcp.json", "tcp",
          "training step, torch.compile(backend='rgpu')", None, "", "<= 0.90"),
-        ("client cost per streamed op / native enqueue, shm", R23 + "ops.json", "shm",
+        ("client cost per streamed op / native enqueue, shm", R24 + "ops.json", "shm",
          "client cost per streamed op (add, 4 elements)", None, "", "<= 1.0"),
-        ("chain of 1000 adds ending in .cpu() / native", R23 + "ops.json", "shm",
+        ("chain of 1000 adds ending in .cpu() / native", R24 + "ops.json", "shm",
          "chain of 1000 adds ending in .cpu() (server: cuda)", None, "", "<= 1.5"),
-        ("1 GiB upload from pinned memory / pinned copy, shm", R23 + "upload.json", "shm",
+        ("1 GiB upload from pinned memory / pinned copy, shm", U24 + "upload.json", "shm",
          "upload from pinned memory", None, "", ">= 0.85"),
         ("step at a simulated 30 ms round trip / (0 ms + 1 RTT)", FP20 + "train_rtt.json", "shm",
          "training step at a simulated 30 ms round trip", None, "", "<= 1.10"),
     ]),
-    "device_route": ("run23: `bash gpu/run_all.sh regress` (`gpu/check_regress.sh`, call 2: `rgpu bench train`, over "
+    "device_route": ("run24: `bash gpu/run_all.sh regress` (`gpu/check_regress.sh`, call 1: `rgpu bench train`, over "
                      "tcp the same, `rgpu bench generate --repeats 3`)", [
-        ("eager nanoGPT step, shm", R23 + "train.json", "shm", "training step", None, "", "<= 1.05"),
-        ("eager nanoGPT step, tcp", R23 + "train_tcp.json", "tcp", "training step", None, "", "<= 1.05"),
-        ("round trips per step, shm", R23 + "train.json", "shm", "round trips per step", None, "", "1"),
-        ("max |loss - native loss|, 3 warm-up steps, shm", R23 + "train.json", "shm",
+        ("eager nanoGPT step, shm", R24 + "train.json", "shm", "training step", None, "", "<= 1.05"),
+        ("eager nanoGPT step, tcp", R24 + "train_tcp.json", "tcp", "training step", None, "", "<= 1.05"),
+        ("round trips per step, shm", R24 + "train.json", "shm", "round trips per step", None, "", "1"),
+        ("max |loss - native loss|, 3 warm-up steps, shm", R24 + "train.json", "shm",
          "max |loss - native loss| over 3 warm-up steps", None, "", ""),
-        ("greedy generation, GPT-2 small, batch 1, tokens/s", R23 + "generate.json", "shm",
+        ("greedy generation, GPT-2 small, batch 1, tokens/s", R24 + "generate.json", "shm",
          "greedy generation, batch 1 (gpt2-small)", None, "", ">= 0.8"),
-        ("greedy generation, GPT-2 small, batch 8, tokens/s", R23 + "generate.json", "shm",
+        ("greedy generation, GPT-2 small, batch 8, tokens/s", R24 + "generate.json", "shm",
          "greedy generation, batch 8 (gpt2-small)", None, "", ">= 0.8"),
     ]),
     "cuda_route": ("run19: `rgpu bench cuda --json --repeats 3` (`docs/perf/gpu/run19/README.md`; "
