@@ -126,11 +126,23 @@ class Client:
         conn = self.connection()
         if op != "lib_call":                  # calls_libs counts those by the library call's name
             self.waits[op] += 1
-        with self.lock:
+        # the lock keeps the queue's records and this call in order: held until the call is written (sent()),
+        # not while its answer comes, so other threads' calls go on meanwhile. The connection's lone call (no
+        # future: shm's is one C call) halves an idle .item() on the GPU host (docs/perf/cuda_route.md)
+        lock = self.lock
+        lock.acquire()
+        held = [True]
+
+        def sent():
+            held[0] = False
+            lock.release()
+        try:
             self.drain()
             self.sent.gen = self.lib.rgpu_work_note()
-            fut = conn.request([op, self.ctx() if ctx is None else ctx, *args], buffers, reply_into=into)
-        reply = fut.result()
+            reply = conn.call([op, self.ctx() if ctx is None else ctx, *args], buffers, reply_into=into, sent=sent)
+        finally:
+            if held[0]:
+                lock.release()
         code, value, deferred = reply.meta
         bufs = reply.buffers
         self._note_deferred(deferred)

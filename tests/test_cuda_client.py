@@ -47,6 +47,63 @@ def test_the_interceptors_connection_turns_the_compile_off_before_connecting(mon
     assert order == ["memcpy_only", ("connect", "cuda")]
 
 
+class _Reply:
+    meta, buffers = (0, "answer", []), []
+
+    def release(self):
+        pass
+
+
+def _client_over(conn):
+    from rgpu.cuda_intercept import client as cclient
+
+    class Lib:
+        rgpu_queue_take = staticmethod(lambda n, count: None)
+        rgpu_work_note = staticmethod(lambda: 7)
+        rgpu_ctx_current = staticmethod(lambda: 1)
+
+    class Ffi:
+        NULL = None
+        new = staticmethod(lambda kind: 0)   # drain() reads nothing: the queue is empty
+
+    c = cclient.Client(Ffi(), Lib(), connect=lambda: conn)
+    return c
+
+
+def test_a_call_holds_the_order_lock_for_its_send_only_so_other_threads_go_on_while_it_waits():
+    import threading
+
+    seen = {}
+
+    class Conn:
+        def call(self, meta, buffers=(), reply_into=None, sent=None):
+            seen["held while sending"] = c.lock._is_owned()
+            sent()                                        # written: the wait for the answer follows
+            other = threading.Thread(target=lambda: seen.update(other=c.lock.acquire(timeout=5) and c.lock.release()
+                                                                 is None))
+            other.start()
+            other.join(10)
+            seen["held while waiting"] = c.lock._is_owned()
+            return _Reply()
+
+    c = _client_over(Conn())
+    assert c.call("stream_synchronize", 0) == ("answer", [])
+    assert seen == {"held while sending": True, "other": True, "held while waiting": False}
+    assert not c.lock._is_owned()
+
+
+def test_a_call_refused_before_its_send_leaves_the_lock_free():
+    class Conn:
+        def call(self, meta, buffers=(), reply_into=None, sent=None):
+            raise TypeError("cannot encode")             # before anything is sent: sent() never called
+
+    c = _client_over(Conn())
+    with pytest.raises(TypeError, match="cannot encode"):
+        c.call("init", 1)
+    assert not c.lock._is_owned() and c.lock.acquire(blocking=False)
+    c.lock.release()
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
 

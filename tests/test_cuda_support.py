@@ -84,8 +84,11 @@ class Loopback:
             bufs = list(reply_into)
         return _Future(_Reply(self._wire(meta), bufs))
 
-    def call(self, meta, buffers=(), reply_into=None, timeout=None):
-        return self.request(meta, buffers, reply_into).result()
+    def call(self, meta, buffers=(), reply_into=None, timeout=None, sent=None):
+        fut = self.request(meta, buffers, reply_into)
+        if sent is not None:              # as Connection.call: once the request is out, before its answer
+            sent()
+        return fut.result()
 
     def flush(self):
         pass

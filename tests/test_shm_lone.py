@@ -100,6 +100,21 @@ def test_lone_calls_return_the_answers_into_place_and_count_alike(lone):
     assert conn.stats == {"messages": 50, "round_trips": 50, "bytes_out": 50 * 32, "bytes_in": 50 * 32}
 
 
+def test_sent_is_called_once_after_the_write_and_before_the_answer(lone):
+    conn, server = lone
+    marks = []
+    th = serve(server, 2, echo, delay=0.2)
+    for ring in (True, False):                # the ring's write in C (or Python), then the usual write
+        buf = pattern(64, 1) if ring else pattern(1 << 20, 2)     # too big for the ring: exchange_alone
+        t0 = time.monotonic()
+        reply = conn.call({}, [buf], sent=lambda: marks.append(time.monotonic()))
+        done = time.monotonic()
+        assert len(marks) == 1 and marks.pop() - t0 < done - t0 - 0.15     # well before the answer came
+        assert [bytes(b) for b in reply.buffers] == [buf.tobytes()]
+        reply.release()
+    th.join(10)
+
+
 def test_a_reply_that_does_not_fit_the_target_comes_in_its_own_buffers(lone):
     conn, server = lone
     th = serve(server, 2, lambda f: (MsgKind.REPLY, {}, [b"abc", b"de"] if f.seq == 1 else [b"xyz"]))

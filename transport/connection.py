@@ -419,15 +419,23 @@ class Connection:
         self.writes.submit(_REQUEST, meta, buffers, fut)
         return fut
 
-    def call(self, meta: Any, buffers: Sequence = (), reply_into=None, timeout: float | None = None) -> Reply:
+    def call(self, meta: Any, buffers: Sequence = (), reply_into=None, timeout: float | None = None,
+             sent: Callable[[], None] | None = None) -> Reply:
         """``request(...).result(timeout)``: the ``Reply`` (``release()`` it), ``RemoteError`` when the server's
         handler failed, ``Timeout`` past ``timeout`` (or ``RGPU_TIMEOUT``). With nothing else in
-        flight it is written and read on this thread with no future (``connection_lone.py``)."""
+        flight it is written and read on this thread with no future (``connection_lone.py``).
+
+        ``sent()``: called once, when the request has been written (or queued for the writer), before its
+        answer is awaited; not at all when the call raises before that (a caller's lock held for the send's
+        order only is released there: the CUDA route's client)."""
         if timeout is None and not self._request_timeout:
-            reply = self._lone(meta, buffers, reply_into)
+            reply = self._lone(meta, buffers, reply_into) if sent is None else self._lone(meta, buffers, reply_into, sent)
             if reply is not None:
                 return reply
-        return self.request(meta, buffers, reply_into).result(timeout)
+        fut = self.request(meta, buffers, reply_into)
+        if sent is not None:
+            sent()
+        return fut.result(timeout)
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every queued frame has been written (``Timeout`` after ``timeout`` seconds)."""
@@ -438,8 +446,8 @@ class Connection:
         return self.router.take_async_error(before)
 
     # the lone call's rare cases, as the C lone call is given them (it is made before the parts they use)
-    def _exchange_alone(self, seq: int, packed: bytes, buffers: Sequence, reply_into) -> Reply:
-        return self._lone_py._exchange_alone(seq, packed, buffers, reply_into)
+    def _exchange_alone(self, seq: int, packed: bytes, buffers: Sequence, reply_into, sent=None) -> Reply:
+        return self._lone_py._exchange_alone(seq, packed, buffers, reply_into, sent)
 
     def _read_alone(self, seq: int, reply_into, frame) -> Reply:
         return self._lone_py._read_alone(seq, reply_into, frame)

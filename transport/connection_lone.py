@@ -33,7 +33,7 @@ class LoneParts(NamedTuple):
     rcv: Any
     cv_lock: Any            # guards the queue and the sequence's order
     send_lock: Any          # held by whoever writes to the transport
-    exchange_alone: Callable   # (seq, packed, buffers, reply_into) -> Reply: the usual write and read
+    exchange_alone: Callable   # (seq, packed, buffers, reply_into[, sent]) -> Reply: the usual write and read
     read_alone: Callable       # (seq, reply_into, frame or None) -> Reply: the usual read
     lost: Callable             # (RgpuError) -> the error to raise: the connection is lost
 
@@ -46,11 +46,13 @@ class LoneCaller:
     def __init__(self, writes, router, transport, state, lost: Callable):
         self.writes, self.router, self.transport, self._x, self._lost = writes, router, transport, state, lost
 
-    def _call_alone(self, meta: Any, buffers: Sequence, reply_into) -> Reply | None:
+    def _call_alone(self, meta: Any, buffers: Sequence, reply_into, sent: Callable | None = None) -> Reply | None:
         """``call()`` when nothing else is in flight: write, then read until the reply, with no future.
 
-        None when another thread reads or writes, a request is pending or frames are queued: ``request()``
-        then does it. Raises as ``call()`` does (``TypeError`` for metadata msgpack cannot encode, first).
+        None when another thread reads or writes, a request is pending or frames are queued (nothing sent,
+        ``sent`` not called): ``request()`` then does it. ``sent()`` is called once the request is written,
+        before its answer is read. Raises as ``call()`` does (``TypeError`` for metadata msgpack cannot
+        encode, first).
         """
         x, pending, queue = self._x, self.router.pending, self.writes.queue
         if pending or queue or x.dead or x.async_error is not None:
@@ -72,7 +74,7 @@ class LoneCaller:
                 cv_lock.release()
             x.messages += 1
             x.round_trips += 1
-            return self._exchange_alone(seq, packed, buffers, reply_into)
+            return self._exchange_alone(seq, packed, buffers, reply_into, sent)
         finally:
             rcv_lock.acquire()                # the router's end_read(), inline: a lone call is a few microseconds
             x.reading = False
@@ -80,8 +82,10 @@ class LoneCaller:
                 self.router.rcv.notify_all()
             rcv_lock.release()
 
-    def _exchange_alone(self, seq: int, packed: bytes, buffers: Sequence, reply_into) -> Reply:
-        """A lone call's write and read the usual way: this thread reads and holds the send lock (released here)."""
+    def _exchange_alone(self, seq: int, packed: bytes, buffers: Sequence, reply_into,
+                        sent: Callable | None = None) -> Reply:
+        """A lone call's write and read the usual way: this thread reads and holds the send lock (released here);
+        ``sent()`` between the two."""
         writes = self.writes
         try:
             self._x.sending_seq = seq
@@ -108,6 +112,8 @@ class LoneCaller:
                 writes.wrote_at = time.perf_counter()
             writes.send_lock.release()
         self._x.bytes_out += nbytes
+        if sent is not None:
+            sent()
         return self.router.read_reply(seq, into)
 
     def _read_alone(self, seq: int, reply_into, frame: Frame | None) -> Reply:

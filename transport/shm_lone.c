@@ -1,24 +1,22 @@
 /* A connection's lone call over shm, whole in C, on state this file owns.
  *
- * On the GPU host a 64 B round trip over shm was mostly the client's Python around its C call:
- * the connection's checks and locks, its frame and reply objects (docs/perf/transport.md). Two
- * objects own what that call touches, each with a Python face, so Python and C share one copy and
- * neither reaches into the other's private state:
+ * On the GPU host a 64 B round trip over shm was mostly the client's Python around its C call: the connection's
+ * checks and locks, its frame and reply objects (docs/perf/transport.md). Two objects own what that call touches,
+ * each with a Python face, so Python and C share one copy and neither reaches into the other's private state:
  *
  * - ``Ends`` (shm_ends.c): a shm transport's ring ends, its closed flag, its shared-core deadline.
- * - ``LoneCall`` (here): a connection's exchange state (``transport/exchange.py`` is its Python twin, for
- *   every other transport): the sequence, the reader's token (``reading``, ``waiters``), the seq of
- *   the write in progress, why the connection died, a failed post's kept error, the stats counters;
- *   and, called, the lone call itself: ``Connection._call_alone`` (``connection_lone.py``, the
- *   reference) and shm's round trip in one call, the GIL held except while it waits.
+ * - ``LoneCall`` (here): a connection's exchange state (``transport/exchange.py`` is its Python twin, for every
+ *   other transport): the sequence, the reader's token (``reading``, ``waiters``), the seq of the write in
+ *   progress, why the connection died, a failed post's kept error, the stats counters; and, called, the lone
+ *   call itself: ``Connection._call_alone`` (``connection_lone.py``, the reference) and shm's round trip in one
+ *   call, the GIL held except while it waits.
  *
- * What a LoneCall needs of others it is given when made: the connection's queue and pending
- * requests (only their sizes are read), its locks and condition, the transport's locks and its
- * Ends, and the Python to call where the call is not the common case: a frame the ring does not
- * take (``exchange_alone``: the usual write and read), a reply not here within the spin or not a
- * plain one (``read_alone``), a transport that failed (``lost``), a reply the ring's Python must
- * read (``recv_c``). The Reply it returns is made through the tuple's constructor (Reply is a
- * tuple), never by its layout. Included by shm_native.c (one extension), after shm_ends.c.
+ * What a LoneCall needs of others it is given when made: the connection's queue and pending requests (only their
+ * sizes are read), its locks and condition, the transport's locks and its Ends, and the Python to call where the
+ * call is not the common case: a frame the ring does not take (``exchange_alone``: the usual write and read), a
+ * reply not here within the spin or not a plain one (``read_alone``), a transport that failed (``lost``), a reply
+ * the ring's Python must read (``recv_c``). The Reply it returns is made through the tuple's constructor (Reply
+ * is a tuple), never by its layout. Included by shm_native.c (one extension), after shm_ends.c.
  */
 typedef struct {
     PyObject_HEAD
@@ -145,7 +143,7 @@ typedef struct {
  * metadata decoded, its one buffer copied into ``into``; the transport's ends moved. 1: sent;
  * 0: nothing written (closed, not plain memory, too big for the ring alone, no room now). */
 static int ring_round_trip(LoneCall *L, uint64_t seq, PyObject *packed, PyObject *buffers, PyObject *into,
-                           round_trip *rt) {
+                           PyObject *sent, round_trip *rt) {
     Ends *ends = L->ends;
     if (ends->closed)
         return 0;                             /* the usual way names it */
@@ -174,6 +172,8 @@ static int ring_round_trip(LoneCall *L, uint64_t seq, PyObject *packed, PyObject
         return 0;
     }
     ends->tail = (uint64_t)t;
+    if (sent)                                 /* the caller's: its error cannot stop a call sent (unraisable) */
+        release(sent);
     uint64_t head = ends->head;
     rgpu_frame *f = L->frame;
     int copied = 0;
@@ -206,14 +206,14 @@ static int ring_round_trip(LoneCall *L, uint64_t seq, PyObject *packed, PyObject
 
 /* ring_round_trip with the transport's send and receive locks held (close() waits on them). */
 static int locked_round_trip(LoneCall *L, uint64_t seq, PyObject *packed, PyObject *buffers, PyObject *into,
-                             round_trip *rt) {
+                             PyObject *sent, round_trip *rt) {
     if (call0(L->t_send_acquire) < 0)
         return -1;
     if (call0(L->t_recv_acquire) < 0) {
         release(L->t_send_release);
         return -1;
     }
-    int r = ring_round_trip(L, seq, packed, buffers, into, rt);
+    int r = ring_round_trip(L, seq, packed, buffers, into, sent, rt);
     release(L->t_recv_release);
     release(L->t_send_release);
     return r;
@@ -277,14 +277,14 @@ static PyObject *answer(LoneCall *L, uint64_t seq, PyObject *reply_into, PyObjec
 /* The claimed call (the send lock held; released here): written and read through the ring, or the
  * usual way where the ring declines it. */
 static PyObject *exchange(LoneCall *L, uint64_t seq, PyObject *packed, PyObject *buffers,
-                          PyObject *reply_into, PyObject *into) {
+                          PyObject *reply_into, PyObject *into, PyObject *sent) {
     round_trip rt = {0};
     L->messages++, L->round_trips++, L->sending_seq = (long long)seq;
-    int r = locked_round_trip(L, seq, packed, buffers, into, &rt);
+    int r = locked_round_trip(L, seq, packed, buffers, into, sent, &rt);
     if (!r) {                                 /* nothing written: the usual way, which releases the send lock */
         PyObject *n = PyLong_FromUnsignedLongLong(seq);
-        PyObject *got = n ? PyObject_CallFunctionObjArgs(L->exchange_alone, n, packed, buffers, reply_into, NULL)
-                          : NULL;
+        PyObject *got = n ? PyObject_CallFunctionObjArgs(L->exchange_alone, n, packed, buffers, reply_into, sent, NULL)
+                          : NULL;        /* (sent NULL: the list ends before it) */
         Py_XDECREF(n);
         return got;
     }
@@ -319,16 +319,19 @@ static PyObject *encode(LoneCall *L, PyObject *meta) {
     return packed;
 }
 
-/* lone(meta, buffers, reply_into) -> Reply, or None when the call is not for now (another thread
+/* lone(meta, buffers, reply_into[, sent]) -> Reply, or None when the call is not for now (another thread
  * reads or writes, a request is pending, frames are queued, the connection failed, ``reply_into`` is
- * not one target): nothing sent, request() does it. Connection.call()'s lone call, as _call_alone. */
+ * not one target): nothing sent, request() does it. Connection.call()'s lone call, as _call_alone;
+ * ``sent()`` once the request is written. */
 static PyObject *lone_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     LoneCall *L = (LoneCall *)self;
-    if (PyVectorcall_NARGS(nargsf) != 3 || kwnames) {
-        PyErr_SetString(PyExc_TypeError, "lone call: (meta, buffers, reply_into) expected");
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if ((nargs != 3 && nargs != 4) || kwnames) {
+        PyErr_SetString(PyExc_TypeError, "lone call: (meta, buffers, reply_into[, sent]) expected");
         return NULL;
     }
     PyObject *meta = args[0], *buffers = args[1], *reply_into = args[2], *into = NULL;
+    PyObject *sent = nargs == 4 && args[3] != Py_None ? args[3] : NULL;
     if (reply_into != Py_None) {
         if ((!PyList_Check(reply_into) && !PyTuple_Check(reply_into)) || PySequence_Fast_GET_SIZE(reply_into) != 1)
             Py_RETURN_NONE;
@@ -347,7 +350,7 @@ static PyObject *lone_call(PyObject *self, PyObject *const *args, size_t nargsf,
     }
     uint64_t seq = 0;
     int claimed = claim_send(L, &seq);
-    PyObject *reply = claimed > 0 ? exchange(L, seq, packed, buffers, reply_into, into)
+    PyObject *reply = claimed > 0 ? exchange(L, seq, packed, buffers, reply_into, into, sent)
                                   : claimed == 0 ? Py_NewRef(Py_None) : NULL;
     Py_DECREF(packed);
     end_read(L);
