@@ -6,17 +6,9 @@ import time
 
 import pytest
 
+from test_connection import echo_conn  # noqa: F401 (the fixture: tcp, then shm)
+
 from rgpu.errors import ProtocolError
-from rgpu.transport import shm
-
-
-@pytest.fixture(params=["tcp", "shm"])
-def echo_conn(request, rgpu_server):
-    if request.param == "shm" and shm.available() is not None:
-        pytest.skip(f"shm: {shm.available()}")
-    c = rgpu_server.connect("echo", transport=request.param)
-    yield c
-    c.close()
 
 
 def test_a_calls_sent_runs_once_its_request_is_out_before_the_answer_on_every_path(echo_conn):
