@@ -32,10 +32,10 @@ def attach(ffi, lib, names) -> None:
         _guard("rgpu_lib_call", lambda *args: calls_libs.lib_call(c, ffi, *args)))
     atexit.register(_at_exit, c)
     from rgpu import config
+    settings = config.settings()
     # RGPU_NATIVE=off: memsets, events, waits, frees, small copies and graph launches posted by Python (the reference)
-    lib.rgpu_records_native(int(config.settings().native != "off"))
-    settings = config.settings()    # RGPU_CUDA_QUEUE_BYTES, RGPU_CUDA_QUEUE_FIRST_BYTES: when the queue is posted
-    limit = max(1, settings.cuda_queue_bytes)
+    lib.rgpu_records_native(int(settings.native != "off"))
+    limit = max(1, settings.cuda_queue_bytes)    # RGPU_CUDA_QUEUE_BYTES, RGPU_CUDA_QUEUE_FIRST_BYTES: when it is posted
     lib.rgpu_queue_limit(limit, max(1, settings.cuda_queue_first_bytes or limit))
     lib.rgpu_set_ready()
 

@@ -429,7 +429,7 @@ class Connection:
         answer is awaited; not at all when the call raises before that (a caller's lock held for the send's
         order only is released there: the CUDA route's client)."""
         if timeout is None and not self._request_timeout:
-            reply = self._lone(meta, buffers, reply_into) if sent is None else self._lone(meta, buffers, reply_into, sent)
+            reply = self._lone(meta, buffers, reply_into, sent)
             if reply is not None:
                 return reply
         fut = self.request(meta, buffers, reply_into)
