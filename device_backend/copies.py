@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from rgpu.transport.buffers import as_bytes_view
+from rgpu.transport.wire import as_bytes_view
 
 aten = torch.ops.aten
 

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from rgpu.protocol.ops import Msg
-from rgpu.transport import buffers, fastcopy
-from rgpu.transport.buffers import as_bytes_view
+from rgpu.transport import fastcopy, wire
+from rgpu.transport.wire import as_bytes_view
 
 UPLOAD_PIECE_BYTES = 8 << 20  # bigger uploads go in pieces of this size (to a contiguous destination)
 # over tcp, where a piece is neither copied here nor kept as a copy (held): each one's cost is the frame's
@@ -59,7 +59,7 @@ class Transfers:
                 # GPU host's gVisor). Held, the pieces are kept by reference, and the last one is a request:
                 # its answer says the server has them all, so nothing replays the caller's memory after we
                 # return (unless non_blocking from pinned memory: as on CUDA, left alone until a synchronize)
-                view = buffers.held(view)
+                view = wire.held(view)
             last = view.nbytes - (view.nbytes - 1) % piece - 1
             wait = held and not (non_blocking and _pinned(data))
             for offset in range(0, view.nbytes, piece):

@@ -21,7 +21,7 @@ import msgpack
 from rgpu import config
 from rgpu.errors import ConnectionLost, ProtocolError, RgpuError, VersionMismatch
 from rgpu.transport import handshake, negotiate, tcp_streams_setup, tls
-from rgpu.transport.buffers import BufferPool, as_bytes_view
+from rgpu.transport.wire import BufferPool, as_bytes_view
 from rgpu.transport.resume_server import ResumableEnd, accept_tls_resume
 from rgpu.transport.shm_native import SERVE_RAISED, SERVE_REPLY
 from rgpu.transport.tcp import TcpTransport

@@ -309,7 +309,7 @@ def test_a_server_dying_mid_frame_is_connection_lost_promptly():
         t = TcpTransport(sock)
         hello = handshake.server_handshake(t, TOKEN.encode(), Limits(), {"echo"})
         handshake.welcome(t, hello.session, ["tcp"], {})
-        req = t.recv_frame(Limits(), __import__("rgpu.transport.buffers", fromlist=["x"]).BufferPool())
+        req = t.recv_frame(Limits(), __import__("rgpu.transport.wire", fromlist=["x"]).BufferPool())
         reply = encode_frame(MsgKind.REPLY, req.seq, {"ok": 1}, [b"z" * 100_000])
         sock.sendall(reply[:60_000])
         t.close()

@@ -15,7 +15,7 @@ import pytest
 from rgpu.errors import ConnectError, SessionLost
 
 from rgpu.bench.resilience import Flood, handshake_ms
-from rgpu.transport.buffers import BufferPool
+from rgpu.transport.wire import BufferPool
 from rgpu.transport.client import connect
 from rgpu.transport.tcp import TcpTransport
 from rgpu.transport.wire import PROTOCOL_VERSION, Limits, MsgKind, encode_frame

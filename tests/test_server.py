@@ -17,7 +17,7 @@ import pytest
 from rgpu import config
 from rgpu.errors import ConnectError, ConnectionLost, ProtocolError, RemoteError, SessionLost
 from rgpu.server.route import Executor
-from rgpu.transport.buffers import BufferPool
+from rgpu.transport.wire import BufferPool
 from rgpu.transport.client import connect
 from rgpu.transport.tcp import TcpTransport
 from rgpu.transport.wire import HEADER, MAGIC, PROTOCOL_VERSION, Limits, MsgKind, encode_frame

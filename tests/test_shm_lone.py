@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from rgpu import config
 from rgpu.errors import ConnectionLost, ProtocolError, RemoteError
 from rgpu.transport import shm, shm_fast
-from rgpu.transport.buffers import BufferPool, as_bytes_view
+from rgpu.transport.wire import BufferPool, as_bytes_view
 from rgpu.transport.connection import Connection
 from rgpu.transport.wire import Limits, MsgKind
 from transport_pairs import shm_pair

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from rgpu.transport import shm, shm_fast
-from rgpu.transport.buffers import BufferPool
+from rgpu.transport.wire import BufferPool
 from rgpu.transport.shm_memory import PeerSegments, Segment
 from rgpu.transport.shm_native import CRing
 from rgpu.transport.shm_recv import Receiver

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from rgpu import config
-from rgpu.transport.buffers import BufferPool, as_bytes_view
+from rgpu.transport.wire import BufferPool, as_bytes_view
 from rgpu.transport.connection import Connection
 from rgpu.transport.resume import ResumingTransport
 from rgpu.transport.resume_server import ResumableEnd

@@ -12,7 +12,7 @@ from conftest import wait_until
 from rgpu import config
 from rgpu.errors import AuthenticationError, ConnectionLost, ProtocolError, RgpuError
 from rgpu.transport import handshake, shm_fast, tcp, tcp_streams_setup
-from rgpu.transport.buffers import BufferPool
+from rgpu.transport.wire import BufferPool
 from rgpu.transport.tcp import TcpTransport
 from rgpu.transport.tcp_streams import STRIPE, STRIPE_MAGIC, StripedTcp, ranges
 from rgpu.transport.wire import Limits, MsgKind, encode_prefix

@@ -11,7 +11,7 @@ import pytest
 
 from rgpu.errors import ConnectionLost, ProtocolError
 from rgpu.transport import shm, shm_write
-from rgpu.transport.buffers import BufferPool, as_bytes_view
+from rgpu.transport.wire import BufferPool, as_bytes_view
 from rgpu.transport.shm_memory import Segment
 from rgpu.transport.wire import Limits, MsgKind
 from transport_pairs import shm_pair

@@ -11,7 +11,7 @@ import torch
 
 from rgpu.errors import ConnectError, ConnectionLost
 from rgpu.transport import base, shm_fast, tcp
-from rgpu.transport.buffers import BufferPool, as_bytes_view
+from rgpu.transport.wire import BufferPool, as_bytes_view
 from rgpu.transport.tcp import TcpTransport
 from rgpu.transport.wire import HEADER, Limits, MsgKind, encode_frame
 

@@ -9,7 +9,7 @@ import torch
 from device_helpers import rgpu_device, run_python  # noqa: F401
 
 import rgpu
-from rgpu.transport.buffers import Held, held
+from rgpu.transport.wire import Held, held
 from rgpu.transport.replay_log import ReplayLog
 from rgpu.transport.wire import MsgKind, encode_prefix
 

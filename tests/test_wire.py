@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rgpu.errors import ProtocolError, VersionMismatch
-from rgpu.transport.base import StreamReader
-from rgpu.transport.buffers import BufferPool
+from rgpu.transport.tcp import StreamReader
+from rgpu.transport.wire import BufferPool
 from rgpu.transport.wire import (
     HEADER, MAGIC, PROTOCOL_VERSION, Flags, Limits, MsgKind, decode_frame, encode_frame, encode_prefix, pack_meta,
 )

@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 from rgpu.errors import ConnectionLost, ProtocolError, RgpuError, Timeout, VersionMismatch
 
 from .base import Transport
-from .buffers import BufferPool, as_bytes_view, copied, writable_view
+from .wire import BufferPool, as_bytes_view, copied, writable_view
 from .connection_lone import LoneCaller, LoneParts
 from .connection_recv import Future, Reply, ReplyRouter
 from .exchange import Counts, Exchange

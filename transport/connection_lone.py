@@ -14,7 +14,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 from rgpu.errors import RgpuError
 
-from .buffers import as_bytes_view, writable_view
+from .wire import as_bytes_view, writable_view
 from .connection_recv import Reply
 from .wire import Frame, MsgKind, encode_prefix, pack_meta
 

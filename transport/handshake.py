@@ -33,7 +33,7 @@ from rgpu.errors import (
 )
 
 from .base import Transport
-from .buffers import BufferPool
+from .wire import BufferPool
 from .wire import PROTOCOL_VERSION, Limits, MsgKind
 
 NONCE_BYTES = 32

@@ -36,7 +36,7 @@ from rgpu.errors import (
 
 from . import shm, shm_fast, shm_setup
 from .base import Transport
-from .buffers import BufferPool
+from .wire import BufferPool
 from .tcp import TcpTransport
 from .wire import Limits, MsgKind
 

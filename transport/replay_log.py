@@ -12,7 +12,7 @@ import struct
 from collections import deque
 from typing import Sequence
 
-from .buffers import Held
+from .wire import Held
 from .wire import MsgKind
 
 _BYE, _POST = MsgKind.BYE, MsgKind.POST
@@ -25,7 +25,7 @@ class ReplayLog:
 
     A send's parts are kept by reference (the frame prefixes are the connection's own bytes, a post's
     small buffers its own copies); only a buffer the caller may change once the send returns (a request's,
-    a post's larger than ``owned``) is copied, unless it is ``buffers.Held`` (its owner waits for the
+    a post's larger than ``owned``) is copied, unless it is ``wire.Held`` (its owner waits for the
     acknowledgement: a big upload's pieces, ``device_backend/transfers.py``). Acknowledgements are
     cumulative: an entry goes once the server has applied its last frame, and a replay splits the first
     entry it needs (rare) by its headers.

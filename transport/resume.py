@@ -264,7 +264,7 @@ class ResumingTransport(Transport):
     def _look_for_bye(self) -> None:
         """What the old connection still holds: replies (kept for the readers), or a BYE, which ends the
         session with its reason (a frame over the server's limit, the server stopping) instead of a resume."""
-        from .buffers import BufferPool
+        from .wire import BufferPool
 
         try:
             for _ in range(64):
@@ -332,7 +332,7 @@ class ResumingTransport(Transport):
         return t
 
     def _stash_from(self, t) -> bool:
-        from .buffers import BufferPool
+        from .wire import BufferPool
 
         if t.readable(0):
             frame = t.recv_frame(self._limits(), BufferPool(), self._into)

@@ -35,7 +35,7 @@ from rgpu.errors import ConnectionLost, ProtocolError
 
 from . import shm_fast
 from .base import Capabilities, FindShared, Into, Transport, spin_seconds
-from .buffers import BufferPool, as_bytes_view, copied
+from .wire import BufferPool, as_bytes_view, copied
 from .shm_memory import PeerSegments, Segment
 from .shm_native import CRing, NativeCalls
 from .shm_recv import Receiver

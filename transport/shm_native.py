@@ -13,7 +13,7 @@ import time
 from rgpu.errors import ConnectionLost, RgpuError
 
 from . import shm_fast
-from .buffers import as_bytes_view
+from .wire import as_bytes_view
 from .connection_lone import LoneParts
 from .connection_recv import Reply
 from .shm_ring import KNOWN_KINDS, RECORD_MAX, _KINDS

@@ -17,7 +17,7 @@ from rgpu.errors import ProtocolError
 from . import fastcopy
 from .shm_fast import FAST_BUFS, FRAME_BUFS, FRAME_HEAD
 from .base import Into
-from .buffers import BufferPool, as_bytes_view
+from .wire import BufferPool, as_bytes_view
 from .shm_memory import PeerSegments
 from .shm_ring import (
     BLOB, DESC, KIND_FRAME, KIND_WRAP, KNOWN_KINDS, NO_SLOT, REC, REC_HEAD, RECORD_MAX, RING_BYTES, SLOTS, _KINDS,

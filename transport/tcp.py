@@ -1,4 +1,4 @@
-"""The tcp transport: always there, scatter/gather ``sendmsg`` out, ``recv_into`` in."""
+"""The tcp transport: always there, scatter/gather ``sendmsg`` out, ``recv_into`` in (``StreamReader``: its frames)."""
 from __future__ import annotations
 
 import select
@@ -8,9 +8,12 @@ from typing import Sequence
 
 from rgpu.errors import ConfigError, ConnectionLost, translate_os_error
 
-from .base import Capabilities, Into, StreamReader, Transport, spin_seconds
-from .buffers import BufferPool
-from .wire import Frame, Limits
+from . import wire
+from .base import Capabilities, Into, Transport, spin_seconds
+from .wire import (
+    _KINDS, _LENGTH_STRUCTS, HEADER, KNOWN_FLAGS, MAGIC, BufferPool, Frame, Limits, decode_header, decode_lengths,
+    unpack_meta,
+)
 
 _DONTWAIT = socket.MSG_DONTWAIT
 IOV_MAX = 1024  # sendmsg's limit on parts per call on Linux
@@ -242,3 +245,128 @@ def listen(host: str, port: int, backlog: int = 128) -> socket.socket:
         raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc} "
                           "(another server there? choose another --port / RGPU_PORT)") from None
     return sock
+
+
+class StreamReader:
+    """Frame decoding over a byte stream with a staging buffer.
+
+    Small frames arrive in one ``recv_into`` of the staging buffer; large buffers
+    are read straight into their destination once what is staged is used up.
+    """
+
+    STAGE = 256 << 10
+    SMALL = 64 << 10   # buffers up to this size get their own bytearray: no pool lock, no lease to release
+    # Read ahead at most this much: whatever arrives with a header is copied once more out of the
+    # stage (whole-stage reads lagged a raw socket at 256 KiB: docs/perf/transport-history.md, tcp),
+    # yet batches of small frames still come in a few calls.
+    READ_AHEAD = 64 << 10
+
+    def __init__(self, recv_into):
+        self.recv_into = recv_into           # fills up to len(view) bytes, returns count (0 = EOF); replaceable
+        # fills all of a view, returns count (fewer: EOF), for reads of known length (TLS: tls_fast.py); or None
+        self.read_exactly = None
+        # (bytes, read): a frame whose buffers hold that many bytes or more is read by read(kind, seq, ack,
+        # meta, lengths, targets, pool) once its metadata is in (tcp_streams.py: striped over several sockets)
+        self.big = None
+        self._stage = bytearray(self.STAGE)
+        self._view = memoryview(self._stage)
+        self._start = 0
+        self._end = 0
+
+    @property
+    def staged(self) -> int:
+        return self._end - self._start
+
+    def _fill(self, need: int) -> None:
+        """Ensure ``need`` bytes are staged (need <= STAGE)."""
+        if self._end - self._start >= need:
+            return
+        if self._start:
+            n = self._end - self._start
+            self._view[:n] = self._view[self._start:self._end]
+            self._start, self._end = 0, n
+        limit = max(need, self.READ_AHEAD)
+        while self._end < need:
+            got = self.recv_into(self._view[self._end:limit])
+            if got == 0:
+                raise EOFError
+            self._end += got
+
+    def _take(self, n: int) -> memoryview:
+        """The next ``n`` bytes, valid until the next read (copied out when bigger than the stage)."""
+        if n > self.STAGE:
+            big = memoryview(bytearray(n))
+            self.read_into(big)
+            return big
+        if self._end - self._start < n:
+            self._fill(n)
+        out = self._view[self._start:self._start + n]
+        self._start += n
+        return out
+
+    def read_into(self, dest: memoryview) -> None:
+        n = dest.nbytes
+        staged = min(n, self._end - self._start)
+        if staged:
+            dest[:staged] = self._view[self._start:self._start + staged]
+            self._start += staged
+        pos = staged
+        if pos < n and self.read_exactly is not None:
+            pos += self.read_exactly(dest[pos:])
+        while pos < n:
+            got = self.recv_into(dest[pos:])
+            if got == 0:
+                raise EOFError
+            pos += got
+
+    def read_frame(self, limits: Limits, pool: BufferPool, into: Into | None = None) -> Frame:
+        if self._end - self._start < HEADER.size:
+            self._fill(HEADER.size)
+        start = self._start
+        magic, version, kind, flags, seq, ack, meta_len, nbufs = HEADER.unpack_from(self._stage, start)
+        kind = _KINDS.get(kind)
+        if (kind is None or magic != MAGIC or version != wire.PROTOCOL_VERSION or flags & ~KNOWN_FLAGS
+                or meta_len > limits.max_meta_bytes or nbufs > limits.max_buffers):
+            h = decode_header(self._view[start:start + HEADER.size], limits)  # raises, naming the field
+            kind, meta_len, nbufs = h.kind, h.meta_len, h.nbufs
+        pos = self._start = start + HEADER.size
+        if not nbufs:
+            lengths = []
+        elif nbufs <= 64 and self._end - pos >= 8 * nbufs:  # staged: unpack in place
+            lengths = list(_LENGTH_STRUCTS[nbufs].unpack_from(self._stage, pos))
+            self._start = pos + 8 * nbufs
+            if meta_len + sum(lengths) > limits.max_frame_bytes:
+                decode_lengths(self._view[pos:pos + 8 * nbufs], nbufs, meta_len, limits)  # raises, naming it
+        else:
+            lengths = decode_lengths(self._take(8 * nbufs), nbufs, meta_len, limits)
+        meta = unpack_meta(self._take(meta_len), limits) if meta_len else None
+        if not lengths:
+            return Frame(kind, seq, ack, meta)
+        targets = into(kind, seq, lengths) if into is not None else None
+        if targets is not None and [v.nbytes for v in targets] != lengths:
+            targets = None  # not the reply the caller prepared for (an error, say): use the pool
+        if self.big is not None and sum(lengths) >= self.big[0]:
+            return self.big[1](kind, seq, ack, meta, lengths, targets, pool)
+        bufs, leases = [], []
+        for i, n in enumerate(lengths):
+            if targets is not None:
+                dest = targets[i]
+                if self._end - self._start >= n:  # staged already: one copy, no call
+                    dest[:] = self._view[self._start:self._start + n]
+                    self._start += n
+                    bufs.append(dest)
+                    continue
+            elif n <= self.SMALL:
+                if self._end - self._start >= n:  # all staged already: one copy out
+                    dest = memoryview(bytearray(self._view[self._start:self._start + n]))
+                    self._start += n
+                    bufs.append(dest)
+                    continue
+                dest = memoryview(bytearray(n))
+            else:
+                dest, token = pool.lease(n)
+                leases.append(token)
+            self.read_into(dest)
+            bufs.append(dest)
+        releaser = (lambda: [pool.release(t) for t in leases]) if leases else None
+        return Frame(kind, seq, ack, meta, bufs, releaser)

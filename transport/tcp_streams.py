@@ -26,8 +26,8 @@ from typing import Sequence
 
 from rgpu.errors import ConnectionLost, ProtocolError, RgpuError, translate_os_error
 
-from .base import StreamReader
-from .buffers import BufferPool
+from .tcp import StreamReader
+from .wire import BufferPool
 from .tcp import IOV_MAX, TcpTransport, tune
 from .wire import HEADER, MAGIC, Frame
 

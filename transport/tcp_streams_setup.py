@@ -29,7 +29,7 @@ import time
 from rgpu.errors import AuthenticationError, ConnectionLost, ProtocolError, RgpuError, translate_os_error
 
 from . import handshake, tcp, ticketed, tls
-from .buffers import BufferPool
+from .wire import BufferPool
 from .tcp import TcpTransport
 from .tcp_streams import StripedTcp
 from .wire import Limits, MsgKind

@@ -27,7 +27,7 @@ from collections import deque
 import numpy as np
 import torch
 
-from rgpu.transport.buffers import BufferPool
+from rgpu.transport.wire import BufferPool
 
 log = logging.getLogger("rgpu.server.uploads")
 
