@@ -65,7 +65,7 @@ def test_every_file_the_walkthrough_names_exists():
     assert not [f for f in named if not (ROOT / f).is_file()]
 
 
-@pytest.mark.xfail(strict=True, reason="the fast path runs 18 files (docs/walkthrough.md says which make it more "
+@pytest.mark.xfail(strict=True, reason="the fast path runs 17 files (docs/walkthrough.md says which make it more "
                                        "than 12); when it fits, this passes and the mark goes")
 def test_the_fast_path_of_one_add_and_its_download_fits_in_twelve_files():
     files = listed("fast")

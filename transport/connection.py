@@ -14,9 +14,9 @@
   whole of it in one C call: ``shm_lone.c``).
 
 A ``Connection`` is composed of parts, each given what it needs when made: its exchange state
-(``exchange.py``: the sequence, the reader's token, why it died, a post's kept error, the counters;
+(``exchange.py``'s ``Exchange``: the sequence, the reader's token, why it died, a post's kept error, the counters;
 over shm with its C path a C object, ``shm_lone.c``), the ``WriteQueue`` here (frames in order to
-the transport), the ``ReplyRouter`` (``connection_recv.py``: replies to their futures, a failed
+the transport), the ``ReplyRouter`` (``exchange.py`` too: replies to their futures, a failed
 post's error, the reading while a write is blocked) and the ``LoneCaller`` (``connection_lone.py``).
 The deque, dict and locks that more than one part looks at are made here and handed to each.
 """
@@ -30,11 +30,9 @@ from typing import Any, Callable, Sequence
 from rgpu.errors import ConnectionLost, ProtocolError, RgpuError, Timeout, VersionMismatch
 
 from .base import Transport
-from .wire import BufferPool, as_bytes_view, copied, writable_view
 from .connection_lone import LoneCaller, LoneParts
-from .connection_recv import Future, Reply, ReplyRouter
-from .exchange import Counts, Exchange
-from .wire import Limits, MsgKind, encode_prefix
+from .exchange import Counts, Exchange, Future, Reply, ReplyRouter
+from .wire import BufferPool, Limits, MsgKind, as_bytes_view, copied, encode_prefix, writable_view
 
 __all__ = ["Connection", "Future", "Reply"]
 

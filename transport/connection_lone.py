@@ -15,7 +15,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 from rgpu.errors import RgpuError
 
 from .wire import as_bytes_view, writable_view
-from .connection_recv import Reply
+from .exchange import Reply
 from .wire import Frame, MsgKind, encode_prefix, pack_meta
 
 _REQUEST = MsgKind.REQUEST

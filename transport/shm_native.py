@@ -15,7 +15,7 @@ from rgpu.errors import ConnectionLost, RgpuError
 from . import shm_fast
 from .wire import as_bytes_view
 from .connection_lone import LoneParts
-from .connection_recv import Reply
+from .exchange import Reply
 from .shm_ring import KNOWN_KINDS, RECORD_MAX, _KINDS
 from .wire import Frame, Limits, MsgKind, meta_packer, pack_meta, unpack_spec
 
