@@ -21,11 +21,10 @@ import msgpack
 from rgpu import config
 from rgpu.errors import ConnectionLost, ProtocolError, RgpuError, VersionMismatch
 from rgpu.transport import handshake, negotiate, tcp_streams_setup, tls
-from rgpu.transport.wire import BufferPool, as_bytes_view
 from rgpu.transport.resume_server import ResumableEnd, accept_tls_resume
 from rgpu.transport.shm_native import SERVE_RAISED, SERVE_REPLY
 from rgpu.transport.tcp import TcpTransport
-from rgpu.transport.wire import Limits, MsgKind
+from rgpu.transport.wire import BufferPool, Limits, MsgKind, as_bytes_view
 
 from . import quotas, route, warmup
 from .route import Session

@@ -14,9 +14,8 @@ from rgpu import config
 from rgpu.server import worker
 from rgpu.server.route import Session
 from rgpu.transport import tcp
-from rgpu.transport.wire import BufferPool
 from rgpu.transport.tcp import TcpTransport
-from rgpu.transport.wire import Limits, MsgKind
+from rgpu.transport.wire import BufferPool, Limits, MsgKind
 
 
 @contextlib.contextmanager

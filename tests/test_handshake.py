@@ -11,10 +11,9 @@ from rgpu.errors import (
     AuthenticationError, ConnectError, ConnectionLost, ProtocolError, RemoteError, RgpuError, Timeout, VersionMismatch,
 )
 from rgpu.transport import handshake, tcp, wire
-from rgpu.transport.wire import BufferPool
 from rgpu.transport.client import connect
 from rgpu.transport.tcp import TcpTransport
-from rgpu.transport.wire import HEADER, MAGIC, Limits, MsgKind, encode_frame
+from rgpu.transport.wire import HEADER, MAGIC, BufferPool, Limits, MsgKind, encode_frame
 
 from conftest import TOKEN
 

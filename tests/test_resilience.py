@@ -15,10 +15,9 @@ import pytest
 from rgpu.errors import ConnectError, SessionLost
 
 from rgpu.bench.resilience import Flood, handshake_ms
-from rgpu.transport.wire import BufferPool
 from rgpu.transport.client import connect
 from rgpu.transport.tcp import TcpTransport
-from rgpu.transport.wire import PROTOCOL_VERSION, Limits, MsgKind, encode_frame
+from rgpu.transport.wire import PROTOCOL_VERSION, BufferPool, Limits, MsgKind, encode_frame
 
 from conftest import wait_until
 from test_tls import fingerprint_printed

@@ -13,8 +13,7 @@ import torch
 from rgpu.errors import RemoteError, SessionLost
 from rgpu.protocol.ops import DTYPES, Msg
 from rgpu.server.route import Executor
-from rgpu.transport.wire import BufferPool
-from rgpu.transport.wire import Limits, MsgKind, encode_frame
+from rgpu.transport.wire import BufferPool, Limits, MsgKind, encode_frame
 
 from in_process import session_on_a_thread
 from test_resilience_killed import Trainer

@@ -17,10 +17,9 @@ import pytest
 from rgpu import config
 from rgpu.errors import ConnectError, ConnectionLost, ProtocolError, RemoteError, SessionLost
 from rgpu.server.route import Executor
-from rgpu.transport.wire import BufferPool
 from rgpu.transport.client import connect
 from rgpu.transport.tcp import TcpTransport
-from rgpu.transport.wire import HEADER, MAGIC, PROTOCOL_VERSION, Limits, MsgKind, encode_frame
+from rgpu.transport.wire import HEADER, MAGIC, PROTOCOL_VERSION, BufferPool, Limits, MsgKind, encode_frame
 
 from conftest import pid_gone, wait_until
 from in_process import session_on_a_thread

@@ -11,8 +11,7 @@ import pytest
 
 from rgpu.errors import ProtocolError
 from rgpu.transport import base, shm, shm_fast
-from rgpu.transport.wire import BufferPool, as_bytes_view
-from rgpu.transport.wire import Limits, MsgKind, pack_meta
+from rgpu.transport.wire import BufferPool, Limits, MsgKind, as_bytes_view, pack_meta
 from transport_pairs import shm_pair
 
 pytestmark = pytest.mark.skipif(shm.available() is not None or shm_fast.load() is None,

@@ -19,9 +19,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from rgpu import config
 from rgpu.errors import ConnectionLost, ProtocolError, RemoteError
 from rgpu.transport import shm, shm_fast
-from rgpu.transport.wire import BufferPool, as_bytes_view
 from rgpu.transport.connection import Connection
-from rgpu.transport.wire import Limits, MsgKind
+from rgpu.transport.wire import BufferPool, Limits, MsgKind, as_bytes_view
 from transport_pairs import shm_pair
 
 pytestmark = pytest.mark.skipif(shm.available() is not None or shm_fast.load() is None,

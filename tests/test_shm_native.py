@@ -22,8 +22,7 @@ from rgpu.server import echo
 from rgpu.server.route import Session
 from rgpu.transport import shm, shm_fast
 from rgpu.transport.shm_native import SERVE_IDLE
-from rgpu.transport.wire import BufferPool, as_bytes_view
-from rgpu.transport.wire import Limits, MsgKind
+from rgpu.transport.wire import BufferPool, Limits, MsgKind, as_bytes_view
 from transport_pairs import shm_pair
 
 pytestmark = pytest.mark.skipif(shm.available() is not None or shm_fast.load() is None,

@@ -17,14 +17,13 @@ import numpy as np
 import pytest
 
 from rgpu.transport import shm, shm_fast
-from rgpu.transport.wire import BufferPool
 from rgpu.transport.shm_memory import PeerSegments, Segment
 from rgpu.transport.shm_native import CRing
 from rgpu.transport.shm_recv import Receiver
 from rgpu.transport.shm_ring import CONTROL_BYTES, MAX_SEGMENT, RING_BYTES, RINGS_OFF, SLOTS, SLOTS_OFF, Ends, _words
 from rgpu.transport.shm_wait import Waits
 from rgpu.transport.shm_write import Writer
-from rgpu.transport.wire import Limits, MsgKind, encode_prefix, pack_meta
+from rgpu.transport.wire import BufferPool, Limits, MsgKind, encode_prefix, pack_meta
 from transport_pairs import shm_pair
 
 TRANSPORT = Path(__file__).resolve().parent.parent / "transport"

@@ -8,12 +8,11 @@ import numpy as np
 import pytest
 
 from rgpu import config
-from rgpu.transport.wire import BufferPool, as_bytes_view
 from rgpu.transport.connection import Connection
 from rgpu.transport.resume import ResumingTransport
 from rgpu.transport.resume_server import ResumableEnd
 from rgpu.transport.tcp import TcpTransport, tune
-from rgpu.transport.wire import Limits, MsgKind
+from rgpu.transport.wire import BufferPool, Limits, MsgKind, as_bytes_view
 
 LIMITS = Limits()
 

@@ -12,10 +12,9 @@ from conftest import wait_until
 from rgpu import config
 from rgpu.errors import AuthenticationError, ConnectionLost, ProtocolError, RgpuError
 from rgpu.transport import handshake, shm_fast, tcp, tcp_streams_setup
-from rgpu.transport.wire import BufferPool
 from rgpu.transport.tcp import TcpTransport
 from rgpu.transport.tcp_streams import STRIPE, STRIPE_MAGIC, StripedTcp, ranges
-from rgpu.transport.wire import Limits, MsgKind, encode_prefix
+from rgpu.transport.wire import BufferPool, Limits, MsgKind, encode_prefix
 
 STRIPE_BYTES = tcp_streams_setup.STRIPE_BYTES
 SIZES = (STRIPE_BYTES - 1, STRIPE_BYTES, STRIPE_BYTES + 1, 3 * STRIPE_BYTES + 4093, 1, 0)

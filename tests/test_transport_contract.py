@@ -18,8 +18,7 @@ import pytest
 from conftest import clean_env, pid_gone, wait_until
 from rgpu.errors import ConnectionLost, ProtocolError
 from rgpu.transport.base import Capabilities, Transport
-from rgpu.transport.wire import BufferPool, as_bytes_view
-from rgpu.transport.wire import Limits, MsgKind, encode_prefix, pack_meta
+from rgpu.transport.wire import BufferPool, Limits, MsgKind, as_bytes_view, encode_prefix, pack_meta
 from transport_pairs import NAMES, pair, skip_reason
 
 MiB = 1 << 20

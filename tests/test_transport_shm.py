@@ -11,9 +11,8 @@ import pytest
 
 from rgpu.errors import ConnectionLost, ProtocolError
 from rgpu.transport import shm, shm_write
-from rgpu.transport.wire import BufferPool, as_bytes_view
 from rgpu.transport.shm_memory import Segment
-from rgpu.transport.wire import Limits, MsgKind
+from rgpu.transport.wire import BufferPool, Limits, MsgKind, as_bytes_view
 from transport_pairs import shm_pair
 
 pytestmark = pytest.mark.skipif(shm.available() is not None, reason=str(shm.available()))

@@ -11,9 +11,8 @@ import torch
 
 from rgpu.errors import ConnectError, ConnectionLost
 from rgpu.transport import base, shm_fast, tcp
-from rgpu.transport.wire import BufferPool, as_bytes_view
 from rgpu.transport.tcp import TcpTransport
-from rgpu.transport.wire import HEADER, Limits, MsgKind, encode_frame
+from rgpu.transport.wire import HEADER, BufferPool, Limits, MsgKind, as_bytes_view, encode_frame
 
 LIMITS = Limits()
 

@@ -9,9 +9,8 @@ import torch
 from device_helpers import rgpu_device, run_python  # noqa: F401
 
 import rgpu
-from rgpu.transport.wire import Held, held
 from rgpu.transport.replay_log import ReplayLog
-from rgpu.transport.wire import MsgKind, encode_prefix
+from rgpu.transport.wire import Held, MsgKind, encode_prefix, held
 
 from session_proxy import Cut, CuttingProxy
 

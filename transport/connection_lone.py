@@ -14,9 +14,8 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 from rgpu.errors import RgpuError
 
-from .wire import as_bytes_view, writable_view
 from .exchange import Reply
-from .wire import Frame, MsgKind, encode_prefix, pack_meta
+from .wire import Frame, MsgKind, as_bytes_view, encode_prefix, pack_meta, writable_view
 
 _REQUEST = MsgKind.REQUEST
 

@@ -33,8 +33,7 @@ from rgpu.errors import (
 )
 
 from .base import Transport
-from .wire import BufferPool
-from .wire import PROTOCOL_VERSION, Limits, MsgKind
+from .wire import PROTOCOL_VERSION, BufferPool, Limits, MsgKind
 
 NONCE_BYTES = 32
 # Handshake frames are read before anyone is authenticated: small metadata, no buffers,

@@ -36,9 +36,8 @@ from rgpu.errors import (
 
 from . import shm, shm_fast, shm_setup
 from .base import Transport
-from .wire import BufferPool
 from .tcp import TcpTransport
-from .wire import Limits, MsgKind
+from .wire import BufferPool, Limits, MsgKind
 
 log = logging.getLogger("rgpu.transport")
 NAMES = ("tcp", "shm", "ucx")

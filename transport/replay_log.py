@@ -12,8 +12,7 @@ import struct
 from collections import deque
 from typing import Sequence
 
-from .wire import Held
-from .wire import MsgKind
+from .wire import Held, MsgKind
 
 _BYE, _POST = MsgKind.BYE, MsgKind.POST
 _FIELDS = struct.Struct("<6xH4xQ12xI")   # a frame header's kind, seq and nbufs, the rest skipped (wire.HEADER)

@@ -35,7 +35,6 @@ from rgpu.errors import ConnectionLost, ProtocolError
 
 from . import shm_fast
 from .base import Capabilities, FindShared, Into, Transport, spin_seconds
-from .wire import BufferPool, as_bytes_view, copied
 from .shm_memory import PeerSegments, Segment
 from .shm_native import CRing, NativeCalls
 from .shm_recv import Receiver
@@ -45,7 +44,7 @@ from .shm_ring import (  # noqa: F401  (DESC, INLINE_MAX, KIND_FRAME, NO_SLOT: t
 )
 from .shm_wait import Waits
 from .shm_write import Writer
-from .wire import HEADER, MAGIC, Frame, Limits, encode_prefix, pack_meta
+from .wire import HEADER, MAGIC, BufferPool, Frame, Limits, as_bytes_view, copied, encode_prefix, pack_meta
 
 
 def _peer_pid(sock: socket.socket) -> int:

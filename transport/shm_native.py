@@ -13,11 +13,10 @@ import time
 from rgpu.errors import ConnectionLost, RgpuError
 
 from . import shm_fast
-from .wire import as_bytes_view
 from .connection_lone import LoneParts
 from .exchange import Reply
 from .shm_ring import KNOWN_KINDS, RECORD_MAX, _KINDS
-from .wire import Frame, Limits, MsgKind, meta_packer, pack_meta, unpack_spec
+from .wire import Frame, Limits, MsgKind, as_bytes_view, meta_packer, pack_meta, unpack_spec
 
 _POST, _REQUEST, _REPLY = int(MsgKind.POST), int(MsgKind.REQUEST), int(MsgKind.REPLY)
 SERVE_IDLE, SERVE_PYTHON, SERVE_RAISED, SERVE_REPLY = range(4)    # why the C loop of serve() returned

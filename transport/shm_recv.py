@@ -17,13 +17,14 @@ from rgpu.errors import ProtocolError
 from . import fastcopy
 from .shm_fast import FAST_BUFS, FRAME_BUFS, FRAME_HEAD
 from .base import Into
-from .wire import BufferPool, as_bytes_view
 from .shm_memory import PeerSegments
 from .shm_ring import (
     BLOB, DESC, KIND_FRAME, KIND_WRAP, KNOWN_KINDS, NO_SLOT, REC, REC_HEAD, RECORD_MAX, RING_BYTES, SLOTS, _KINDS,
     _fence, _lengths,
 )
-from .wire import HEADER, KNOWN_FLAGS, MAGIC, PROTOCOL_VERSION, Frame, Limits, decode_header, decode_lengths, unpack_meta
+from .wire import (
+    HEADER, KNOWN_FLAGS, MAGIC, PROTOCOL_VERSION, BufferPool, Frame, Limits, as_bytes_view, decode_header, decode_lengths, unpack_meta,
+)
 
 
 def _ring_buffers(ring, p: int, lengths: list, into: Into | None, kind, seq: int) -> list:

@@ -27,9 +27,8 @@ from typing import Sequence
 from rgpu.errors import ConnectionLost, ProtocolError, RgpuError, translate_os_error
 
 from .tcp import StreamReader
-from .wire import BufferPool
 from .tcp import IOV_MAX, TcpTransport, tune
-from .wire import HEADER, MAGIC, Frame
+from .wire import HEADER, MAGIC, BufferPool, Frame
 
 STRIPE = struct.Struct("<4sIQQ")   # magic, count (of striped frames before it, mod 2**32), offset, length
 STRIPE_MAGIC = b"RGST"

@@ -29,10 +29,9 @@ import time
 from rgpu.errors import AuthenticationError, ConnectionLost, ProtocolError, RgpuError, translate_os_error
 
 from . import handshake, tcp, ticketed, tls
-from .wire import BufferPool
 from .tcp import TcpTransport
 from .tcp_streams import StripedTcp
-from .wire import Limits, MsgKind
+from .wire import BufferPool, Limits, MsgKind
 
 log = logging.getLogger("rgpu.transport")
 MAX_STREAMS = 16

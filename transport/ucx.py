@@ -24,8 +24,7 @@ from typing import Sequence
 from rgpu.errors import ConnectError, ConnectionLost, ProtocolError, RgpuError
 
 from .base import Into, Transport
-from .wire import BufferPool, as_bytes_view
-from .wire import HEADER, MAGIC, Frame, Limits, decode_header, decode_lengths, unpack_meta
+from .wire import HEADER, MAGIC, BufferPool, Frame, Limits, as_bytes_view, decode_header, decode_lengths, unpack_meta
 
 TAG = 0x5247505501          # every message of a connection: one tag keeps them in order
 RDMA_KINDS = ("rc", "dc", "ud")

@@ -12,9 +12,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))   # tools
 import numpy as np  # noqa: E402
 
 from rgpu import config  # noqa: E402
-from rgpu.transport.wire import BufferPool, as_bytes_view  # noqa: E402
 from rgpu.transport.connection import Connection  # noqa: E402
-from rgpu.transport.wire import Limits, MsgKind  # noqa: E402
+from rgpu.transport.wire import BufferPool, Limits, MsgKind, as_bytes_view  # noqa: E402
 from transport_pairs import pair  # noqa: E402
 
 limits, pool = Limits(), BufferPool()
