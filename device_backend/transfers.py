@@ -52,9 +52,9 @@ class Transfers:
         else:
             # in pieces, the lock let go between them: other threads' ops never wait for the whole upload,
             # and the server copies each piece to the device while the next one arrives
-            held = not shared and self.s.conn.transport_name == "tcp"
+            held = not shared and self.s.conn.transport.capabilities.resumable
             if held:
-                # a resumable tcp session's replay log copies a posted buffer (the caller may change it once
+                # a resumable session's replay log copies a posted buffer (the caller may change it once
                 # post() returns): into fresh memory, a page fault per 4 KiB, costlier than the send (the
                 # GPU host's gVisor). Held, the pieces are kept by reference, and the last one is a request:
                 # its answer says the server has them all, so nothing replays the caller's memory after we

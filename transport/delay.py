@@ -18,7 +18,7 @@ from typing import Sequence
 
 from rgpu.errors import ConnectionLost, RgpuError
 
-from .base import Transport
+from .base import Capabilities, Transport
 
 class DelayTransport(Transport):
     """Wraps a connected transport; ``rtt`` (seconds) may change at any time."""
@@ -26,6 +26,8 @@ class DelayTransport(Transport):
     def __init__(self, inner: Transport, rtt: float = 0.0):
         self.inner, self.rtt = inner, rtt
         self.name = inner.name
+        # gathers nothing, writes nothing inline (its line is a thread); whether the session resumes is the inner's
+        self.capabilities = Capabilities(resumable=inner.capabilities.resumable)
         self.delayed = 0                      # writes that went through the line (tests)
         self._cv = threading.Condition()      # guards the queue and the state below
         self._queue: deque = deque()          # (due, parts)
