@@ -77,7 +77,7 @@ def serve_session(transport, session: Session, transports: list, resume: dict | 
             else:
                 streams.cancel()
         # waiting for the next op: tcp polls before it sleeps (RGPU_TCP_SPIN_US); shm and ucx wait their own way
-        transport.spin_reads(session.settings.tcp_spin_us, session.settings.shm_c)
+        transport.tune_reads(session.settings.tcp_spin_us, session.settings.shm_c)
         if extra and transport.capabilities.resumable:
             transport = _resumable(transport, session, resume, control)
         if control is not None and not isinstance(transport, ResumableEnd):

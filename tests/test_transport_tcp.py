@@ -34,7 +34,7 @@ def pair(request):
         if shm_fast.load() is None:
             pytest.skip(f"no C path here: {shm_fast.why_not()}")
         for end in (a, b):
-            end.spin_reads(2000)
+            end.tune_reads(2000)
             assert end.spin_s == 2000e-6
     yield a, b
     a.close()
@@ -283,7 +283,7 @@ def test_a_frame_that_comes_after_the_spin_is_still_read():
     try:
         if shm_fast.load() is None:
             pytest.skip(f"no C path here: {shm_fast.why_not()}")
-        b.spin_reads(500)                        # polls 0.5 ms, then sleeps in recv
+        b.tune_reads(500)                        # polls 0.5 ms, then sleeps in recv
         later = threading.Timer(0.05, lambda: a.send([encode_frame(MsgKind.POST, 3, {"op": "late"})]))
         later.start()
         frame = call_with_timeout(lambda: b.recv_frame(LIMITS, BufferPool()))
@@ -302,10 +302,10 @@ def test_reads_spin_by_default_only_on_a_machine_with_cores_to_spare(monkeypatch
     assert base.spin_seconds(-5, 0.0) == 0.0
     a, b = connected_pair()
     try:
-        b.spin_reads(0)
+        b.tune_reads(0)
         assert b.spin_s == 0.0 and b._reader.recv_into == b.sock.recv_into   # no spin: the socket's own read
         b._tls = True                            # TLS reads go through the SSL object: never spun
-        b.spin_reads(2000)
+        b.tune_reads(2000)
         assert b.spin_s == 0.0 and b._reader.recv_into == b.sock.recv_into
     finally:
         a.close()

@@ -136,10 +136,11 @@ class Transport(ABC):
         ``ConnectionLost`` for a wait that itself failed."""
         return True
 
-    def spin_reads(self, spin_us: float | None, use_c: bool = True) -> None:
-        """How long a read polls before it sleeps (``RGPU_TCP_SPIN_US``; None: the machine's default,
-        ``spin_seconds``), once the handshake is over; ``use_c``: poll in C where it builds. A transport
-        whose waits are its own (shm's spin, ucx's progress) ignores it. Raises nothing."""
+    def tune_reads(self, spin_us: float | None, use_c: bool = True) -> None:
+        """How this end reads from now on, called once the handshake is over: a read polls ``spin_us`` before
+        it sleeps (``RGPU_TCP_SPIN_US``; None: the machine's default, ``spin_seconds``); ``use_c``: its reads
+        in C where they build (tcp's poll; TLS: a frame's big buffers). A transport whose waits are its own
+        (shm's spin, ucx's progress) ignores it. Raises nothing."""
         return None
 
     def share_memory(self, find: FindShared) -> bool:

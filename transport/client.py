@@ -66,7 +66,7 @@ def connect(route: str, *, settings=None, server: str | None = None, token: str 
     except BaseException:
         transport.close()
         raise
-    transport.spin_reads(s.tcp_spin_us, s.shm_c)   # tcp polls before a read sleeps; shm and ucx wait their way
+    transport.tune_reads(s.tcp_spin_us, s.shm_c)   # tcp polls before a read sleeps; shm and ucx wait their way
     if transport.capabilities.resumable:   # still on tcp (no upgrade)
         sock.settimeout(None)
         offer = welcome.get("resume")
@@ -103,7 +103,7 @@ def _dialer(host: str, port: int, secret: bytes, hello: handshake.Hello, limits:
             t.close()
             raise
         sock.settimeout(None)
-        t.spin_reads(s.tcp_spin_us, s.shm_c)
+        t.tune_reads(s.tcp_spin_us, s.shm_c)
         return t, welcome
 
     return dial

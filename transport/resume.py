@@ -96,8 +96,8 @@ class ResumingTransport(Transport):
     def sock(self):
         return self._inner.sock
 
-    def spin_reads(self, spin_us, use_c: bool = True) -> None:
-        self._inner.spin_reads(spin_us, use_c)
+    def tune_reads(self, spin_us, use_c: bool = True) -> None:
+        self._inner.tune_reads(spin_us, use_c)
 
     @property
     def on_block(self):

@@ -65,8 +65,8 @@ class ResumableEnd(Transport):
     def spin_s(self) -> float:
         return self._inner.spin_s
 
-    def spin_reads(self, spin_us, use_c: bool = True) -> None:
-        self._inner.spin_reads(spin_us, use_c)
+    def tune_reads(self, spin_us, use_c: bool = True) -> None:
+        self._inner.tune_reads(spin_us, use_c)
 
     def readable(self, timeout: float) -> bool:
         return self._inner.readable(timeout)
@@ -213,7 +213,7 @@ class ResumableEnd(Transport):
         again = [p for seq, parts, _ in self.answers if seq > received for p in parts]
         if again:
             t.send(again)
-        t.spin_reads(self.settings.tcp_spin_us, self.settings.shm_c)
+        t.tune_reads(self.settings.tcp_spin_us, self.settings.shm_c)
 
     def close(self) -> None:
         self._inner.close()

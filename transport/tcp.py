@@ -49,7 +49,7 @@ class TcpTransport(Transport):
         self._closed = False
         self.spin_s = 0.0
 
-    def spin_reads(self, spin_us: float | None, use_c: bool = True) -> None:
+    def tune_reads(self, spin_us: float | None, use_c: bool = True) -> None:
         """Before a read sleeps, poll the socket for ``spin_us`` (RGPU_TCP_SPIN_US; unset: 20 ms on a machine
         of 8 cores or more, else not at all), in C without the GIL (shm's C module): a reader asleep costs
         every write to it a wake-up of its thread, and a session's server waits for the next op again and

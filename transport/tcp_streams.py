@@ -134,11 +134,11 @@ class StripedTcp(TcpTransport):
         self._out = [_Lane(f"rgpu-tcp-stream{i}-out") for i in range(1, n)]
         self._in = [_Lane(f"rgpu-tcp-stream{i}-in") for i in range(1, n)]
         self._sent = self._received = 0     # striped frames each way so far (the stripes' count)
-        self._exact = [None] * len(self.streams)   # TLS: each stream's read of a whole view in C (spin_reads)
+        self._exact = [None] * len(self.streams)   # TLS: each stream's read of a whole view in C (tune_reads)
         self._reader.big = (self.stripe_bytes, self._read_striped)
 
-    def spin_reads(self, spin_us: float | None, use_c: bool = True) -> None:
-        super().spin_reads(spin_us, use_c)
+    def tune_reads(self, spin_us: float | None, use_c: bool = True) -> None:
+        super().tune_reads(spin_us, use_c)
         if self._tls:
             from . import tls_fast
 
