@@ -286,13 +286,23 @@ def make_rows(ours: list[dict], natives: list[dict], rtt: list[dict], quick: boo
     return out
 
 
-def rows(args, server_env: dict, native: bool | None = None) -> list[dict]:
-    """The rows; ``server_env`` names the server the rgpu side talks to (RGPU_SERVER, RGPU_TOKEN)."""
+def _sides(server_env: dict, what: str) -> tuple[str, list, dict]:
+    """What both benches' children need: the CUDA torch's Python, the command that runs a child through rgpu,
+    and the rgpu side's environment (``server_env``: RGPU_SERVER, RGPU_TOKEN; no simulated round trip).
+    ``ConfigError`` naming ``what`` where there is no CUDA torch."""
     from rgpu.errors import ConfigError
     tpy = torch_python()
     if tpy is None:
-        raise ConfigError("no CUDA torch here: rgpu bench cuda --torch needs a Python whose torch is a CUDA build "
+        raise ConfigError(f"no CUDA torch here: {what} needs a Python whose torch is a CUDA build "
                           "(set TORCH_PYTHON=/path/to/python; pip install torch from the cu130 index)")
+    env = dict(os.environ, **server_env)
+    env.pop("RGPU_SIM_RTT_MS", None)
+    return tpy, [sys.executable, "-m", "rgpu", "intercept", "run", "--"], env
+
+
+def rows(args, server_env: dict, native: bool | None = None) -> list[dict]:
+    """The rows; ``server_env`` names the server the rgpu side talks to (RGPU_SERVER, RGPU_TOKEN)."""
+    tpy, through, env = _sides(server_env, "rgpu bench cuda --torch")
     quick = bool(getattr(args, "quick", False))
     repeats = 1 if quick else max(1, getattr(args, "repeats", 3) or 3)
     steps, warmup = (3, 1) if quick else (getattr(args, "steps", None) or 20, 3)
@@ -302,9 +312,6 @@ def rows(args, server_env: dict, native: bool | None = None) -> list[dict]:
                                 env=clean, capture_output=True, timeout=300).returncode == 0
     script = [tpy, str(Path(__file__).resolve()), "--child", "--steps", str(steps), "--warmup", str(warmup),
               *(["--quick"] if quick else [])]
-    through = [sys.executable, "-m", "rgpu", "intercept", "run", "--"]
-    env = dict(os.environ, **server_env)
-    env.pop("RGPU_SIM_RTT_MS", None)
     ours, natives, rtt = [], [], []
     limit = 600
     for _ in range(repeats):                   # interleaved: drift hits both sides alike
@@ -322,19 +329,12 @@ def queue_rows(args, server_env: dict) -> list[dict]:
     a step's queued work decides how much of it the server runs beside the client rather than after it.
     An entry ``FIRST:LIMIT`` sets ``RGPU_CUDA_QUEUE_FIRST_BYTES`` too (``64K:64K``: a fixed size, no ramp)."""
     from rgpu.config import _size
-    from rgpu.errors import ConfigError
-    tpy = torch_python()
-    if tpy is None:
-        raise ConfigError("no CUDA torch here: --queue-bytes needs a Python whose torch is a CUDA build "
-                          "(set TORCH_PYTHON=/path/to/python)")
+    tpy, through, env = _sides(server_env, "--queue-bytes")
     sizes = [t.strip() for t in str(args.queue_bytes).split(",") if t.strip()]
     queue_env = {t: _queue_env(t, _size) for t in sizes}
     cases = ["gpt_6x384", "gpt_4x128"]
     script = [tpy, str(Path(__file__).resolve()), "--child", "--steps", str(getattr(args, "steps", None) or 20),
               "--warmup", "3", "--cases", ",".join(cases)]
-    through = [sys.executable, "-m", "rgpu", "intercept", "run", "--"]
-    env = dict(os.environ, **server_env)
-    env.pop("RGPU_SIM_RTT_MS", None)
     natives, ours = [], {q: [] for q in sizes}
     for _ in range(max(1, getattr(args, "repeats", 3) or 3)):
         natives.append(_run_child(script, native_env(), 600))
