@@ -3,10 +3,11 @@
 //
 // - an upload (``x.to("rgpu")`` of a batch): [Msg.UPLOAD, events, dst] and the bytes, posted, one frame
 //   (the step's first message; its Python path was the start's costliest piece, fast_path-history.md run11);
-// - a download (``.cpu()``) and a one-element read (``.item()``): [Msg.DOWNLOAD, events, src] requested,
-//   the reply's bytes landing straight in the CPU tensor's memory (or a local for .item()): one round trip
-//   with no Python fallback around it. The session's lock is held for the request only, as
-//   transfers.download holds it, so other threads post while this one waits.
+// - a download (``.cpu()``) and a one-element read (``.item()``): [Msg.DOWNLOAD, events, src] through the
+//   connection's call, the reply's bytes landing straight in the CPU tensor's memory (or a local for .item()):
+//   one round trip with no Python fallback around it, a lone call (no future) where nothing else is in flight.
+//   The session's lock is held until the request is written, as transfers.download holds it for its
+//   request, so other threads post while this one waits.
 //
 // Anything else (conversions, big or pinned buffers, which shm may name, several servers) is Python's.
 #include "fast_path.h"
@@ -35,11 +36,10 @@ py::object memory(const void* ptr, size_t nbytes, int flags) {
   return view;
 }
 
-// src's bytes from its server into `into` (`nbytes`, its exact size); false: C++ does not request here.
+// src's bytes from its server into `into` (`nbytes`, its exact size); false: C++ does not download here.
 bool read_into(const at::Tensor& src, void* into, size_t nbytes) {
-  py::object fut = request_download(src, memory(into, nbytes, PyBUF_WRITE));
-  if (fut.is_none()) return false;
-  py::object reply = fut.attr("result")();   // RemoteError (a failed op named), SessionLost...: the caller's
+  py::object reply = call_download(src, memory(into, nbytes, PyBUF_WRITE));  // RemoteError, SessionLost...: the caller's
+  if (reply.is_none()) return false;
   struct Release {  // the reply's leased buffers go back however this ends
     py::object fn;
     ~Release() { call_keeping_error(fn); }

@@ -19,6 +19,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
+#include <memory>
 #include <unordered_map>
 
 namespace rgpu {
@@ -67,7 +69,7 @@ struct Target {               // one server of the session (servers.py's Server)
   int64_t first = 0;          // its first device: rgpu:first.. are its
   PyObject* send = nullptr;   // its connection's post_packed (several servers: a failure named, Servers.sender)
   PyObject* events = nullptr; // several servers: Servers.events_for(it), the events due there; one: null (all of them)
-  PyObject* request = nullptr; // one server: its connection's request (several: downloads stay Python's, which names a failure)
+  PyObject* call = nullptr;    // one server: its connection's call (several: downloads stay Python's, which names a failure)
   uint64_t posts = 0;         // messages C++ posted to it (fast_path_stats)
 };
 std::vector<Target> g_targets;  // in device order; empty: no session streams
@@ -221,14 +223,29 @@ void post_buffer(int kind, const std::string& body, int device, py::handle buffe
   post(kind, 3, nullptr, body, target_of(device), buffer);
 }
 
-py::object request_download(const at::Tensor& t, py::handle into) {
-  if (g_targets.size() != 1 || g_targets[0].request == nullptr) return py::none();
-  auto request = py::reinterpret_borrow<py::object>(g_targets[0].request);  // the session's, as in post()
-  Held held;
+py::object call_download(const at::Tensor& t, py::handle into) {
+  if (g_targets.size() != 1 || g_targets[0].call == nullptr) return py::none();
+  auto call = py::reinterpret_borrow<py::object>(g_targets[0].call);  // the session's, as in post()
+  auto release = py::reinterpret_borrow<py::object>(g_release);
+  py::reinterpret_borrow<py::object>(g_acquire)();
+  // the lock is let go once the request is written (the connection calls `sent`), or here however the call ends;
+  // the flag is shared, not a reference to this frame, so a `sent` kept past the call does nothing
+  auto held = std::make_shared<bool>(true);
+  auto let_go = [held, release]() {
+    if (*held) {
+      *held = false;
+      call_keeping_error(release);
+    }
+  };
+  struct LetGo {
+    std::function<void()> fn;
+    ~LetGo() { fn(); }
+  } guard{let_go};
   auto events = drain_events();
   py::list drained(events.size());
   for (size_t i = 0; i < events.size(); ++i) drained[i] = py::int_(events[i]);
-  return request(py::make_tuple(kMsgDownload, drained, describe(t)), py::tuple(), py::make_tuple(into));
+  return call(py::make_tuple(kMsgDownload, drained, describe(t)), py::tuple(), py::make_tuple(into), py::none(),
+              py::cpp_function(let_go));
 }
 
 namespace {
@@ -355,13 +372,13 @@ void fast_claim(const std::vector<std::string>& names) {
   for (const auto& name : names) g_claim_lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&fallback>());
 }
 
-// servers: (first device, post_packed, events or None) per server, in device order.
+// servers: (first device, post_packed, events or None, call or None) per server, in device order.
 void fast_session(py::object lock, const py::list& servers, bool enabled, size_t copy_max) {
   for (PyObject** slot : {&g_acquire, &g_release}) Py_CLEAR(*slot);
   for (auto& t : g_targets) {
     Py_CLEAR(t.send);
     Py_CLEAR(t.events);
-    Py_CLEAR(t.request);
+    Py_CLEAR(t.call);
   }
   g_targets.clear();
   if (enabled) {
@@ -373,7 +390,7 @@ void fast_session(py::object lock, const py::list& servers, bool enabled, size_t
       target.first = t[0].cast<int64_t>();
       target.send = py::object(t[1]).release().ptr();
       if (!t[2].is_none()) target.events = py::object(t[2]).release().ptr();
-      if (!t[3].is_none()) target.request = py::object(t[3]).release().ptr();
+      if (!t[3].is_none()) target.call = py::object(t[3]).release().ptr();
       g_targets.push_back(target);
     }
   }
@@ -408,7 +425,7 @@ void bind_fast_path(py::module_& m) {
   m.def("fast_install", &fast_install, "route PrivateUse1's fallback through the fast path (once)");
   m.def("fast_claim", &fast_claim, "make the fast path the PrivateUse1 kernel of these aten ops");
   m.def("fast_session", &fast_session, "a new session: its lock, its servers ((first device, post_packed, events or "
-        "None, request or None) each), whether C++ streams, the biggest copy C++ does", py::arg("lock"),
+        "None, call or None) each), whether C++ streams, the biggest copy C++ does", py::arg("lock"),
         py::arg("servers"), py::arg("enabled"), py::arg("copy_max") = 0);
   m.def("fast_path_stats", &fast_stats, py::arg("reset") = false);
 }

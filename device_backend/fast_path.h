@@ -54,9 +54,11 @@ void call_keeping_error(py::handle fn);
 void post_message(int kind, size_t fields, int64_t key, const std::string& body, size_t server = 0);
 // `[kind, events, ...body]` (three fields) and `buffer` posted to the server of rgpu:device.
 void post_buffer(int kind, const std::string& body, int device, py::handle buffer);
-// `[Msg.DOWNLOAD, events, describe(t)]` requested under the session's lock, its reply to land in `into`
-// (writable memory): the connection's Future, or None where C++ does not request (several servers).
-py::object request_download(const at::Tensor& t, py::handle into);
+// `[Msg.DOWNLOAD, events, describe(t)]` through the connection's call, its reply landing in `into` (writable
+// memory): the session's lock held until the request is written, so the messages drained before it go first and
+// other threads post while this one waits; a lone call where nothing else is in flight (over shm, one C call).
+// The Reply, or None where C++ does not download (several servers).
+py::object call_download(const at::Tensor& t, py::handle into);
 
 // fast_copies.cpp: aten::_copy_from and aten::_local_scalar_dense done here when nothing needs converting
 // (kNo / false: nothing done, Python's turn); the biggest copy it does (RGPU_POST_COPY_BYTES).

@@ -135,10 +135,10 @@ def fast_path(s, on: bool) -> None:
     if not registration.has_python_fallback():
         s.C.fast_install(fallback.from_cpp)
     # C++ posts under the session's lock, as post_op does; small uploads too (their bytes copied at the post),
-    # and requests small downloads and .item()s. Each op to its device's server; with several, through
+    # and calls for small downloads and .item()s. Each op to its device's server; with several, through
     # Servers.sender, with the events due there (and their downloads Python's, which names a failed server)
     servers = s.servers
-    targets = [(0, s.conn.post_packed, None, s.conn.request)] if not s.several else [
+    targets = [(0, s.conn.post_packed, None, s.conn.call)] if not s.several else [
         (server.first, servers.sender(server), server.events, None) for server in servers.all]
     s.C.fast_session(s.lock, targets, on, s.conn.settings.post_copy_bytes)
 

@@ -363,16 +363,16 @@ def test_gathered_posts_reach_the_server_by_themselves_when_the_caller_goes_quie
 
 def _hand_clock(monkeypatch) -> list:
     """The connection's clock (``perf_counter``), moved by hand: ``clock[0] += seconds``. Both modules that
-    note when a write ended read it (a lone call, written by ``connection_lone``, notes it too)."""
+    note when a write ended read it (a lone call, written by ``exchange``'s ``LoneCaller``, notes it too)."""
     import time
     import types
 
-    from rgpu.transport import connection, connection_lone
+    from rgpu.transport import connection, exchange
 
     clock = [time.perf_counter()]
     hand = types.SimpleNamespace(perf_counter=lambda: clock[0], monotonic=time.monotonic)
     monkeypatch.setattr(connection, "time", hand)
-    monkeypatch.setattr(connection_lone, "time", hand)
+    monkeypatch.setattr(exchange, "time", hand)
     return clock
 
 

@@ -17,10 +17,11 @@ from rgpu.protocol.ops import Msg
 
 
 class Recorder:
-    """A connection that keeps every message it posts or requests, decoded as the server decodes it."""
+    """A connection that keeps every message it posts, requests or calls, decoded as the server decodes it."""
 
     def __init__(self, conn):
         self.conn, self.seen = conn, []
+        self.after_sent = None   # called once a call's request is written, after the caller's own ``sent``
 
     def __getattr__(self, name):
         return getattr(self.conn, name)
@@ -39,6 +40,12 @@ class Recorder:
     def request(self, meta, buffers=(), reply_into=None):
         self._keep(meta)
         return self.conn.request(meta, buffers, reply_into)
+
+    def call(self, meta, buffers=(), reply_into=None, timeout=None, sent=None):
+        self._keep(meta)
+        if self.after_sent is not None and sent is not None:
+            first, sent = sent, lambda: (first(), self.after_sent())
+        return self.conn.call(meta, buffers, reply_into, timeout, sent)
 
 
 @pytest.fixture
@@ -385,6 +392,33 @@ def test_small_downloads_and_items_are_read_from_cpp_and_the_rest_from_python(st
     assert _stats()["downloads"] == before + 2, _stats()
     z = torch.tensor([1 + 2j], device="rgpu").conj()
     assert z.cpu().resolve_conj().item() == 1 - 2j     # a conjugate view: Python applies the bit
+
+
+def test_a_small_read_with_nothing_in_flight_is_a_lone_call_and_the_session_lock_is_free_once_it_is_written(start):
+    import threading
+
+    from rgpu.device_backend import session
+
+    rec = start(True)
+    lock, conn = session.current().lock, rec.conn
+    requests, free = [], []
+    plain = conn.request
+    conn.request = lambda *a, **k: requests.append(a[0]) or plain(*a, **k)   # call()'s path with a future
+
+    def another_thread_takes_the_lock():
+        t = threading.Thread(target=lambda: free.append(lock.acquire(timeout=5) and (lock.release() or True)))
+        t.start()
+        t.join()
+    rec.after_sent = another_thread_takes_the_lock
+    x = torch.arange(6.0).to("rgpu")
+    y = (x * 2.0)[4]
+    conn.flush()                           # nothing queued, nothing pending: the call goes alone
+    assert y.item() == 8.0
+    z = x + 1.0
+    conn.flush()
+    assert torch.equal(z.cpu(), torch.arange(1.0, 7.0))
+    assert requests == [] and free == [True, True], (requests, free)
+    assert _stats()["items"] == 1 and _stats()["downloads"] == 1
 
 
 def test_a_server_gone_reaches_the_caller_of_cpps_item_and_cpu_by_name(start, start_server):

@@ -83,7 +83,7 @@ class Transport(ABC):
     # it returns True (waiting for input too), False (another thread reads; wait to write)
     # or None (no reply can come: block as usual). Transports that cannot fill up ignore it.
     on_block: Callable[[], "bool | None"] | None = None
-    # lone_call(parts: connection_lone.LoneParts) -> lone: the connection's exchange state (exchange.py's
+    # lone_call(parts: exchange.LoneParts) -> lone: the connection's exchange state (exchange.py's
     # face) that is also its whole call() of a lone request in one call, lone(meta, buffers, reply_into)
     # -> Reply or None (None: nothing sent, the connection's request() does it); it raises what call()
     # raises (RemoteError, ConnectionLost, ProtocolError). Set by a transport that has one (shm's C path,

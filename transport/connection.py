@@ -17,7 +17,7 @@ A ``Connection`` is composed of parts, each given what it needs when made: its e
 (``exchange.py``'s ``Exchange``: the sequence, the reader's token, why it died, a post's kept error, the counters;
 over shm with its C path a C object, ``shm_lone.c``), the ``WriteQueue`` here (frames in order to
 the transport), the ``ReplyRouter`` (``exchange.py`` too: replies to their futures, a failed
-post's error, the reading while a write is blocked) and the ``LoneCaller`` (``connection_lone.py``).
+post's error, the reading while a write is blocked) and the ``LoneCaller`` (``exchange.py`` as well).
 The deque, dict and locks that more than one part looks at are made here and handed to each.
 """
 from __future__ import annotations
@@ -30,8 +30,7 @@ from typing import Any, Callable, Sequence
 from rgpu.errors import ConnectionLost, ProtocolError, RgpuError, Timeout, VersionMismatch
 
 from .base import Transport
-from .connection_lone import LoneCaller, LoneParts
-from .exchange import Counts, Exchange, Future, Reply, ReplyRouter
+from .exchange import Counts, Exchange, Future, LoneCaller, LoneParts, Reply, ReplyRouter
 from .wire import BufferPool, Limits, MsgKind, as_bytes_view, copied, encode_prefix, writable_view
 
 __all__ = ["Connection", "Future", "Reply"]
@@ -421,7 +420,7 @@ class Connection:
              sent: Callable[[], None] | None = None) -> Reply:
         """``request(...).result(timeout)``: the ``Reply`` (``release()`` it), ``RemoteError`` when the server's
         handler failed, ``Timeout`` past ``timeout`` (or ``RGPU_TIMEOUT``). With nothing else in
-        flight it is written and read on this thread with no future (``connection_lone.py``).
+        flight it is written and read on this thread with no future (``exchange.py``'s ``LoneCaller``).
 
         ``sent()``: called once, when the request has been written (or queued for the writer), before its
         answer is awaited; not at all when the call raises before that (a caller's lock held for the send's

@@ -8,7 +8,7 @@
  * - ``LoneCall`` (here): a connection's exchange state (``transport/exchange.py`` is its Python twin, for every
  *   other transport): the sequence, the reader's token (``reading``, ``waiters``), the seq of the write in
  *   progress, why the connection died, a failed post's kept error, the stats counters; and, called, the lone
- *   call itself: ``Connection._call_alone`` (``connection_lone.py``, the reference) and shm's round trip in one
+ *   call itself: ``LoneCaller._call_alone`` (``exchange.py``, the reference) and shm's round trip in one
  *   call, the GIL held except while it waits.
  *
  * What a LoneCall needs of others it is given when made: the connection's queue and pending requests (only their

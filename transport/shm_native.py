@@ -13,8 +13,7 @@ import time
 from rgpu.errors import ConnectionLost, RgpuError
 
 from . import shm_fast
-from .connection_lone import LoneParts
-from .exchange import Reply
+from .exchange import LoneParts, Reply
 from .shm_ring import KNOWN_KINDS, RECORD_MAX, _KINDS
 from .wire import Frame, Limits, MsgKind, as_bytes_view, meta_packer, pack_meta, unpack_spec
 
