@@ -19,7 +19,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <functional>
 #include <memory>
 #include <unordered_map>
 
@@ -228,24 +227,23 @@ py::object call_download(const at::Tensor& t, py::handle into) {
   auto call = py::reinterpret_borrow<py::object>(g_targets[0].call);  // the session's, as in post()
   auto release = py::reinterpret_borrow<py::object>(g_release);
   py::reinterpret_borrow<py::object>(g_acquire)();
-  // the lock is let go once the request is written (the connection calls `sent`), or here however the call ends;
-  // the flag is shared, not a reference to this frame, so a `sent` kept past the call does nothing
+  // the lock is let go once the request is written (the connection calls `sent`), or by the guard however the
+  // call ends; the flag is shared, not a reference to this frame, so a `sent` kept past the call does nothing
   auto held = std::make_shared<bool>(true);
-  auto let_go = [held, release]() {
+  py::cpp_function sent([held, release]() {
     if (*held) {
       *held = false;
       call_keeping_error(release);
     }
-  };
+  });
   struct LetGo {
-    std::function<void()> fn;
-    ~LetGo() { fn(); }
-  } guard{let_go};
+    py::handle sent;
+    ~LetGo() { call_keeping_error(sent); }
+  } guard{sent};
   auto events = drain_events();
   py::list drained(events.size());
   for (size_t i = 0; i < events.size(); ++i) drained[i] = py::int_(events[i]);
-  return call(py::make_tuple(kMsgDownload, drained, describe(t)), py::tuple(), py::make_tuple(into), py::none(),
-              py::cpp_function(let_go));
+  return call(py::make_tuple(kMsgDownload, drained, describe(t)), py::tuple(), py::make_tuple(into), py::none(), sent);
 }
 
 namespace {

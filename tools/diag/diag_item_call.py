@@ -7,12 +7,16 @@ read through a request and its future (the lone call declined), interleaved, med
 """
 import argparse
 import statistics
-import time
+import sys
+from pathlib import Path
 
 import torch
 
 import rgpu  # noqa: F401  (registers the device)
 from rgpu.device_backend import session
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "gpu"))   # tools/diag/ -> the repository's gpu/
+from item_probe import per_call_us  # noqa: E402
 
 
 def main() -> None:
@@ -24,23 +28,15 @@ def main() -> None:
     s = session.current()
     conn, lone = s.conn, s.conn._lone
 
-    def reads() -> float:
-        times = []
-        for _ in range(args.reads):
-            t = time.perf_counter()
-            y.item()
-            times.append(time.perf_counter() - t)
-        return statistics.median(times) * 1e6
-
     for _ in range(500):
         y.item()
     alone, requested = [], []
     try:
         for _ in range(args.runs):
             conn._lone = lone
-            alone.append(reads())
+            alone.append(per_call_us(y.item, args.reads))
             conn._lone = lambda *a: None       # declined: Connection.call's request and future
-            requested.append(reads())
+            requested.append(per_call_us(y.item, args.reads))
     finally:
         conn._lone = lone
     ratio = statistics.median([a / b for a, b in zip(alone, requested)])

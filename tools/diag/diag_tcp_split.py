@@ -13,13 +13,17 @@ Client and servers pinned to different cores, as the bench does (``--no-pin`` le
 import argparse
 import statistics
 import struct
-import time
+import sys
+from pathlib import Path
 
 import numpy as np
 
 from rgpu.bench import harness
 from rgpu.bench.transport import PING_BYTES, Context, RawSocket, RgpuEcho
 from rgpu.transport.wire import HEADER, MsgKind, encode_prefix, pack_meta
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "gpu"))   # tools/diag/ -> the repository's gpu/
+from item_probe import per_call_us  # noqa: E402
 
 _META_LEN_NBUFS = struct.Struct("<II")   # the header's meta_len and nbufs (wire.py: offsets 28 and 32)
 
@@ -53,15 +57,6 @@ class ServerOnly:
             raise RuntimeError("the echo route did not answer with a REPLY")
 
 
-def median_us(ping, k: int) -> float:
-    times = []
-    for _ in range(k):
-        t = time.perf_counter()
-        ping()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e6
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=7)
@@ -76,10 +71,10 @@ def main() -> None:
         pings = {"rgpu": rgpu.ping, "server only": by_hand.ping, "raw": raw.ping}
         runs = {name: [] for name in pings}
         for ping in pings.values():
-            median_us(ping, 300)                       # warm
+            per_call_us(ping, 300)                       # warm
         for _ in range(args.repeats):
             for name, ping in pings.items():
-                runs[name].append(median_us(ping, args.pings))
+                runs[name].append(per_call_us(ping, args.pings))
     m = {name: statistics.median(v) for name, v in runs.items()}
     for name, v in runs.items():
         print(f"{name:12s} {m[name]:7.1f} us  [{min(v):.1f}-{max(v):.1f}]  {m[name] / m['raw']:.3f} of raw")
